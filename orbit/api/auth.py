@@ -1,0 +1,96 @@
+"""Bearer tokens `orb_<id>_<secret>`, stored only as a SHA-256 of the secret."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from rest_framework.authentication import BaseAuthentication
+
+from orbit.errors import NotFound, PermissionDenied, Unauthenticated
+from orbit.models import Credential
+
+TOKEN_PATTERN = re.compile(r"^orb_([0-9a-f]{32})_([A-Za-z0-9_-]{20,128})$")
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def format_token(credential_id: str, secret: str) -> str:
+    return f"orb_{credential_id}_{secret}"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller, as every action sees it."""
+
+    credential_id: str
+    application_id: str
+    namespace_id: str
+    scopes: frozenset[str]
+    queue_ids: frozenset[str] | None  # None: every queue of the namespace
+
+    @property
+    def all_queues(self) -> bool:
+        return self.queue_ids is None
+
+    def require(self, *scopes: str) -> None:
+        missing = [scope for scope in scopes if scope not in self.scopes]
+        if missing:
+            raise PermissionDenied(f"credential lacks scope {', '.join(missing)}")
+
+    def require_all_queues(self) -> None:
+        if not self.all_queues:
+            raise PermissionDenied("credential's queue range does not cover all queues of the namespace")
+
+    def covers_queue(self, queue_id: str) -> bool:
+        return self.queue_ids is None or queue_id in self.queue_ids
+
+    def require_queue(self, queue_id: str, what: str = "queue") -> None:
+        """A single resource outside the range is reported as absent, never as forbidden."""
+        if not self.covers_queue(queue_id):
+            raise NotFound(f"{what} not found")
+
+
+def authenticate_token(token: str) -> Principal:
+    match = TOKEN_PATTERN.match(token)
+    if match is None:
+        raise Unauthenticated("invalid bearer token")
+    credential_id, secret = match.groups()
+    credential = Credential.objects.filter(id=credential_id, revoked_at__isnull=True).first()
+    if credential is None or not hmac.compare_digest(credential.secret_hash, hash_secret(secret)):
+        raise Unauthenticated("invalid bearer token")
+    return Principal(
+        credential_id=credential.id,
+        application_id=credential.application_id,
+        namespace_id=credential.namespace_id,
+        scopes=frozenset(credential.scopes),
+        queue_ids=None if credential.queue_ids is None else frozenset(credential.queue_ids),
+    )
+
+
+def token_from_header(value: str | None) -> str:
+    if not value:
+        raise Unauthenticated("missing Authorization: Bearer token")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("Authorization must be 'Bearer <token>'")
+    return token.strip()
+
+
+class BearerTokenAuthentication(BaseAuthentication):
+    def authenticate(self, request: Any) -> tuple[Principal, str]:
+        token = token_from_header(request.META.get("HTTP_AUTHORIZATION"))
+        return authenticate_token(token), token
+
+    def authenticate_header(self, request: Any) -> str:
+        return "Bearer"

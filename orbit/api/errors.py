@@ -1,0 +1,96 @@
+"""Maps every exception to the error envelope; bad input never becomes a 500."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import HttpRequest, JsonResponse
+from rest_framework import exceptions as drf_exceptions
+from rest_framework.response import Response
+
+from orbit.api.middleware import request_id_of
+from orbit.errors import OrbitError
+
+logger = logging.getLogger("orbit.api")
+
+# MySQL client error numbers that mean "the server is not there right now".
+DATABASE_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2005, 2006, 2013, 2055, 1053, 1205, 1213})
+
+
+def error_body(request_id: str, code: str, message: str) -> dict[str, Any]:
+    return {"request_id": request_id, "error": {"code": code, "message": message}}
+
+
+def _first_validation_message(detail: Any, path: str = "") -> str:
+    if isinstance(detail, dict):
+        for field, inner in detail.items():
+            name = path if field == "non_field_errors" else (f"{path}.{field}" if path else str(field))
+            return _first_validation_message(inner, name)
+    if isinstance(detail, list) and detail:
+        return _first_validation_message(detail[0], path)
+    return f"{path}: {detail}" if path else str(detail)
+
+
+def translate(exc: BaseException) -> OrbitError | None:
+    """The OrbitError an exception stands for, or None when it is a real fault."""
+    from orbit import errors
+
+    if isinstance(exc, OrbitError):
+        return exc
+    if isinstance(exc, RequestDataTooBig):
+        return errors.PayloadTooLarge("request body too large")
+    if isinstance(exc, drf_exceptions.ParseError):
+        return errors.InvalidArgument(str(exc.detail))
+    if isinstance(exc, drf_exceptions.UnsupportedMediaType):
+        return errors.InvalidArgument("Content-Type must be application/json")
+    if isinstance(exc, drf_exceptions.ValidationError):
+        return errors.InvalidArgument(_first_validation_message(exc.detail))
+    if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
+        return errors.Unauthenticated(str(exc.detail))
+    if isinstance(exc, drf_exceptions.PermissionDenied):
+        return errors.PermissionDenied(str(exc.detail))
+    if isinstance(exc, drf_exceptions.NotFound):
+        return errors.NotFound(str(exc.detail))
+    if isinstance(exc, drf_exceptions.MethodNotAllowed):
+        error = errors.InvalidArgument(str(exc.detail))
+        error.status = 405
+        return error
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+        if errno is None or errno in DATABASE_UNREACHABLE_ERRNOS:
+            return errors.Unavailable("database unavailable; retry later")
+    if isinstance(exc, DatabaseError) and "unable to open database" in str(exc):
+        return errors.Unavailable("database unavailable; retry later")
+    return None
+
+
+def error_response_for(request: HttpRequest, exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    from orbit import errors
+
+    request_id = request_id_of(request)
+    error = translate(exc)
+    if error is None:
+        logger.exception("unhandled error", exc_info=exc)
+        error = errors.Internal("internal error")
+    headers = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    return error.status, error_body(request_id, error.code, error.message), headers
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    request = context["request"]._request if "request" in context else None
+    status, body, headers = error_response_for(request, exc)
+    return Response(body, status=status, headers=headers)
+
+
+def json_error_view(code: str, status: int, message: str) -> Any:
+    def view(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+        response = JsonResponse(error_body(request_id_of(request), code, message), status=status)
+        response["X-Request-Id"] = request_id_of(request)
+        return response
+
+    return view

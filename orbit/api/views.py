@@ -1,0 +1,87 @@
+"""Shared view plumbing: the mutating-POST path and list pagination."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from orbit.api.auth import Principal
+from orbit.api.middleware import request_id_of
+from orbit.api.responses import ok
+from orbit.errors import InvalidArgument
+from orbit.idempotency import Actor, run_idempotent, validate_key
+
+T = TypeVar("T")
+
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 500
+
+
+class OrbitView(APIView):
+    @staticmethod
+    def principal(request: Request) -> Principal:
+        return request.user
+
+    @staticmethod
+    def actor(request: Request) -> Actor:
+        return Actor(principal=request.user, request_id=request_id_of(request._request))
+
+    @staticmethod
+    def body(request: Request) -> dict[str, Any]:
+        data = request.data
+        if not isinstance(data, dict):
+            raise InvalidArgument("request body: must be a JSON object")
+        return data
+
+    def mutate(
+        self,
+        request: Request,
+        *,
+        operation: str,
+        target: str,
+        validate: Callable[[dict[str, Any]], T],
+        effect: Callable[[Actor, T], tuple[int, dict[str, Any]]],
+    ) -> Response:
+        """Body, then Idempotency-Key, then replay lookup, then field rules, then the effect."""
+        body = self.body(request)
+        key = validate_key(request.headers.get("Idempotency-Key"))
+        actor = self.actor(request)
+        receipt = run_idempotent(
+            actor=actor,
+            key=key,
+            operation=operation,
+            target=target,
+            body=body,
+            validate=lambda: validate(body),
+            effect=lambda validated: effect(actor, validated),
+        )
+        return ok(request, receipt.data, status=receipt.status)
+
+
+def page_size_of(request: Request) -> int:
+    raw = request.query_params.get("page_size")
+    if raw is None:
+        return DEFAULT_PAGE_SIZE
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        raise InvalidArgument(f"page_size: must be an integer between 1 and {MAX_PAGE_SIZE}")
+    return int(raw)
+
+
+def encode_page_token(cursor: str) -> str:
+    return base64.urlsafe_b64encode(cursor.encode()).decode().rstrip("=")
+
+
+def decode_page_token(request: Request) -> str | None:
+    raw = request.query_params.get("page_token")
+    if not raw:
+        return None
+    try:
+        return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidArgument("page_token: invalid") from exc

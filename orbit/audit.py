@@ -1,0 +1,42 @@
+"""Audit rows and events, written inside the caller's transaction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orbit.idempotency import Actor
+from orbit.models import AuditEntry, Event
+
+
+def emit_event(*, namespace_id: str, type: str, subject_id: str, data: dict[str, Any]) -> None:
+    Event.objects.create(namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
+
+
+def record_management_change(
+    actor: Actor,
+    *,
+    action: str,
+    target_type: str,
+    target_id: str,
+    reason: str,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    """One audit row and one event for a change of management state."""
+    AuditEntry.objects.create(
+        namespace_id=actor.namespace_id,
+        credential_id=actor.principal.credential_id,
+        action=action,
+        target_type=target_type,
+        target_id=target_id,
+        reason=reason,
+        before=before,
+        after=after,
+        request_id=actor.request_id,
+    )
+    emit_event(
+        namespace_id=actor.namespace_id,
+        type=action,
+        subject_id=target_id,
+        data={"before": before, "after": after, "reason": reason, "request_id": actor.request_id},
+    )

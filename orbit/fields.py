@@ -1,0 +1,51 @@
+"""Model field types shared by every app."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import models
+
+MYSQL_BINARY_COLLATION = "utf8mb4_bin"
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+
+
+def new_id() -> str:
+    """32 lowercase hex characters, the id format of every Orbit resource."""
+    return uuid.uuid4().hex
+
+
+class BinaryCharField(models.CharField):
+    """A CharField that compares byte-for-byte on every backend.
+
+    MySQL's default collations fold case and accents, which the seeds forbid for
+    names and keys. SQLite's default BINARY collation is already exact and would
+    reject the MySQL collation name, so the collation is chosen per vendor.
+    """
+
+    def db_parameters(self, connection: Any) -> dict[str, Any]:
+        params = super().db_parameters(connection)
+        if connection.vendor == "mysql":
+            params["collation"] = MYSQL_BINARY_COLLATION
+        return params
+
+
+class IdField(BinaryCharField):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", 32)
+        super().__init__(*args, **kwargs)
+
+
+def id_primary_key(comment: str) -> IdField:
+    return IdField(primary_key=True, default=new_id, editable=False, db_comment=comment)
+
+
+def uint64(comment: str, **kwargs: Any) -> models.PositiveBigIntegerField:
+    """BIGINT UNSIGNED on MySQL; travels in JSON as a decimal string."""
+    return models.PositiveBigIntegerField(db_comment=comment, **kwargs)
+
+
+def uint32(comment: str, **kwargs: Any) -> models.PositiveIntegerField:
+    return models.PositiveIntegerField(db_comment=comment, **kwargs)

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from orbit.management.commands._credentials_file import refuse_existing, server_url, write_credentials_file
+from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
+from queues.models import Queue, QueueState
+
+MANAGE_SCOPES = ["queues:manage", "queues:read", "tasks:submit", "tasks:read", "tasks:cancel"]
+WORKER_SCOPES = ["workers:connect", "workers:consume"]
+
+
+class Command(BaseCommand):
+    help = "Create (or reuse, by name) an application, namespace and queue, and mint a credential for them."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--application", required=True)
+        parser.add_argument("--namespace", required=True)
+        parser.add_argument("--environment", required=True)
+        parser.add_argument("--queue", required=True)
+        parser.add_argument("--max-concurrency", type=int, default=8)
+        parser.add_argument("--rate-per-second", type=int, default=100)
+        parser.add_argument("--worker-access", action="store_true", help="also grant workers:connect/consume")
+        parser.add_argument("--output", required=True, help="credentials file to write (mode 0600)")
+        parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        refuse_existing(options["output"], overwrite=options["overwrite"])
+        scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
+        with transaction.atomic():
+            application = ensure_application(options["application"])
+            namespace = ensure_namespace(application, options["environment"], options["namespace"])
+            queue = Queue.objects.filter(namespace_id=namespace.id, name=options["queue"]).first()
+            if queue is None:
+                queue = Queue.objects.create(
+                    namespace_id=namespace.id,
+                    application_id=application.id,
+                    name=options["queue"],
+                    max_concurrency=options["max_concurrency"],
+                    rate_per_second=options["rate_per_second"],
+                )
+                QueueState.objects.create(queue_id=queue.id, application_id=application.id)
+            issued = issue_credential(namespace, scopes=scopes, queue_ids=None, name="bootstrap")
+        content = {
+            "url": server_url(),
+            "token": issued.token,
+            "application_id": application.id,
+            "namespace_id": namespace.id,
+            "environment": namespace.environment,
+            "queue_id": queue.id,
+            "scopes": issued.credential.scopes,
+        }
+        write_credentials_file(options["output"], content, overwrite=options["overwrite"])
+        self.stdout.write(f"wrote {options['output']} (credential {issued.credential.id}, queue {queue.id})")

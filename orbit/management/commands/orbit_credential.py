@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from orbit.errors import OrbitError
+from orbit.management.commands._credentials_file import refuse_existing, server_url, write_credentials_file
+from orbit.models import Application, Credential, Namespace
+from orbit.tenancy import issue_credential, revoke_credential
+
+
+class Command(BaseCommand):
+    help = "Create, revoke or list credentials."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="verb", required=True)
+        create = sub.add_parser("create")
+        create.add_argument("--application", required=True)
+        create.add_argument("--namespace", required=True)
+        create.add_argument("--environment", required=True)
+        create.add_argument("--scopes", required=True, help="comma-separated scopes")
+        create.add_argument("--queues", required=True, help="'all' or comma-separated queue ids")
+        create.add_argument("--name", default="")
+        create.add_argument("--output", required=True)
+        create.add_argument("--overwrite", action="store_true")
+        revoke = sub.add_parser("revoke")
+        revoke.add_argument("credential_id")
+        sub.add_parser("list")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            getattr(self, f"handle_{options['verb']}")(options)
+        except OrbitError as exc:
+            raise CommandError(exc.message) from exc
+
+    def handle_create(self, options: dict[str, Any]) -> None:
+        refuse_existing(options["output"], overwrite=options["overwrite"])
+        application = Application.objects.filter(name=options["application"]).first()
+        namespace = (
+            Namespace.objects.filter(
+                application_id=application.id, environment=options["environment"], name=options["namespace"]
+            ).first()
+            if application
+            else None
+        )
+        if namespace is None:
+            raise CommandError("no such application/environment/namespace; run orbit_bootstrap first")
+        queue_ids = None if options["queues"] == "all" else [q for q in options["queues"].split(",") if q]
+        issued = issue_credential(
+            namespace, scopes=[s for s in options["scopes"].split(",") if s], queue_ids=queue_ids, name=options["name"]
+        )
+        content = {
+            "url": server_url(),
+            "token": issued.token,
+            "application_id": application.id,
+            "namespace_id": namespace.id,
+            "environment": namespace.environment,
+            "queue_id": (queue_ids or [""])[0],
+            "scopes": issued.credential.scopes,
+        }
+        write_credentials_file(options["output"], content, overwrite=options["overwrite"])
+        self.stdout.write(f"wrote {options['output']} (credential {issued.credential.id})")
+
+    def handle_revoke(self, options: dict[str, Any]) -> None:
+        credential = revoke_credential(options["credential_id"])
+        self.stdout.write(f"revoked {credential.id}")
+
+    def handle_list(self, options: dict[str, Any]) -> None:
+        for credential in Credential.objects.order_by("created_at"):
+            state = "revoked" if credential.revoked_at else "active"
+            queues = "all" if credential.queue_ids is None else ",".join(credential.queue_ids)
+            self.stdout.write(
+                f"{credential.id}\t{state}\t{credential.namespace_id}\t{credential.name}\t"
+                f"{','.join(credential.scopes)}\t{queues}"
+            )

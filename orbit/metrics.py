@@ -1,0 +1,16 @@
+"""Prometheus metrics, exposed at /metrics."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+
+TASKS_SUBMITTED = Counter("orbit_tasks_submitted_total", "Tasks accepted by submit")
+ATTEMPTS_LEASED = Counter("orbit_attempts_leased_total", "Attempts created by dispatch")
+ATTEMPTS_STARTED = Counter("orbit_attempts_started_total", "Starts approved")
+ATTEMPTS_FINISHED = Counter("orbit_attempts_finished_total", "Attempts ended", ["state"])
+LEASES_RECOVERED = Counter("orbit_leases_recovered_total", "Expired leases recovered")
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

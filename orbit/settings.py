@@ -1,0 +1,144 @@
+"""Django settings for Orbit.
+
+ORBIT_MYSQL_DSN (mysql://user:pass@host:port/db) selects MySQL, the production
+store. Unset, an embedded SQLite file is used so a newcomer needs no server.
+"""
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = os.environ.get("ORBIT_SECRET_KEY", "orbit-development-only-secret-key-change-me")
+DEBUG = os.environ.get("ORBIT_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "orbit",
+    "queues",
+    "tasks",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "orbit.api.middleware.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "orbit.urls"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "orbit.asgi.application"
+WSGI_APPLICATION = None
+
+
+def database_from_env() -> dict:
+    dsn = os.environ.get("ORBIT_MYSQL_DSN", "").strip()
+    if not dsn:
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get("ORBIT_SQLITE_PATH", str(BASE_DIR / ".local" / "orbit.sqlite3")),
+            "OPTIONS": {
+                # IMMEDIATE takes the write lock at BEGIN, so two writers never
+                # deadlock upgrading a read lock; WAL lets readers run beside them.
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            },
+        }
+    url = urlparse(dsn)
+    if url.scheme != "mysql":
+        raise ValueError("ORBIT_MYSQL_DSN must look like mysql://user:pass@host:port/db")
+    return {
+        "ENGINE": "orbit.db_backends.mysql",
+        "NAME": url.path.lstrip("/"),
+        "USER": unquote(url.username or ""),
+        "PASSWORD": unquote(url.password or ""),
+        "HOST": url.hostname or "127.0.0.1",
+        "PORT": str(url.port or 3306),
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {
+            "charset": "utf8mb4",
+            # Django's default, stated because every lock order in Orbit assumes
+            # no gap locks.
+            "isolation_level": "read committed",
+            "init_command": "SET SESSION innodb_lock_wait_timeout = 20",
+        },
+        "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+    }
+
+
+DATABASES = {"default": database_from_env()}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+# A task payload may be 256 KiB encoded; the body around it carries its JSON
+# escaping and the other fields, so leave room before Django refuses to read.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["orbit.api.auth.BearerTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["orbit.api.parsers.StrictJSONParser"],
+    "EXCEPTION_HANDLER": "orbit.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Orbit API",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("ORBIT_LOG_LEVEL", "WARNING")},
+}
+
+# Public address the server is reached at; printed in credential files.
+ORBIT_HTTP_ADDR = os.environ.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080")
+
+# SQLite has no column or table comments; MySQL, the production store, gets them all.
+SILENCED_SYSTEM_CHECKS = ["fields.W163", "models.W046"]

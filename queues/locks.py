@@ -1,0 +1,24 @@
+"""Locking querysets for queue rows.
+
+Global lock order, obeyed by every path in every app:
+application_state → queue (config) → queue_state (ascending id) →
+concurrency_key (ascending key bytes) → task → attempt.
+Querysets here touch one table each: MariaDB rejects select_for_update(of=...)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from queues.models import Queue, QueueState
+
+
+def lock_queue(queue_id: str) -> Queue | None:
+    return Queue.objects.select_for_update().filter(id=queue_id).first()
+
+
+def lock_queue_states(queue_ids: Iterable[str]) -> dict[str, QueueState]:
+    ids = sorted(set(queue_ids))
+    return {
+        state.queue_id: state
+        for state in QueueState.objects.select_for_update().filter(queue_id__in=ids).order_by("queue_id")
+    }

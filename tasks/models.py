@@ -1,0 +1,138 @@
+"""Tasks, their attempts, and the per-key permit rows of keyed concurrency."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from orbit.fields import BinaryCharField, IdField, id_primary_key, uint64
+
+
+class TaskState(models.TextChoices):
+    WAITING = "WAITING"
+    LEASED = "LEASED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    NEEDS_REVIEW = "NEEDS_REVIEW"
+
+
+FINAL_TASK_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+class AttemptState(models.TextChoices):
+    LEASED = "LEASED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+    EXPIRED = "EXPIRED"
+    RELEASED = "RELEASED"
+    CANCELLED = "CANCELLED"
+
+
+ACTIVE_ATTEMPT_STATES = frozenset({AttemptState.LEASED, AttemptState.RUNNING})
+
+
+class Task(models.Model):
+    id = id_primary_key("任务ID，32位小写十六进制")
+    namespace_id = IdField(db_comment="所属命名空间ID")
+    application_id = IdField(db_comment="所属应用ID（冗余，按固定顺序加锁时使用）")
+    queue_id = IdField(db_comment="所属队列ID")
+    handler = BinaryCharField(max_length=128, db_comment="处理器名称")
+    handler_version = BinaryCharField(max_length=64, db_comment="处理器版本")
+    payload_version = BinaryCharField(max_length=64, db_comment="负载格式版本")
+    payload = models.JSONField(db_comment="任务负载（JSON，编码后不超过 256 KiB）")
+    business_key = BinaryCharField(
+        max_length=191, blank=True, default="", db_comment="业务追踪键；只用于关联，不限制并发、不去重；空串表示无"
+    )
+    concurrency_key = BinaryCharField(
+        max_length=191, blank=True, default="", db_comment="资源键，受理时冻结；空串表示不参与资源互斥"
+    )
+    priority = models.PositiveSmallIntegerField(default=5, db_comment="优先级 0–9，越大越先领取")
+    state = models.CharField(max_length=16, choices=TaskState.choices, db_comment="任务状态")
+    attempts = models.PositiveIntegerField(default=0, db_comment="已批准 Start 的尝试次数")
+    max_attempts = models.PositiveSmallIntegerField(default=3, db_comment="最大尝试次数 1–100")
+    epoch = models.PositiveIntegerField(default=0, db_comment="租约纪元：每次领取加一")
+    available_at = models.DateTimeField(db_comment="最早可领取时间（含重试退避）")
+    start_deadline_at = models.DateTimeField(null=True, blank=True, db_comment="开始截止时间；到期仍未开始则失败")
+    deadline_at = models.DateTimeField(null=True, blank=True, db_comment="总截止时间；之后不再开始或续租")
+    retry_initial_seconds = models.FloatField(default=1, db_comment="重试首次退避秒数")
+    retry_multiplier = models.FloatField(default=2, db_comment="重试退避倍数")
+    retry_max_seconds = models.FloatField(default=300, db_comment="重试最大退避秒数")
+    lease_seconds = models.PositiveIntegerField(default=30, db_comment="每次租约秒数 5–3600")
+    cancel_requested = models.BooleanField(default=False, db_comment="运行中取消意图；Worker 在续租时获知")
+    output = models.JSONField(null=True, blank=True, db_comment="成功结果输出")
+    last_error = models.JSONField(null=True, blank=True, db_comment="最近一次错误")
+    created_at = models.DateTimeField(db_comment="受理时间（UTC）")
+    updated_at = models.DateTimeField(db_comment="最后状态变化时间（UTC）")
+    finished_at = models.DateTimeField(null=True, blank=True, db_comment="进入 SUCCEEDED/FAILED/CANCELLED 的时间")
+
+    class Meta:
+        db_table = "orbit_task"
+        db_table_comment = "任务：受理后冻结的定义与当前状态"
+        indexes = [
+            # Matches the lease ORDER BY so one queue's scan stops at LIMIT.
+            models.Index(fields=["queue_id", "state", "-priority", "available_at", "id"], name="idx_task_dispatch"),
+            models.Index(fields=["namespace_id", "queue_id", "created_at"], name="idx_task_ns_queue"),
+            models.Index(fields=["namespace_id", "concurrency_key"], name="idx_task_ns_ckey"),
+            models.Index(fields=["namespace_id", "business_key"], name="idx_task_ns_bkey"),
+            models.Index(fields=["state", "start_deadline_at"], name="idx_task_start_deadline"),
+            models.Index(fields=["state", "deadline_at"], name="idx_task_deadline"),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class Attempt(models.Model):
+    id = id_primary_key("尝试ID，32位小写十六进制")
+    task_id = IdField(db_comment="所属任务ID")
+    namespace_id = IdField(db_comment="所属命名空间ID")
+    application_id = IdField(db_comment="所属应用ID（冗余）")
+    queue_id = IdField(db_comment="所属队列ID（冗余）")
+    number = models.PositiveIntegerField(null=True, blank=True, db_comment="尝试序号，Start 获批时设定")
+    state = models.CharField(max_length=16, choices=AttemptState.choices, db_comment="尝试状态")
+    epoch = models.PositiveIntegerField(db_comment="租约纪元，等于领取时任务的纪元")
+    concurrency_key = BinaryCharField(max_length=191, blank=True, default="", db_comment="资源键（冗余）；空串表示无")
+    concurrency_token = uint64("资源键许可序号；无资源键为 NULL", null=True, blank=True)
+    worker_id = models.CharField(max_length=128, db_comment="持有租约的 Worker 进程身份")
+    session_id = IdField(db_comment="派发时的 Worker 会话ID")
+    acknowledged = models.BooleanField(default=False, db_comment="Worker 是否已确认收到派发")
+    leased_at = models.DateTimeField(db_comment="领取时间（UTC）")
+    lease_expires_at = models.DateTimeField(db_comment="租约到期时间；续租延长")
+    started_at = models.DateTimeField(null=True, blank=True, db_comment="Start 获批时间")
+    finished_at = models.DateTimeField(null=True, blank=True, db_comment="尝试结束时间")
+    outcome = models.CharField(max_length=16, blank=True, default="", db_comment="上报结果：SUCCEEDED/FAILED/UNKNOWN")
+    retryable = models.BooleanField(default=False, db_comment="失败是否可安全重试")
+    output = models.JSONField(null=True, blank=True, db_comment="上报的输出")
+    error = models.JSONField(null=True, blank=True, db_comment="上报或恢复时记录的错误")
+    late_outcome = models.JSONField(null=True, blank=True, db_comment="尝试结束后迟到的结果证据，不改变状态和计数")
+
+    class Meta:
+        db_table = "orbit_attempt"
+        db_table_comment = "尝试：一次租约及其开始、续租与结果"
+        indexes = [
+            models.Index(fields=["task_id", "epoch"], name="idx_attempt_task_epoch"),
+            models.Index(fields=["state", "lease_expires_at"], name="idx_attempt_expiry"),
+            models.Index(fields=["worker_id", "state"], name="idx_attempt_worker"),
+            models.Index(fields=["namespace_id", "concurrency_key", "leased_at"], name="idx_attempt_ckey"),
+        ]
+
+
+class ConcurrencyKey(models.Model):
+    """One row per (namespace, key), never deleted or reset: its version is the
+    source of strictly increasing permit tokens."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
+    namespace_id = IdField(db_comment="命名空间ID")
+    key = BinaryCharField(max_length=191, db_comment="资源键，按 UTF-8 字节精确匹配")
+    version = uint64("资源行版本：每次领取和释放都加一；新许可序号等于领取后的版本", default=0)
+    holder_attempt_id = IdField(blank=True, default="", db_comment="当前持有许可的尝试ID；空串表示空闲")
+    holder_task_id = IdField(blank=True, default="", db_comment="当前持有许可的任务ID；空串表示空闲")
+    updated_at = models.DateTimeField(db_comment="最后领取或释放时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_concurrency_key"
+        db_table_comment = "资源键许可行：同一命名空间内跨队列共享一个有效许可，序号单调递增"
+        constraints = [models.UniqueConstraint(fields=["namespace_id", "key"], name="uniq_ckey_ns_key")]

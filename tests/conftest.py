@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from tests.factories import NamespaceFactory, make_credential
+
+
+@dataclass
+class Tenant:
+    namespace: Any
+    token: str
+    client: APIClient
+
+    @property
+    def namespace_id(self) -> str:
+        return self.namespace.id
+
+
+def api_client(token: str | None) -> APIClient:
+    client = APIClient()
+    if token:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def post_json(client: APIClient, path: str, body: Any, key: str | None = None, **extra: Any) -> Any:
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+    raw = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return client.post(path, data=raw, content_type="application/json", **headers, **extra)
+
+
+@pytest.fixture
+def tenant(db: None) -> Tenant:
+    namespace = NamespaceFactory()
+    issued = make_credential(namespace)
+    return Tenant(namespace=namespace, token=issued.token, client=api_client(issued.token))
+
+
+@pytest.fixture
+def is_mysql() -> bool:
+    return connection.vendor == "mysql"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if connection.vendor == "mysql":
+        return
+    skip = pytest.mark.skip(reason="needs MySQL (set ORBIT_MYSQL_DSN)")
+    for item in items:
+        if "mysql_only" in item.keywords:
+            item.add_marker(skip)
