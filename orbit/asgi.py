@@ -9,6 +9,10 @@ django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from workers.maintenance import start_background_maintenance  # noqa: E402
 from workers.routing import websocket_urlpatterns  # noqa: E402
+
+# Every server process recovers expired leases and sweeps deadlines.
+start_background_maintenance()
 
 application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": URLRouter(websocket_urlpatterns)})

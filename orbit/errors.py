@@ -83,3 +83,28 @@ class Unavailable(OrbitError):
 class Internal(OrbitError):
     code = "INTERNAL"
     status = 500
+
+
+class RateLimited(OrbitError):
+    """Worker protocol only: Start refused, the queue's window is full."""
+
+    code = "RATE_LIMITED"
+    status = 429
+
+    def __init__(self, retry_after_ms: int) -> None:
+        super().__init__("queue start rate reached; retry after the window", details={"retry_after_ms": retry_after_ms})
+
+
+class QueuePaused(OrbitError):
+    code = "QUEUE_PAUSED"
+    status = 409
+
+
+class LeaseLost(OrbitError):
+    code = "LEASE_LOST"
+    status = 409
+
+
+class TaskCancelled(OrbitError):
+    code = "TASK_CANCELLED"
+    status = 409

@@ -7,7 +7,10 @@ from typing import Any
 
 from django.db import models
 
-MYSQL_BINARY_COLLATION = "utf8mb4_bin"
+# NO PAD binary collations: plain utf8mb4_bin is PAD SPACE, so "key" and
+# "key " would compare equal. MariaDB and MySQL 8 spell it differently.
+MARIADB_BINARY_COLLATION = "utf8mb4_nopad_bin"
+MYSQL_BINARY_COLLATION = "utf8mb4_0900_bin"
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 
@@ -20,15 +23,16 @@ def new_id() -> str:
 class BinaryCharField(models.CharField):
     """A CharField that compares byte-for-byte on every backend.
 
-    MySQL's default collations fold case and accents, which the seeds forbid for
-    names and keys. SQLite's default BINARY collation is already exact and would
-    reject the MySQL collation name, so the collation is chosen per vendor.
+    MySQL's default collations fold case and accents, and its `_bin` ones pad
+    trailing spaces; the seeds forbid both for names and keys. SQLite's default
+    BINARY collation is already exact and would reject the MySQL collation
+    name, so the collation is chosen per vendor.
     """
 
     def db_parameters(self, connection: Any) -> dict[str, Any]:
         params = super().db_parameters(connection)
         if connection.vendor == "mysql":
-            params["collation"] = MYSQL_BINARY_COLLATION
+            params["collation"] = MARIADB_BINARY_COLLATION if connection.mysql_is_mariadb else MYSQL_BINARY_COLLATION
         return params
 
 

@@ -6,6 +6,7 @@ Each mutating verb runs inside the transaction opened by the idempotency runner
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,8 @@ from orbit.idempotency import Actor
 from orbit.timefmt import format_time
 from queues.locks import lock_queue, lock_queue_states
 from queues.models import DEFAULT_MAX_UNFINISHED_TASKS, Queue, QueueState
+
+QUEUE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,15 @@ def queue_create(*, actor: Actor, name: str, limits: QueueLimits) -> dict[str, A
     return snapshot
 
 
+def _is_queue_id(queue_id: str) -> bool:
+    # Checked before the lookup: the id column's PAD SPACE collation would
+    # otherwise find the queue for "<id> " too.
+    return QUEUE_ID.fullmatch(queue_id) is not None
+
+
 def _locked_queue_in_namespace(actor: Actor, queue_id: str) -> Queue:
+    if not _is_queue_id(queue_id):
+        raise NotFound("queue not found")
     queue = lock_queue(queue_id)
     if queue is None or queue.namespace_id != actor.namespace_id:
         raise NotFound("queue not found")
@@ -154,6 +165,8 @@ def queue_retire(*, actor: Actor, queue_id: str, expected_revision: int, reason:
 
 def queue_get(*, principal: Principal, queue_id: str) -> dict[str, Any]:
     principal.require_queue(queue_id)
+    if not _is_queue_id(queue_id):
+        raise NotFound("queue not found")
     queue = Queue.objects.filter(id=queue_id, namespace_id=principal.namespace_id).first()
     if queue is None:
         raise NotFound("queue not found")

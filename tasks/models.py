@@ -98,7 +98,6 @@ class Attempt(models.Model):
     concurrency_token = uint64("资源键许可序号；无资源键为 NULL", null=True, blank=True)
     worker_id = models.CharField(max_length=128, db_comment="持有租约的 Worker 进程身份")
     session_id = IdField(db_comment="派发时的 Worker 会话ID")
-    acknowledged = models.BooleanField(default=False, db_comment="Worker 是否已确认收到派发")
     leased_at = models.DateTimeField(db_comment="领取时间（UTC）")
     lease_expires_at = models.DateTimeField(db_comment="租约到期时间；续租延长")
     started_at = models.DateTimeField(null=True, blank=True, db_comment="Start 获批时间")

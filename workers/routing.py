@@ -1,1 +1,5 @@
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from workers.consumers import WorkerConsumer
+
+websocket_urlpatterns = [path("v1/workers/connect", WorkerConsumer.as_asgi())]

@@ -13,7 +13,7 @@ from rest_framework import serializers
 
 from orbit.fields import UINT32_MAX, UINT64_MAX
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -50,6 +50,7 @@ class StrictCharField(serializers.CharField):
         "blank": "must not be empty",
         "max_length": "must be at most {max_length} characters",
         "min_length": "must be at least {min_length} characters",
+        "utf8": "must be valid UTF-8 (no lone surrogates)",
     }
 
     def __init__(self, **kwargs: Any) -> None:
@@ -59,7 +60,18 @@ class StrictCharField(serializers.CharField):
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        if not is_valid_utf8(data):
+            self.fail("utf8")
         return super().to_internal_value(data)
+
+
+def is_valid_utf8(text: str) -> bool:
+    """JSON's \\ud800 escapes decode to lone surrogates, which are not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class NameField(StrictCharField):
@@ -74,7 +86,8 @@ class NameField(StrictCharField):
 
     def to_internal_value(self, data: Any) -> str:
         value = super().to_internal_value(data)
-        if not NAME_PATTERN.match(value) or not value.isascii():
+        # fullmatch: `$` would also match before a trailing newline.
+        if not NAME_PATTERN.fullmatch(value):
             self.fail("pattern")
         return value
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -68,7 +69,8 @@ def page_size_of(request: Request) -> int:
     raw = request.query_params.get("page_size")
     if raw is None:
         return DEFAULT_PAGE_SIZE
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+    # ASCII digits only: str.isdigit() also takes "²" (int() then fails) and "٣".
+    if not re.fullmatch(r"[0-9]{1,4}", raw) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
         raise InvalidArgument(f"page_size: must be an integer between 1 and {MAX_PAGE_SIZE}")
     return int(raw)
 

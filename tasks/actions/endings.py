@@ -1,0 +1,247 @@
+"""Verbs that end attempts or tasks: record_result, release_attempt, cancel_task,
+recover_expired_leases, sweep_deadlines. Each locks in the global order and
+re-checks under the locks, so a second arrival changes nothing."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from orbit.audit import record_management_change
+from orbit.errors import LeaseLost, NotFound, StateConflict
+from orbit.idempotency import Actor, run_retrying
+from orbit.metrics import LEASES_RECOVERED
+from orbit.timefmt import format_time
+from tasks.actions.dispatch import WorkerContext
+from tasks.actions.permits import Held, end_attempt, lock_attempt_chain, lock_task_chain, move_task
+from tasks.actions.serialize import task_detail
+from tasks.actions.submit import notify_work_available
+from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, Task, TaskState
+
+OUTCOMES = ("SUCCEEDED", "FAILED", "UNKNOWN")
+RECOVERY_BATCH = 200
+LEASE_EXPIRED = {"code": "LEASE_EXPIRED", "message": "lease expired before a result arrived"}
+
+
+def retry_backoff(task: Task) -> timedelta:
+    exponent = max(task.attempts - 1, 0)
+    seconds = min(task.retry_initial_seconds * task.retry_multiplier**exponent, task.retry_max_seconds)
+    return timedelta(seconds=seconds)
+
+
+def _wake_after_commit(queue_id: str) -> None:
+    transaction.on_commit(lambda: notify_work_available([queue_id]))
+
+
+def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
+    if task.deadline_at and task.deadline_at <= now:
+        return {"code": "DEADLINE_EXCEEDED", "message": "task deadline passed"}
+    if task.start_deadline_at and task.start_deadline_at <= now and task.attempts == 0:
+        return {"code": "START_DEADLINE_EXCEEDED", "message": "no attempt started before start_deadline_at"}
+    return None
+
+
+def _recover_locked(held: Held, now: datetime) -> None:
+    """An expired lease: unstarted → EXPIRED and the task waits again (no
+    attempt consumed); running → UNKNOWN and the task needs review."""
+    task, attempt = held.task, held.attempt
+    if attempt.state == AttemptState.LEASED:
+        end_attempt(held, AttemptState.EXPIRED, now=now, error=LEASE_EXPIRED)
+        failure = deadline_failure(task, now)
+        if failure:
+            move_task(task, TaskState.FAILED, now=now, last_error=failure)
+        else:
+            move_task(task, TaskState.WAITING, now=now)
+    else:
+        end_attempt(held, AttemptState.UNKNOWN, now=now, error=LEASE_EXPIRED)
+        move_task(task, TaskState.NEEDS_REVIEW, now=now, last_error=LEASE_EXPIRED)
+    LEASES_RECOVERED.inc()
+    _wake_after_commit(task.queue_id)
+
+
+def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error: Any, now: datetime) -> None:
+    task = held.task
+    if outcome == "SUCCEEDED":
+        end_attempt(held, AttemptState.SUCCEEDED, now=now, outcome=outcome, output=output)
+        move_task(task, TaskState.SUCCEEDED, now=now, output=output)
+    elif outcome == "UNKNOWN":
+        end_attempt(held, AttemptState.UNKNOWN, now=now, outcome=outcome, error=error)
+        move_task(task, TaskState.NEEDS_REVIEW, now=now, last_error=error)
+    else:
+        end_attempt(held, AttemptState.FAILED, now=now, outcome=outcome, retryable=retryable, error=error)
+        if task.cancel_requested:
+            move_task(task, TaskState.CANCELLED, now=now, last_error=error)
+        elif retryable and task.attempts < task.max_attempts:
+            # Safe retry: permits are released now; the task waits out its backoff.
+            move_task(task, TaskState.WAITING, now=now, last_error=error, available_at=now + retry_backoff(task))
+        else:
+            move_task(task, TaskState.FAILED, now=now, last_error=error)
+    _wake_after_commit(task.queue_id)
+
+
+def record_result(
+    *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
+) -> dict[str, Any]:
+    """Applies a worker's result exactly once; replays and late evidence change nothing."""
+    peek = Attempt.objects.filter(id=attempt_id, namespace_id=worker.namespace_id).values("worker_id", "epoch").first()
+    if peek is None or peek["worker_id"] != worker.worker_id or peek["epoch"] != epoch:
+        raise LeaseLost("attempt is not held by this worker")
+
+    @transaction.atomic
+    def apply() -> dict[str, Any]:
+        now = timezone.now()
+        held = lock_attempt_chain(attempt_id)
+        assert held is not None
+        attempt = held.attempt
+        if attempt.state in ACTIVE_ATTEMPT_STATES and attempt.lease_expires_at <= now:
+            _recover_locked(held, now)
+        if attempt.state == AttemptState.LEASED:
+            raise StateConflict("attempt has not started; send task.start or task.release")
+        if attempt.state == AttemptState.RUNNING:
+            _apply_outcome(held, outcome, retryable, output, error, now)
+            return {"task_state": held.task.state, "duplicate": False, "late": False}
+        if attempt.outcome:
+            return {"task_state": held.task.state, "duplicate": True, "late": False}
+        if attempt.late_outcome is not None:
+            return {"task_state": held.task.state, "duplicate": True, "late": True}
+        # The attempt already ended (expired, cancelled): keep the evidence on
+        # the attempt; no task state or counter moves.
+        attempt.late_outcome = {
+            "outcome": outcome,
+            "retryable": retryable,
+            "output": output,
+            "error": error,
+            "received_at": format_time(now),
+        }
+        attempt.save(update_fields=["late_outcome"])
+        return {"task_state": held.task.state, "duplicate": False, "late": True}
+
+    return run_retrying(apply)
+
+
+def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reason: str) -> dict[str, Any]:
+    """A worker hands back an attempt it has not started; no attempt is consumed."""
+    peek = Attempt.objects.filter(id=attempt_id, namespace_id=worker.namespace_id).values("worker_id", "epoch").first()
+    if peek is None or peek["worker_id"] != worker.worker_id or peek["epoch"] != epoch:
+        raise LeaseLost("attempt is not held by this worker")
+
+    @transaction.atomic
+    def apply() -> dict[str, Any]:
+        now = timezone.now()
+        held = lock_attempt_chain(attempt_id)
+        assert held is not None
+        attempt = held.attempt
+        if attempt.state == AttemptState.RELEASED:
+            return {"task_state": held.task.state}
+        if attempt.state == AttemptState.RUNNING:
+            raise StateConflict("attempt already started; report a result instead")
+        if attempt.state != AttemptState.LEASED:
+            raise LeaseLost("lease is no longer valid")
+        end_attempt(held, AttemptState.RELEASED, now=now, error={"code": "RELEASED", "message": reason})
+        move_task(held.task, TaskState.WAITING, now=now)
+        _wake_after_commit(held.task.queue_id)
+        return {"task_state": held.task.state}
+
+    return run_retrying(apply)
+
+
+def cancel_task(*, actor: Actor, task_id: str, reason: str) -> dict[str, Any]:
+    """WAITING or unstarted → CANCELLED now, permits released in this
+    transaction; RUNNING → cancel_requested only. Caller holds the transaction."""
+    now = timezone.now()
+    chain = lock_task_chain(task_id)
+    if chain is None or chain[0].namespace_id != actor.namespace_id:
+        raise NotFound("task not found")
+    task, held = chain
+    if not actor.principal.covers_queue(task.queue_id):
+        raise NotFound("task not found")
+    before = {"state": task.state, "cancel_requested": task.cancel_requested}
+    if task.state == TaskState.CANCELLED:
+        return {"task": task_detail(task)}
+    if task.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW):
+        raise StateConflict(f"task is {task.state} and cannot be cancelled")
+    if task.state == TaskState.RUNNING:
+        task.cancel_requested = True
+        task.updated_at = now
+        task.save(update_fields=["cancel_requested", "updated_at"])
+    else:
+        if held is not None:
+            end_attempt(held, AttemptState.CANCELLED, now=now, error={"code": "CANCELLED", "message": reason})
+        move_task(task, TaskState.CANCELLED, now=now, cancel_requested=True)
+        _wake_after_commit(task.queue_id)
+    record_management_change(
+        actor,
+        action="task.cancel",
+        target_type="task",
+        target_id=task.id,
+        reason=reason,
+        before=before,
+        after={"state": task.state, "cancel_requested": task.cancel_requested},
+    )
+    return {"task": task_detail(task)}
+
+
+def recover_expired_leases(*, limit: int = RECOVERY_BATCH) -> int:
+    """Ends attempts whose lease ran out. Safe on every node at once: the
+    candidates are read without locks and each is re-checked under its locks."""
+    now = timezone.now()
+    expired = list(
+        Attempt.objects.filter(state__in=list(ACTIVE_ATTEMPT_STATES), lease_expires_at__lte=now)
+        .order_by("lease_expires_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    recovered = 0
+    for attempt_id in expired:
+
+        @transaction.atomic
+        def recover(attempt_id: str = attempt_id) -> int:
+            held = lock_attempt_chain(attempt_id)
+            now = timezone.now()
+            if held is None or held.attempt.state not in ACTIVE_ATTEMPT_STATES or held.attempt.lease_expires_at > now:
+                return 0
+            _recover_locked(held, now)
+            return 1
+
+        recovered += run_retrying(recover)
+    return recovered
+
+
+def fail_for_deadline(task_id: str) -> bool:
+    """Fails a task whose total or start deadline passed while it waited (or
+    sat leased but unstarted). Running tasks are left to their lease."""
+
+    @transaction.atomic
+    def apply() -> bool:
+        now = timezone.now()
+        chain = lock_task_chain(task_id)
+        if chain is None:
+            return False
+        task, held = chain
+        failure = deadline_failure(task, now)
+        if failure is None or task.state not in (TaskState.WAITING, TaskState.LEASED):
+            return False
+        if held is not None:
+            if held.attempt.state != AttemptState.LEASED:
+                return False
+            end_attempt(held, AttemptState.EXPIRED, now=now, error=failure)
+        move_task(task, TaskState.FAILED, now=now, last_error=failure)
+        _wake_after_commit(task.queue_id)
+        return True
+
+    return run_retrying(apply)
+
+
+def sweep_deadlines(*, limit: int = RECOVERY_BATCH) -> int:
+    now = timezone.now()
+    waiting = [TaskState.WAITING, TaskState.LEASED]
+    due = list(
+        Task.objects.filter(state__in=waiting, deadline_at__lte=now).values_list("id", flat=True)[:limit]
+    ) + list(
+        Task.objects.filter(state__in=waiting, start_deadline_at__lte=now, attempts=0).values_list("id", flat=True)[
+            :limit
+        ]
+    )
+    return sum(fail_for_deadline(task_id) for task_id in dict.fromkeys(due))

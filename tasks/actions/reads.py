@@ -1,0 +1,56 @@
+"""Read verbs for tasks and attempts; the credential's queue range applies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orbit.api.auth import Principal
+from orbit.errors import InvalidArgument, NotFound
+from tasks.actions.serialize import attempt_view, task_detail, task_summary
+from tasks.models import Attempt, Task, TaskState
+
+
+def visible_task(principal: Principal, task_id: str) -> Task:
+    task = Task.objects.filter(id=task_id, namespace_id=principal.namespace_id).first()
+    if task is None or not principal.covers_queue(task.queue_id):
+        raise NotFound("task not found")
+    return task
+
+
+def task_get(*, principal: Principal, task_id: str) -> dict[str, Any]:
+    return task_detail(visible_task(principal, task_id))
+
+
+def task_list(
+    *, principal: Principal, filters: dict[str, str], after_id: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    tasks = Task.objects.filter(namespace_id=principal.namespace_id).defer("payload")
+    if "queue_id" in filters:
+        tasks = tasks.filter(queue_id=filters["queue_id"])
+    if principal.queue_ids is not None:
+        tasks = tasks.filter(queue_id__in=sorted(principal.queue_ids))
+    if "state" in filters:
+        if filters["state"] not in TaskState.values:
+            raise InvalidArgument(f"state: must be one of {', '.join(TaskState.values)}")
+        tasks = tasks.filter(state=filters["state"])
+    for name in ("business_key", "concurrency_key"):
+        if name in filters:
+            tasks = tasks.filter(**{name: filters[name]})
+    if after_id:
+        tasks = tasks.filter(id__gt=after_id)
+    rows = list(tasks.order_by("id")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return [task_summary(t) for t in rows], (rows[-1].id if more and rows else None)
+
+
+def attempt_list(*, principal: Principal, task_id: str) -> list[dict[str, Any]]:
+    task = visible_task(principal, task_id)
+    return [attempt_view(a) for a in Attempt.objects.filter(task_id=task.id).order_by("epoch")]
+
+
+def attempt_get(*, principal: Principal, attempt_id: str) -> dict[str, Any]:
+    attempt = Attempt.objects.filter(id=attempt_id, namespace_id=principal.namespace_id).first()
+    if attempt is None or not principal.covers_queue(attempt.queue_id):
+        raise NotFound("attempt not found")
+    return attempt_view(attempt)

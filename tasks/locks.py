@@ -1,0 +1,49 @@
+"""Locking querysets for the task app, in the global order:
+application_state → queue (config) → queue_state (ascending id) →
+concurrency_key (ascending key bytes) → task → attempt.
+
+Each queryset reads one table (MariaDB rejects select_for_update(of=...))."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.utils import timezone
+
+from orbit.models import ApplicationState
+from tasks.models import Attempt, ConcurrencyKey, Task
+
+
+def lock_application_state(application_id: str) -> ApplicationState:
+    return ApplicationState.objects.select_for_update().get(application_id=application_id)
+
+
+def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, ConcurrencyKey]:
+    """Creates missing key rows, then locks all of them in ascending key order.
+
+    A row is never deleted, so once created it is the permanent home of that
+    key's token sequence. INSERT IGNORE lets two leases race to create one key:
+    the loser waits on the unique index, then finds the row and locks it."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return {}
+    now = timezone.now()
+    existing = set(
+        ConcurrencyKey.objects.filter(namespace_id=namespace_id, key__in=wanted).values_list("key", flat=True)
+    )
+    missing = [key for key in wanted if key not in existing]
+    if missing:
+        ConcurrencyKey.objects.bulk_create(
+            [ConcurrencyKey(namespace_id=namespace_id, key=key, version=0, updated_at=now) for key in missing],
+            ignore_conflicts=True,
+        )
+    rows = ConcurrencyKey.objects.select_for_update().filter(namespace_id=namespace_id, key__in=wanted).order_by("key")
+    return {row.key: row for row in rows}
+
+
+def lock_task(task_id: str) -> Task | None:
+    return Task.objects.select_for_update().filter(id=task_id).first()
+
+
+def lock_attempt(attempt_id: str) -> Attempt | None:
+    return Attempt.objects.select_for_update().filter(id=attempt_id).first()

@@ -1,0 +1,149 @@
+"""Field rules of POST /v1/tasks (SPEC §5) and of the concurrency key (keyed-concurrency seed §2)."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from datetime import UTC, datetime
+from typing import Any
+
+from rest_framework import serializers
+
+from orbit.api.fields import (
+    NameField,
+    ReasonField,
+    StrictCharField,
+    StrictSerializer,
+    is_valid_utf8,
+    uint32_field,
+)
+from orbit.errors import PayloadTooLarge
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+MAX_KEY_CHARACTERS = 191
+MAX_TIMEOUT_SECONDS = 366 * 24 * 3600
+
+
+def encoded_payload_size(payload: Any) -> int:
+    return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
+def is_unicode_whitespace(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch) == "Zs"
+
+
+def is_control(ch: str) -> bool:
+    code = ord(ch)
+    return code < 0x20 or code == 0x7F or 0x80 <= code <= 0x9F
+
+
+class StrictNumberField(serializers.FloatField):
+    default_error_messages = {"invalid": "must be a number"}
+
+    def __init__(self, **kwargs: Any) -> None:
+        bounds = f"must be a number between {kwargs.get('min_value')} and {kwargs.get('max_value')}"
+        kwargs.setdefault("error_messages", {}).update({"max_value": bounds, "min_value": bounds})
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class TimeField(StrictCharField):
+    """RFC 3339 with an explicit offset; stored in UTC."""
+
+    default_error_messages = {"time": "must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z"}
+
+    def to_internal_value(self, data: Any) -> datetime:  # type: ignore[override]
+        text = super().to_internal_value(data)
+        if len(text) < 20 or text[10] not in "Tt":
+            self.fail("time")
+        try:
+            value = datetime.fromisoformat(text.replace("z", "Z"))
+        except ValueError:
+            self.fail("time")
+        if value.tzinfo is None:
+            self.fail("time")
+        return value.astimezone(UTC)
+
+
+class ConcurrencyKeyField(StrictCharField):
+    """Omitted or "" means off; otherwise 1–191 characters, no control characters,
+    no Unicode whitespace at either end. Compared byte-for-byte, never folded."""
+
+    default_error_messages = {
+        "control": "must not contain control characters",
+        "edge_space": "must not start or end with whitespace",
+    }
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_blank=True, max_length=MAX_KEY_CHARACTERS, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if value == "":
+            return value
+        if any(is_control(ch) for ch in value):
+            self.fail("control")
+        if is_unicode_whitespace(value[0]) or is_unicode_whitespace(value[-1]):
+            self.fail("edge_space")
+        return value
+
+
+class RetryInput(StrictSerializer):
+    initial_seconds = StrictNumberField(min_value=0, max_value=86_400, required=False, default=1)
+    multiplier = StrictNumberField(min_value=1, max_value=100, required=False, default=2)
+    max_seconds = StrictNumberField(min_value=0, max_value=7 * 86_400, required=False, default=300)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["max_seconds"] < attrs["initial_seconds"]:
+            raise serializers.ValidationError({"max_seconds": ["must be at least initial_seconds"]})
+        return attrs
+
+
+class PayloadField(serializers.Field):
+    default_error_messages = {"null": "must not be null", "utf8": "must be valid UTF-8 (no lone surrogates)"}
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            size = encoded_payload_size(data)
+        except UnicodeEncodeError:
+            self.fail("utf8")
+        if size > MAX_PAYLOAD_BYTES:
+            raise PayloadTooLarge(f"payload: {size} bytes encoded, over the {MAX_PAYLOAD_BYTES} byte limit")
+        return data
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class SubmitTaskInput(StrictSerializer):
+    queue_id = StrictCharField(max_length=32)
+    handler = NameField(max_length=128)
+    handler_version = NameField(max_length=64)
+    payload_version = NameField(max_length=64)
+    payload = PayloadField()
+    business_key = StrictCharField(required=False, allow_blank=True, max_length=191)
+    concurrency_key = ConcurrencyKeyField(required=False)
+    priority = uint32_field(0, 9, required=False, default=5)
+    available_at = TimeField(required=False)
+    start_deadline_at = TimeField(required=False)
+    deadline_at = TimeField(required=False)
+    timeout_seconds = uint32_field(1, MAX_TIMEOUT_SECONDS, required=False)
+    max_attempts = uint32_field(1, 100, required=False, default=3)
+    retry = RetryInput(required=False)
+    lease_seconds = uint32_field(5, 3600, required=False, default=30)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "deadline_at" in attrs and "timeout_seconds" in attrs:
+            raise serializers.ValidationError({"timeout_seconds": ["give deadline_at or timeout_seconds, not both"]})
+        for name in ("business_key",):
+            if name in attrs and not is_valid_utf8(attrs[name]):
+                raise serializers.ValidationError({name: ["must be valid UTF-8"]})
+        return attrs
+
+
+class CancelTaskInput(StrictSerializer):
+    reason = ReasonField()

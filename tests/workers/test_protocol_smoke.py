@@ -1,0 +1,50 @@
+import pytest
+
+from tests.conftest import post_json
+from tests.workers.helpers import ProtocolClient
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+def submit(tenant, queue_id, key, **extra):
+    body = {"queue_id": queue_id, "handler": "echo", "handler_version": "v1", "payload_version": "v1", "payload": {}}
+    body.update(extra)
+    response = post_json(tenant.client, "/v1/tasks", body, key=key)
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["task"]
+
+
+def make_queue(tenant, name="q", **limits):
+    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
+    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["queue"]
+
+
+async def test_lease_start_result_roundtrip(tenant):
+    from asgiref.sync import sync_to_async
+
+    queue = await sync_to_async(make_queue)(tenant)
+    task = await sync_to_async(submit)(tenant, queue["id"], "t1")
+    worker = ProtocolClient(tenant.token)
+    await worker.connect()
+    hello = await worker.hello([queue["id"]])
+    assert hello["type"] == "hello.ok", hello
+    assign = await worker.next_assignment()
+    assert assign["task"]["id"] == task["id"]
+    start = await worker.request("task.start", attempt_id=assign["attempt_id"], epoch=assign["epoch"])
+    assert start["type"] == "task.start.ok" and start["attempt_number"] == 1, start
+    result = await worker.request(
+        "task.result", attempt_id=assign["attempt_id"], epoch=assign["epoch"], outcome="SUCCEEDED", output={"ok": 1}
+    )
+    assert result == {"type": "task.result.ok", "reply_to": result["reply_to"], "task_state": "SUCCEEDED",
+                      "duplicate": False, "late": False}
+    again = await worker.request(
+        "task.result", attempt_id=assign["attempt_id"], epoch=assign["epoch"], outcome="SUCCEEDED", output={"ok": 1}
+    )
+    assert again["duplicate"] is True
+    await worker.close()
+    detail = await sync_to_async(tenant.client.get)(f"/v1/tasks/{task['id']}")
+    assert detail.json()["data"]["state"] == "SUCCEEDED"
+    q = await sync_to_async(tenant.client.get)(f"/v1/queues/{queue['id']}")
+    assert q.json()["data"]["unfinished_tasks"] == "0"

@@ -1,0 +1,310 @@
+"""The worker protocol over WebSocket (docs/protocol.md).
+
+The consumer only translates frames into action calls and back; every state
+and counter change happens in tasks.actions / workers.actions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.db import DatabaseError
+from rest_framework import serializers
+
+from orbit.api.auth import Principal, authenticate_token, token_from_header
+from orbit.api.errors import translate
+from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, uint32_field
+from orbit.errors import InvalidArgument, OrbitError, PermissionDenied, StateConflict
+from orbit.fields import new_id
+from tasks.actions import dispatch, endings
+from tasks.actions.dispatch import WorkerContext
+from workers.actions import register_worker
+from workers.db import run_db
+from workers.wakeup import registry
+
+logger = logging.getLogger("orbit.workers")
+
+DEFAULT_LEASE_SECONDS = 30
+RENEW_SECONDS = 10
+# Dispatchers poll this often for work created by other server processes.
+POLL_INTERVAL_SECONDS = 0.25
+# How often a connection re-checks that its credential is still valid.
+CREDENTIAL_RECHECK_SECONDS = 5.0
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+CLOSE_CONFLICT = 4409
+
+
+class HandlerInput(StrictSerializer):
+    handler = StrictCharField(min_length=1, max_length=128)
+    handler_version = StrictCharField(min_length=1, max_length=64)
+
+
+class HelloInput(StrictSerializer):
+    id = serializers.JSONField(required=False)
+    type = StrictCharField()
+    worker_id = StrictCharField(min_length=1, max_length=128)
+    queues = serializers.ListField(child=StrictCharField(max_length=32), allow_empty=False)
+    capacity = uint32_field(1, 1000)
+    handlers = HandlerInput(many=True, required=False)
+    concurrency_keys = StrictBooleanField(required=False, default=False)
+    version = StrictCharField(required=False, allow_blank=True, max_length=128)
+
+    def validate_worker_id(self, value: str) -> str:
+        if not all(0x20 < ord(ch) < 0x7F for ch in value):
+            raise serializers.ValidationError("must be printable ASCII without spaces")
+        return value
+
+
+def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
+    value = message.get(name)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) and kind is not bool:
+        raise InvalidArgument(f"{name}: must be {getattr(kind, '__name__', 'valid')}")
+    if not isinstance(value, kind):
+        raise InvalidArgument(f"{name}: required, must be {getattr(kind, '__name__', 'valid')}")
+    return value
+
+
+class WorkerConsumer(AsyncWebsocketConsumer):
+    principal: Principal | None = None
+    worker: WorkerContext | None = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        self.capacity = 0
+        self.held: set[str] = set()
+        self.draining = False
+        self.wake = asyncio.Event()
+        self.dispatcher: asyncio.Task | None = None
+        headers = dict(self.scope.get("headers") or [])
+        raw = headers.get(b"authorization")
+        try:
+            token = token_from_header(raw.decode("latin-1") if raw else None)
+            self.principal = await run_db(authenticate_token, token)
+            self.principal.require("workers:connect")
+        except OrbitError as error:
+            await self.send_error(None, error)
+            await self.close(code=CLOSE_FORBIDDEN if isinstance(error, PermissionDenied) else CLOSE_UNAUTHENTICATED)
+            self.principal = None
+        except DatabaseError as exc:
+            await self.send_error(None, translate(exc) or OrbitError("internal error"))
+            await self.close(code=1011)
+            self.principal = None
+        self.credential_checked_at = time.monotonic()
+
+    async def disconnect(self, code: int) -> None:
+        # Disconnecting releases nothing: leases run out or results arrive as usual.
+        registry.unregister(self.wake)
+        if self.dispatcher is not None:
+            self.dispatcher.cancel()
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.principal is None:
+            return
+        try:
+            message = json.loads(text_data if text_data is not None else (bytes_data or b"").decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
+            return
+        if not isinstance(message, dict):
+            await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
+            return
+        request_id = message.get("id")
+        kind = message.get("type")
+        handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
+        try:
+            if handler is None:
+                raise InvalidArgument(f"type: unknown message type {kind!r}")
+            if kind != "hello" and self.worker is None:
+                raise StateConflict("send hello first")
+            reply = await handler(self, message)
+            if reply is not None:
+                await self.send_json({"type": f"{kind}.ok", "reply_to": request_id, **reply})
+        except Exception as exc:  # every failure becomes an error frame, never a dropped connection
+            error = translate(exc)
+            if error is None:
+                logger.exception("worker message %s failed", kind)
+                error = OrbitError("internal error")
+            await self.send_error(request_id, error)
+            if kind == "hello" and isinstance(error, StateConflict) and self.worker is None:
+                await self.close(code=CLOSE_CONFLICT)
+
+    async def send_json(self, content: dict[str, Any]) -> None:
+        await self.send(text_data=json.dumps(content, separators=(",", ":")))
+
+    async def send_error(self, request_id: Any, error: OrbitError) -> None:
+        frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message, **error.details}
+        if request_id is not None:
+            frame["reply_to"] = request_id
+        await self.send_json(frame)
+
+    # --- messages -------------------------------------------------------
+
+    async def on_hello(self, message: dict[str, Any]) -> dict[str, Any]:
+        if self.worker is not None:
+            raise StateConflict("hello was already received on this connection")
+        serializer = HelloInput(data=message)
+        serializer.is_valid(raise_exception=True)
+        hello = serializer.validated_data
+        principal = self.principal
+        assert principal is not None
+        principal.require("workers:consume")
+        session_id = new_id()
+        queue_ids = list(dict.fromkeys(hello["queues"]))
+        await run_db(
+            register_worker,
+            principal=principal,
+            worker_id=hello["worker_id"],
+            session_id=session_id,
+            concurrency_keys=hello["concurrency_keys"],
+            queue_ids=queue_ids,
+        )
+        self.worker = WorkerContext(
+            namespace_id=principal.namespace_id,
+            application_id=principal.application_id,
+            worker_id=hello["worker_id"],
+            session_id=session_id,
+            queue_ids=tuple(queue_ids),
+            handlers=tuple((h["handler"], h["handler_version"]) for h in hello.get("handlers", [])),
+            concurrency_keys=hello["concurrency_keys"],
+        )
+        self.capacity = hello["capacity"]
+        held = await run_db(
+            dispatch.held_assignments, namespace_id=principal.namespace_id, worker_id=hello["worker_id"]
+        )
+        self.held = {entry["attempt_id"] for entry in held}
+        registry.register(self.wake, asyncio.get_running_loop(), queue_ids)
+        self.dispatcher = asyncio.create_task(self.dispatch_loop())
+        return {
+            "session_id": session_id,
+            "lease_seconds": DEFAULT_LEASE_SECONDS,
+            "renew_seconds": RENEW_SECONDS,
+            "held": held,
+        }
+
+    async def on_ack(self, message: dict[str, Any]) -> None:
+        field(message, "attempt_id", str)
+        return None
+
+    def attempt_ref(self, message: dict[str, Any]) -> dict[str, Any]:
+        return {"attempt_id": field(message, "attempt_id", str), "epoch": field(message, "epoch", int)}
+
+    async def on_start(self, message: dict[str, Any]) -> dict[str, Any]:
+        return await run_db(dispatch.approve_start, worker=self.worker, **self.attempt_ref(message))
+
+    async def on_renew(self, message: dict[str, Any]) -> dict[str, Any]:
+        ref = self.attempt_ref(message)
+        try:
+            return await run_db(dispatch.renew_lease, worker=self.worker, **ref)
+        except OrbitError:
+            self.forget(ref["attempt_id"])
+            raise
+
+    async def on_resume(self, message: dict[str, Any]) -> dict[str, Any]:
+        ref = self.attempt_ref(message)
+        entry = await run_db(dispatch.resume_attempt, worker=self.worker, **ref)
+        self.held.add(ref["attempt_id"])
+        return {"assignment": entry}
+
+    async def on_result(self, message: dict[str, Any]) -> dict[str, Any]:
+        ref = self.attempt_ref(message)
+        outcome = field(message, "outcome", str)
+        if outcome not in endings.OUTCOMES:
+            raise InvalidArgument("outcome: must be SUCCEEDED, FAILED or UNKNOWN")
+        retryable = field(message, "retryable", bool, optional=True) or False
+        reply = await run_db(
+            endings.record_result,
+            worker=self.worker,
+            outcome=outcome,
+            retryable=retryable,
+            output=message.get("output"),
+            error=message.get("error"),
+            **ref,
+        )
+        self.forget(ref["attempt_id"])
+        return reply
+
+    async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
+        ref = self.attempt_ref(message)
+        reason = field(message, "reason", str, optional=True) or ""
+        reply = await run_db(endings.release_attempt, worker=self.worker, reason=reason[:1024], **ref)
+        self.forget(ref["attempt_id"])
+        return reply
+
+    async def on_drain(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.draining = True
+        self.wake.set()
+        return {}
+
+    HANDLERS = {
+        "hello": on_hello,
+        "task.assign.ack": on_ack,
+        "task.start": on_start,
+        "task.renew": on_renew,
+        "task.resume": on_resume,
+        "task.result": on_result,
+        "task.release": on_release,
+        "drain": on_drain,
+    }
+
+    # --- dispatch -------------------------------------------------------
+
+    def forget(self, attempt_id: str) -> None:
+        self.held.discard(attempt_id)
+        self.wake.set()
+
+    async def dispatch_loop(self) -> None:
+        """Leases while there is free capacity; sleeps until woken or the poll interval."""
+        assert self.worker is not None
+        while True:
+            try:
+                if self.draining:
+                    if not self.held:
+                        await self.close(code=1000)
+                        return
+                else:
+                    free = self.capacity - len(self.held)
+                    if free > 0:
+                        assignments = await run_db(dispatch.lease_tasks, worker=self.worker, limit=free)
+                        for entry in assignments:
+                            self.held.add(entry["attempt_id"])
+                            await self.send_json({"type": "task.assign", "id": entry["attempt_id"], **entry})
+                        if len(assignments) == min(free, dispatch.LEASE_BATCH_MAX):
+                            continue  # a full batch: there may be more right now
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), POLL_INTERVAL_SECONDS)
+                    continue
+                await self.on_idle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # database down or similar: keep the connection, retry later
+                logger.warning("dispatch cycle failed", exc_info=True)
+                await asyncio.sleep(1.0)
+
+    async def on_idle(self) -> None:
+        """Reconciles held attempts with the database (leases recovered elsewhere)
+        and re-checks the credential now and then."""
+        assert self.worker is not None
+        held = await run_db(
+            dispatch.held_assignments, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
+        )
+        self.held = {entry["attempt_id"] for entry in held}
+        if time.monotonic() - self.credential_checked_at >= CREDENTIAL_RECHECK_SECONDS:
+            self.credential_checked_at = time.monotonic()
+            headers = dict(self.scope.get("headers") or [])
+            token = token_from_header((headers.get(b"authorization") or b"").decode("latin-1"))
+            try:
+                await run_db(authenticate_token, token)
+            except OrbitError as error:
+                await self.send_error(None, error)
+                await self.close(code=CLOSE_UNAUTHENTICATED)
+                raise asyncio.CancelledError from None

@@ -1,0 +1,45 @@
+"""Lease recovery and deadline sweeps, run by every server process.
+
+Every node may run this at once: candidates are read without locks and each
+transition re-checks under the global lock order."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from django.db import close_old_connections, connection
+
+logger = logging.getLogger("orbit.maintenance")
+
+# Seconds between sweeps; a lease is recovered at most this long after expiry.
+SWEEP_INTERVAL_SECONDS = 0.5
+
+_started = threading.Event()
+
+
+def run_sweep() -> int:
+    from tasks.actions.endings import recover_expired_leases, sweep_deadlines
+
+    return recover_expired_leases() + sweep_deadlines()
+
+
+def maintenance_loop(stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            run_sweep()
+        except Exception:  # the database may be down; keep trying
+            logger.warning("maintenance sweep failed", exc_info=True)
+            connection.close()
+        finally:
+            close_old_connections()
+        stop.wait(SWEEP_INTERVAL_SECONDS)
+
+
+def start_background_maintenance() -> None:
+    """Starts the sweep thread once per process."""
+    if _started.is_set():
+        return
+    _started.set()
+    thread = threading.Thread(target=maintenance_loop, args=(threading.Event(),), name="orbit-maintenance", daemon=True)
+    thread.start()
