@@ -75,6 +75,8 @@ def database_from_env() -> dict:
                 "timeout": 30,
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
+            # A file, not :memory:, so a live server process can share the test database.
+            "TEST": {"NAME": str(BASE_DIR / ".local" / "test.sqlite3")},
         }
     url = urlparse(dsn)
     if url.scheme != "mysql":

@@ -1,5 +1,11 @@
 from __future__ import annotations
 
+import os
+
+# In-process ASGI apps in tests must not sweep the test database in the
+# background; the live server subprocess turns it back on.
+os.environ["ORBIT_MAINTENANCE"] = "0"
+
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -54,3 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "mysql_only" in item.keywords:
             item.add_marker(skip)
+
+
+from tests.live import orbit_server  # noqa: E402,F401  (session fixture: a real server process)

@@ -6,6 +6,7 @@ transition re-checks under the global lock order."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 from django.db import close_old_connections, connection
@@ -37,8 +38,9 @@ def maintenance_loop(stop: threading.Event) -> None:
 
 
 def start_background_maintenance() -> None:
-    """Starts the sweep thread once per process."""
-    if _started.is_set():
+    """Starts the sweep thread once per process (ORBIT_MAINTENANCE=0 turns it
+    off, e.g. in tests that import the ASGI app in-process)."""
+    if _started.is_set() or os.environ.get("ORBIT_MAINTENANCE", "1") == "0":
         return
     _started.set()
     thread = threading.Thread(target=maintenance_loop, args=(threading.Event(),), name="orbit-maintenance", daemon=True)

@@ -81,8 +81,10 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
 
 @transaction.atomic
 def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
-    now = timezone.now()
     app_state = lock_application_state(worker.application_id)
+    # Read the clock after the lock: leases of one application are serialized
+    # here, so lease times follow token order.
+    now = timezone.now()
     max_active = Application.objects.values_list("max_active_attempts", flat=True).get(id=worker.application_id)
     want = min(limit, max_active - app_state.active_attempts)
     if want <= 0:

@@ -37,8 +37,13 @@ async def test_lease_start_result_roundtrip(tenant):
     result = await worker.request(
         "task.result", attempt_id=assign["attempt_id"], epoch=assign["epoch"], outcome="SUCCEEDED", output={"ok": 1}
     )
-    assert result == {"type": "task.result.ok", "reply_to": result["reply_to"], "task_state": "SUCCEEDED",
-                      "duplicate": False, "late": False}
+    assert result == {
+        "type": "task.result.ok",
+        "reply_to": result["reply_to"],
+        "task_state": "SUCCEEDED",
+        "duplicate": False,
+        "late": False,
+    }
     again = await worker.request(
         "task.result", attempt_id=assign["attempt_id"], epoch=assign["epoch"], outcome="SUCCEEDED", output={"ok": 1}
     )

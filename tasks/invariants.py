@@ -1,0 +1,134 @@
+"""Recomputes every counter and permit from the rows and reports drift.
+
+Used by `manage.py orbit_check` and after every concurrent test. Read-only;
+run it on a quiet system (or accept that an in-flight transaction may show)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from django.db.models import Count
+
+from orbit.models import ApplicationState
+from queues.models import QueueState
+from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
+
+UNFINISHED_STATES = [TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
+
+
+def find_violations() -> list[str]:
+    problems: list[str] = []
+    unfinished_by_queue = Counter(
+        dict(
+            Task.objects.filter(state__in=UNFINISHED_STATES)
+            .values_list("queue_id")
+            .annotate(n=Count("id"))
+            .values_list("queue_id", "n")
+        )
+    )
+    active = list(
+        Attempt.objects.filter(state__in=list(ACTIVE_ATTEMPT_STATES)).values(
+            "id", "task_id", "queue_id", "application_id", "state", "concurrency_key", "namespace_id", "epoch"
+        )
+    )
+    active_by_queue = Counter(a["queue_id"] for a in active)
+    reserved_by_queue = Counter(a["queue_id"] for a in active if a["state"] == AttemptState.LEASED)
+    active_by_app = Counter(a["application_id"] for a in active)
+    for state in QueueState.objects.all():
+        expected = {
+            "unfinished_tasks": unfinished_by_queue.get(state.queue_id, 0),
+            "active_permits": active_by_queue.get(state.queue_id, 0),
+            "reserved_starts": reserved_by_queue.get(state.queue_id, 0),
+        }
+        for name, value in expected.items():
+            if getattr(state, name) != value:
+                problems.append(f"queue {state.queue_id}: {name}={getattr(state, name)} but rows say {value}")
+
+    unfinished_by_app = Counter(
+        dict(
+            Task.objects.filter(state__in=UNFINISHED_STATES)
+            .values_list("application_id")
+            .annotate(n=Count("id"))
+            .values_list("application_id", "n")
+        )
+    )
+    for state in ApplicationState.objects.all():
+        if state.unfinished_tasks != unfinished_by_app.get(state.application_id, 0):
+            problems.append(
+                f"application {state.application_id}: unfinished_tasks={state.unfinished_tasks} "
+                f"but rows say {unfinished_by_app.get(state.application_id, 0)}"
+            )
+        if state.active_attempts != active_by_app.get(state.application_id, 0):
+            problems.append(
+                f"application {state.application_id}: active_attempts={state.active_attempts} "
+                f"but rows say {active_by_app.get(state.application_id, 0)}"
+            )
+
+    # Task state agrees with its attempts: one active attempt at most, and only
+    # for LEASED/RUNNING tasks, at the task's current epoch.
+    active_by_task = defaultdict(list)
+    for attempt in active:
+        active_by_task[attempt["task_id"]].append(attempt)
+    for task_id, attempts in active_by_task.items():
+        if len(attempts) > 1:
+            problems.append(f"task {task_id}: {len(attempts)} active attempts")
+    leased_or_running = dict(
+        Task.objects.filter(state__in=[TaskState.LEASED, TaskState.RUNNING]).values_list("id", "state")
+    )
+    for task_id, state in leased_or_running.items():
+        attempts = active_by_task.get(task_id, [])
+        if len(attempts) != 1 or attempts[0]["state"] != state:
+            problems.append(f"task {task_id}: state {state} but active attempts {[a['state'] for a in attempts]}")
+    for task_id in active_by_task:
+        if task_id not in leased_or_running:
+            problems.append(f"task {task_id}: has an active attempt but is not LEASED/RUNNING")
+
+    # Keys: one holder at most, and the holder is exactly the active keyed attempt.
+    active_keyed = defaultdict(list)
+    for attempt in active:
+        if attempt["concurrency_key"]:
+            active_keyed[(attempt["namespace_id"], attempt["concurrency_key"])].append(attempt["id"])
+    holders = {
+        (row.namespace_id, row.key): row
+        for row in ConcurrencyKey.objects.all().only("namespace_id", "key", "holder_attempt_id", "version")
+    }
+    for ident, attempt_ids in active_keyed.items():
+        if len(attempt_ids) > 1:
+            problems.append(f"key {ident}: {len(attempt_ids)} active permits")
+        row = holders.get(ident)
+        if row is None or row.holder_attempt_id not in attempt_ids:
+            problems.append(f"key {ident}: active attempt {attempt_ids} is not the row's holder")
+    for ident, row in holders.items():
+        if row.holder_attempt_id and ident not in active_keyed:
+            problems.append(f"key {ident}: held by {row.holder_attempt_id}, which is not active")
+        max_token = (
+            Attempt.objects.filter(namespace_id=ident[0], concurrency_key=ident[1])
+            .order_by("-concurrency_token")
+            .values_list("concurrency_token", flat=True)
+            .first()
+        )
+        if max_token is not None and max_token > row.version:
+            problems.append(f"key {ident}: token {max_token} issued beyond row version {row.version}")
+    problems.extend(token_order_violations())
+    return problems
+
+
+def token_order_violations() -> list[str]:
+    """Per key, tokens strictly increase in lease order."""
+    problems = []
+    last: dict[tuple[str, str], tuple[int, str]] = {}
+    keyed = (
+        Attempt.objects.exclude(concurrency_key="")
+        .order_by("namespace_id", "concurrency_key", "leased_at", "concurrency_token")
+        .values_list("namespace_id", "concurrency_key", "concurrency_token", "id")
+    )
+    for namespace_id, key, token, attempt_id in keyed.iterator():
+        ident = (namespace_id, key)
+        if token is None:
+            problems.append(f"key {ident}: attempt {attempt_id} has no token")
+            continue
+        previous = last.get(ident)
+        if previous is not None and token <= previous[0]:
+            problems.append(f"key {ident}: token {token} of {attempt_id} not above {previous[0]} of {previous[1]}")
+        last[ident] = (token, attempt_id)
+    return problems
