@@ -88,8 +88,10 @@ def database_from_env() -> dict:
         "PASSWORD": unquote(url.password or ""),
         "HOST": url.hostname or "127.0.0.1",
         "PORT": str(url.port or 3306),
-        "CONN_MAX_AGE": 60,
-        "CONN_HEALTH_CHECKS": True,
+        # Under ASGI each HTTP request runs its sync view in a thread of its own,
+        # so a persistent connection would be stranded with that thread. The
+        # worker protocol keeps its connections on a fixed pool (workers/db.py).
+        "CONN_MAX_AGE": 0,
         "OPTIONS": {
             "charset": "utf8mb4",
             # Django's default, stated because every lock order in Orbit assumes

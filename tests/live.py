@@ -69,7 +69,11 @@ class LiveServer:
     def stop(self, kill: bool = False) -> None:
         if self.process.poll() is None:
             (self.process.kill if kill else self.process.terminate)()
-            self.process.wait(timeout=10)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
         self.log.close()
 
 
