@@ -78,8 +78,8 @@ def queue_create(*, actor: Actor, name: str, limits: QueueLimits) -> dict[str, A
 
 
 def _is_queue_id(queue_id: str) -> bool:
-    # Checked before the lookup: the id column's PAD SPACE collation would
-    # otherwise find the queue for "<id> " too.
+    # Checked before the lookup, so an id that cannot exist ("<id> ", upper
+    # case, 300 characters) is NOT_FOUND whatever the column's collation does.
     return QUEUE_ID.fullmatch(queue_id) is not None
 
 

@@ -16,11 +16,16 @@ from orbit.errors import OrbitError
 
 logger = logging.getLogger("orbit.api")
 
-# MySQL client error numbers that mean "the server is not there right now".
-DATABASE_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2005, 2006, 2013, 2055, 1053, 1205, 1213})
+# MySQL client error numbers that mean "the server is not there right now";
+# 1040/1203 are the server refusing a connection because all are in use.
+DATABASE_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2005, 2006, 2013, 2055, 1040, 1053, 1203, 1205, 1213})
 
 
 def error_body(request_id: str, code: str, message: str) -> dict[str, Any]:
+    # A message may echo input (an unknown field's name) holding a lone
+    # surrogate from a JSON escape; UTF-8 cannot encode that, so escape it
+    # rather than fail while rendering the error.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"request_id": request_id, "error": {"code": code, "message": message}}
 
 
@@ -54,9 +59,11 @@ def translate(exc: BaseException) -> OrbitError | None:
         return errors.PermissionDenied(str(exc.detail))
     if isinstance(exc, drf_exceptions.NotFound):
         return errors.NotFound(str(exc.detail))
-    if isinstance(exc, drf_exceptions.MethodNotAllowed):
+    if isinstance(exc, drf_exceptions.APIException) and exc.status_code < 500:
+        # Any other client error DRF raises (405 method, 406 Accept, ...) keeps
+        # its status; bad input is never an INTERNAL error.
         error = errors.InvalidArgument(str(exc.detail))
-        error.status = 405
+        error.status = exc.status_code
         return error
     if isinstance(exc, (OperationalError, InterfaceError)):
         errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None

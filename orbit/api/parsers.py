@@ -3,8 +3,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser
+
+from orbit.errors import PayloadTooLarge
 
 
 def _reject_constant(name: str) -> Any:
@@ -17,7 +20,18 @@ class StrictJSONParser(BaseParser):
     media_type = "application/json"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
-        raw = stream.read() if stream is not None else b""
+        # DRF reads the request as a stream, bypassing Django's own check of
+        # DATA_UPLOAD_MAX_MEMORY_SIZE, so the limit is enforced here; reading
+        # one byte past it is enough to know.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        if stream is None:
+            raw = b""
+        elif limit is None:
+            raw = stream.read()
+        else:
+            raw = stream.read(limit + 1)
+            if len(raw) > limit:
+                raise PayloadTooLarge(f"request body: larger than {limit} bytes")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -26,6 +40,8 @@ class StrictJSONParser(BaseParser):
             data = json.loads(text, parse_constant=_reject_constant)
         except ValueError as exc:
             raise ParseError(f"request body: malformed JSON ({exc})") from exc
+        except RecursionError as exc:
+            raise ParseError("request body: JSON nested too deeply") from exc
         if not isinstance(data, dict):
             raise ParseError("request body: must be a JSON object")
         return data

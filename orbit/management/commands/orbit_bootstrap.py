@@ -2,15 +2,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
+from rest_framework.exceptions import ValidationError
 
+from orbit.api.errors import translate
 from orbit.management.commands._credentials_file import refuse_existing, server_url, write_credentials_file
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
 from queues.models import Queue, QueueState
+from queues.serializers import QueueCreateInput
 
 MANAGE_SCOPES = ["queues:manage", "queues:read", "tasks:submit", "tasks:read", "tasks:cancel"]
 WORKER_SCOPES = ["workers:connect", "workers:consume"]
+
+
+def check_queue_settings(options: dict[str, Any]) -> None:
+    """The queue obeys the rules of POST /v1/queues; checked before anything is created."""
+    fields = QueueCreateInput(
+        data={
+            "name": options["queue"],
+            "max_concurrency": options["max_concurrency"],
+            "rate_per_second": options["rate_per_second"],
+        }
+    )
+    if not fields.is_valid():
+        error = translate(ValidationError(fields.errors))
+        raise CommandError(f"invalid queue settings: {error.message if error else fields.errors}")
 
 
 class Command(BaseCommand):
@@ -29,6 +46,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
+        check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
         with transaction.atomic():
             application = ensure_application(options["application"])
