@@ -1,0 +1,451 @@
+"""Typed requests and results, and the strict decoding of the server's JSON into them.
+
+Rules that hold everywhere here: uint64 values travel as decimal strings and are parsed with
+``int()`` after a canonical-form check, never through ``float``; times are RFC 3339 UTC with
+``Z``; optional fields the server omits read as ``None``; request fields left ``None`` are
+omitted from the JSON body (the server digests a request exactly as sent).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from orbit_sdk._exceptions import ProtocolError
+
+T = TypeVar("T")
+
+UINT64_MAX = 2**64 - 1
+# ASCII digits only ("[0-9]", not "\d"), no sign, no leading zero, no whitespace.
+_CANONICAL_UINT = re.compile(r"0|[1-9][0-9]{0,19}")
+
+
+# --------------------------------------------------------------------------- decoding helpers
+
+
+def parse_uint64(value: Any, field: str, *, nonzero: bool = False) -> int:
+    """A uint64 from its canonical decimal string; anything else is a ProtocolError."""
+    if not isinstance(value, str) or not _CANONICAL_UINT.fullmatch(value):
+        raise ProtocolError(f"{field}: expected a canonical uint64 decimal string, got {value!r}")
+    number = int(value)
+    if number > UINT64_MAX:
+        raise ProtocolError(f"{field}: {value} is beyond uint64")
+    if nonzero and number == 0:
+        raise ProtocolError(f"{field}: must be a non-zero uint64")
+    return number
+
+
+def parse_time(value: Any, field: str) -> datetime.datetime:
+    if not isinstance(value, str):
+        raise ProtocolError(f"{field}: expected an RFC 3339 time string, got {value!r}")
+    try:
+        parsed = datetime.datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ProtocolError(f"{field}: not an RFC 3339 time: {value!r}") from exc
+    if parsed.tzinfo is None:
+        raise ProtocolError(f"{field}: time without a UTC offset: {value!r}")
+    return parsed.astimezone(datetime.UTC)
+
+
+def format_time(value: datetime.datetime) -> str:
+    """RFC 3339 UTC with ``Z``; a naive datetime is refused rather than guessed at."""
+    if not isinstance(value, datetime.datetime):
+        raise TypeError(f"expected a datetime, got {type(value).__name__}")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError("naive datetime: pass a timezone-aware value (e.g. datetime.now(UTC))")
+    return value.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ProtocolError(f"{what}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _required(obj: Mapping[str, Any], name: str, what: str) -> Any:
+    if name not in obj:
+        raise ProtocolError(f"{what}.{name}: missing")
+    return obj[name]
+
+
+def _str(obj: Mapping[str, Any], name: str, what: str) -> str:
+    value = _required(obj, name, what)
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what}.{name}: expected a string, got {value!r}")
+    return value
+
+
+def _opt_str(obj: Mapping[str, Any], name: str, what: str) -> str | None:
+    value = obj.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"{what}.{name}: expected a string, got {value!r}")
+    return value
+
+
+def _int(obj: Mapping[str, Any], name: str, what: str, default: int | None = None) -> int:
+    if default is not None and obj.get(name) is None:
+        return default
+    value = _required(obj, name, what)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"{what}.{name}: expected an integer, got {value!r}")
+    return value
+
+
+def _opt_int(obj: Mapping[str, Any], name: str, what: str) -> int | None:
+    if obj.get(name) is None:
+        return None
+    return _int(obj, name, what)
+
+
+def _bool(obj: Mapping[str, Any], name: str, what: str) -> bool:
+    value = _required(obj, name, what)
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{what}.{name}: expected a boolean, got {value!r}")
+    return value
+
+
+def _time(obj: Mapping[str, Any], name: str, what: str) -> datetime.datetime:
+    return parse_time(_required(obj, name, what), f"{what}.{name}")
+
+
+def _opt_time(obj: Mapping[str, Any], name: str, what: str) -> datetime.datetime | None:
+    value = obj.get(name)
+    if value is None or value == "":
+        return None
+    return parse_time(value, f"{what}.{name}")
+
+
+def _uint64(obj: Mapping[str, Any], name: str, what: str, default: int | None = None) -> int:
+    if default is not None and name not in obj:
+        return default
+    return parse_uint64(_required(obj, name, what), f"{what}.{name}")
+
+
+def _uint64_text(value: Any, field: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= UINT64_MAX:
+        raise ValueError(f"{field}: expected an int in the uint64 range, got {value!r}")
+    return str(value)
+
+
+def _without_none(fields: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+# --------------------------------------------------------------------------- resources
+
+
+@dataclass(frozen=True)
+class Queue:
+    """A queue as the server reports it. ``unfinished_tasks`` and ``revision`` are uint64."""
+
+    id: str
+    namespace_id: str
+    name: str
+    paused: bool
+    max_concurrency: int
+    rate_per_second: int
+    max_unfinished_tasks: int
+    unfinished_tasks: int
+    revision: int
+    retired_at: datetime.datetime | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Queue:
+        what = "queue"
+        obj = _object(value, what)
+        # Receipts stored before these fields existed omit them; they read as 0 (seed queues-v1,
+        # "升级"): a historical snapshot lacking the information, not a configuration of zero.
+        return cls(
+            id=_str(obj, "id", what),
+            namespace_id=_str(obj, "namespace_id", what),
+            name=_str(obj, "name", what),
+            paused=_bool(obj, "paused", what),
+            max_concurrency=_int(obj, "max_concurrency", what, default=0),
+            rate_per_second=_int(obj, "rate_per_second", what, default=0),
+            max_unfinished_tasks=_int(obj, "max_unfinished_tasks", what, default=0),
+            unfinished_tasks=_uint64(obj, "unfinished_tasks", what, default=0),
+            revision=_uint64(obj, "revision", what),
+            retired_at=_opt_time(obj, "retired_at", what),
+        )
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task (SPEC §5). ``payload`` is only present on the detail read (``get_task``)."""
+
+    id: str
+    namespace_id: str
+    queue_id: str
+    handler: str
+    handler_version: str
+    payload_version: str
+    priority: int
+    state: str
+    attempts: int
+    max_attempts: int
+    available_at: datetime.datetime
+    cancel_requested: bool
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    payload: Any = None
+    business_key: str | None = None
+    concurrency_key: str | None = None
+    start_deadline_at: datetime.datetime | None = None
+    deadline_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+    output: Any = None
+    last_error: Any = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Task:
+        what = "task"
+        obj = _object(value, what)
+        return cls(
+            id=_str(obj, "id", what),
+            namespace_id=_str(obj, "namespace_id", what),
+            queue_id=_str(obj, "queue_id", what),
+            handler=_str(obj, "handler", what),
+            handler_version=_str(obj, "handler_version", what),
+            payload_version=_str(obj, "payload_version", what),
+            priority=_int(obj, "priority", what),
+            state=_str(obj, "state", what),
+            attempts=_int(obj, "attempts", what),
+            max_attempts=_int(obj, "max_attempts", what),
+            available_at=_time(obj, "available_at", what),
+            cancel_requested=_bool(obj, "cancel_requested", what),
+            created_at=_time(obj, "created_at", what),
+            updated_at=_time(obj, "updated_at", what),
+            payload=obj.get("payload"),
+            business_key=_opt_str(obj, "business_key", what),
+            concurrency_key=_opt_str(obj, "concurrency_key", what),
+            start_deadline_at=_opt_time(obj, "start_deadline_at", what),
+            deadline_at=_opt_time(obj, "deadline_at", what),
+            finished_at=_opt_time(obj, "finished_at", what),
+            output=obj.get("output"),
+            last_error=obj.get("last_error"),
+        )
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One lease of a task (SPEC §5). ``number`` is set at Start; ``concurrency_token`` is uint64."""
+
+    id: str
+    task_id: str
+    state: str
+    epoch: int
+    worker_id: str
+    leased_at: datetime.datetime
+    lease_expires_at: datetime.datetime
+    number: int | None = None
+    concurrency_token: int | None = None
+    started_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+    outcome: str | None = None
+    error: Any = None
+    late_outcome: Any = None  # a result that arrived after the attempt had ended (SPEC §5)
+
+    @classmethod
+    def from_json(cls, value: Any) -> Attempt:
+        what = "attempt"
+        obj = _object(value, what)
+        token = obj.get("concurrency_token")
+        return cls(
+            id=_str(obj, "id", what),
+            task_id=_str(obj, "task_id", what),
+            state=_str(obj, "state", what),
+            epoch=_int(obj, "epoch", what),
+            worker_id=_str(obj, "worker_id", what),
+            leased_at=_time(obj, "leased_at", what),
+            lease_expires_at=_time(obj, "lease_expires_at", what),
+            number=_opt_int(obj, "number", what),
+            concurrency_token=None if token is None else parse_uint64(token, f"{what}.concurrency_token"),
+            started_at=_opt_time(obj, "started_at", what),
+            finished_at=_opt_time(obj, "finished_at", what),
+            outcome=_opt_str(obj, "outcome", what),
+            error=obj.get("error"),
+            late_outcome=obj.get("late_outcome"),
+        )
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """The task as a worker receives it in ``task.assign`` (docs/protocol.md)."""
+
+    id: str
+    queue_id: str
+    handler: str
+    handler_version: str
+    payload_version: str
+    payload: Any
+    priority: int
+    business_key: str | None = None
+    concurrency_key: str | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> TaskInfo:
+        what = "assignment.task"
+        obj = _object(value, what)
+        return cls(
+            id=_str(obj, "id", what),
+            queue_id=_str(obj, "queue_id", what),
+            handler=_str(obj, "handler", what),
+            handler_version=_str(obj, "handler_version", what),
+            payload_version=_str(obj, "payload_version", what),
+            payload=_required(obj, "payload", what),
+            priority=_int(obj, "priority", what),
+            business_key=_opt_str(obj, "business_key", what),
+            concurrency_key=_opt_str(obj, "concurrency_key", what),
+        )
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list; ``next_page_token`` is None on the last page."""
+
+    items: list[T]
+    next_page_token: str | None
+
+
+@dataclass(frozen=True)
+class CreateQueueResult:
+    """Receipt of create/configure/retire: ``deduplicated`` is True for a replay."""
+
+    deduplicated: bool
+    queue: Queue
+
+    @classmethod
+    def from_json(cls, value: Any) -> CreateQueueResult:
+        obj = _object(value, "data")
+        return cls(deduplicated=_bool(obj, "deduplicated", "data"), queue=Queue.from_json(obj.get("queue")))
+
+
+@dataclass(frozen=True)
+class SubmitTaskResult:
+    """Receipt of a submit: ``deduplicated`` is True for a replay of an accepted request."""
+
+    deduplicated: bool
+    task: Task
+
+    @classmethod
+    def from_json(cls, value: Any) -> SubmitTaskResult:
+        obj = _object(value, "data")
+        return cls(deduplicated=_bool(obj, "deduplicated", "data"), task=Task.from_json(obj.get("task")))
+
+
+@dataclass(frozen=True)
+class CancelTaskResult:
+    """Receipt of a cancel; ``task.cancel_requested`` is True when the task was already running."""
+
+    deduplicated: bool
+    task: Task
+
+    @classmethod
+    def from_json(cls, value: Any) -> CancelTaskResult:
+        obj = _object(value, "data")
+        task = obj.get("task", obj)  # the task itself, or wrapped with the receipt's flag
+        return cls(deduplicated=bool(obj.get("deduplicated", False)), task=Task.from_json(task))
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass
+class CreateQueueRequest:
+    name: str
+    max_concurrency: int
+    rate_per_second: int
+    max_unfinished_tasks: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _without_none(
+            {
+                "name": self.name,
+                "max_concurrency": self.max_concurrency,
+                "rate_per_second": self.rate_per_second,
+                "max_unfinished_tasks": self.max_unfinished_tasks,
+            }
+        )
+
+
+@dataclass
+class ConfigureQueueRequest:
+    """Full replacement of a queue's controls; every field is required (seed queues-v1)."""
+
+    expected_revision: int
+    reason: str
+    paused: bool
+    max_concurrency: int
+    rate_per_second: int
+    max_unfinished_tasks: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expected_revision": _uint64_text(self.expected_revision, "expected_revision"),
+            "reason": self.reason,
+            "paused": self.paused,
+            "max_concurrency": self.max_concurrency,
+            "rate_per_second": self.rate_per_second,
+            "max_unfinished_tasks": self.max_unfinished_tasks,
+        }
+
+
+@dataclass
+class RetryPolicy:
+    """Backoff for safe retries; fields left None take the server's defaults (1 s, ×2, 300 s)."""
+
+    initial_seconds: float | None = None
+    multiplier: float | None = None
+    max_seconds: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _without_none(
+            {"initial_seconds": self.initial_seconds, "multiplier": self.multiplier, "max_seconds": self.max_seconds}
+        )
+
+
+@dataclass
+class SubmitTaskRequest:
+    queue_id: str
+    handler: str
+    handler_version: str
+    payload_version: str
+    payload: Any
+    business_key: str | None = None
+    concurrency_key: str | None = None
+    priority: int | None = None
+    available_at: datetime.datetime | None = None
+    start_deadline_at: datetime.datetime | None = None
+    deadline_at: datetime.datetime | None = None
+    timeout_seconds: int | None = None
+    max_attempts: int | None = None
+    retry: RetryPolicy | None = None
+    lease_seconds: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def when(value: datetime.datetime | None) -> str | None:
+            return None if value is None else format_time(value)
+
+        body = {
+            "queue_id": self.queue_id,
+            "handler": self.handler,
+            "handler_version": self.handler_version,
+            "payload_version": self.payload_version,
+            "business_key": self.business_key,
+            "concurrency_key": self.concurrency_key,
+            "priority": self.priority,
+            "available_at": when(self.available_at),
+            "start_deadline_at": when(self.start_deadline_at),
+            "deadline_at": when(self.deadline_at),
+            "timeout_seconds": self.timeout_seconds,
+            "max_attempts": self.max_attempts,
+            "retry": None if self.retry is None else self.retry.to_json(),
+            "lease_seconds": self.lease_seconds,
+        }
+        # payload is required and may itself be JSON null: it is never dropped.
+        return {**_without_none(body), "payload": self.payload}

@@ -1,0 +1,518 @@
+"""orbit_sdk.Client over httpx.MockTransport: envelopes, error mapping, uint64 and request bodies."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+
+import orbit_sdk
+from orbit_sdk import (
+    APIError,
+    Client,
+    ConfigureQueueRequest,
+    CreateQueueRequest,
+    ProtocolError,
+    RetryPolicy,
+    SubmitTaskRequest,
+    TransportError,
+)
+from orbit_sdk._client import parse_retry_after
+
+UTC = datetime.UTC
+TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
+REQUEST_ID = "44444444444444444444444444444444"
+QUEUE_ID = "11111111111111111111111111111111"
+NAMESPACE_ID = "33333333333333333333333333333333"
+TASK_ID = "55555555555555555555555555555555"
+ATTEMPT_ID = "66666666666666666666666666666666"
+
+QUEUE = {
+    "id": QUEUE_ID,
+    "namespace_id": NAMESPACE_ID,
+    "name": "images",
+    "paused": False,
+    "max_concurrency": 8,
+    "rate_per_second": 100,
+    "max_unfinished_tasks": 100000,
+    "unfinished_tasks": "0",
+    "revision": "1",
+}
+
+TASK_SUMMARY = {
+    "id": TASK_ID,
+    "namespace_id": NAMESPACE_ID,
+    "queue_id": QUEUE_ID,
+    "handler": "object.update",
+    "handler_version": "v1",
+    "payload_version": "v1",
+    "priority": 5,
+    "state": "WAITING",
+    "attempts": 0,
+    "max_attempts": 3,
+    "available_at": "2026-11-29T20:00:00Z",
+    "cancel_requested": False,
+    "created_at": "2026-11-29T20:00:00.123456Z",
+    "updated_at": "2026-11-29T20:00:00.123456Z",
+}
+
+ATTEMPT = {
+    "id": ATTEMPT_ID,
+    "task_id": TASK_ID,
+    "number": 1,
+    "state": "RUNNING",
+    "epoch": 1,
+    "concurrency_token": "17",
+    "worker_id": "host-1-abcd",
+    "leased_at": "2026-11-29T20:00:00Z",
+    "lease_expires_at": "2026-11-29T20:00:30Z",
+    "started_at": "2026-11-29T20:00:01Z",
+}
+
+
+class Recorder:
+    """A MockTransport handler that records requests and answers from a script."""
+
+    def __init__(self, respond: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.requests: list[httpx.Request] = []
+        self.respond = respond
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.respond(request)
+
+    @property
+    def last(self) -> httpx.Request:
+        return self.requests[-1]
+
+    def body(self, index: int = -1) -> Any:
+        return json.loads(self.requests[index].content)
+
+
+def ok(data: Any, status: int = 200) -> Callable[[httpx.Request], httpx.Response]:
+    return lambda request: httpx.Response(status, json={"request_id": REQUEST_ID, "data": data})
+
+
+def client_for(recorder: Recorder) -> Client:
+    return Client("http://orbit.test/", TOKEN, transport=httpx.MockTransport(recorder))
+
+
+# --------------------------------------------------------------------------- public surface
+
+
+def test_all_lists_exactly_the_public_names():
+    public = {
+        name
+        for name, value in vars(orbit_sdk).items()
+        if not name.startswith("_") and not isinstance(value, type(orbit_sdk))
+    }
+    assert sorted(orbit_sdk.__all__) == sorted(public)
+    assert set(orbit_sdk.__all__) == {
+        "APIError",
+        "Attempt",
+        "CancelRequested",
+        "CancelTaskResult",
+        "Client",
+        "ConfigureQueueRequest",
+        "CreateQueueRequest",
+        "CreateQueueResult",
+        "Credentials",
+        "CredentialsError",
+        "Execution",
+        "OrbitError",
+        "Page",
+        "ProtocolError",
+        "Queue",
+        "RetryPolicy",
+        "RetryableError",
+        "SubmitTaskRequest",
+        "SubmitTaskResult",
+        "Task",
+        "TaskInfo",
+        "TransportError",
+        "UnknownOutcome",
+        "Worker",
+        "load_credentials",
+    }
+
+
+def test_importing_the_sdk_does_not_import_django():
+    import subprocess
+    import sys
+
+    code = "import sys, orbit_sdk; assert 'django' not in sys.modules, 'django imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_exception_hierarchy():
+    for cls in (APIError, TransportError, ProtocolError, orbit_sdk.CredentialsError):
+        assert issubclass(cls, orbit_sdk.OrbitError)
+    for cls in (orbit_sdk.RetryableError, orbit_sdk.UnknownOutcome, orbit_sdk.CancelRequested):
+        assert issubclass(cls, orbit_sdk.OrbitError)
+
+
+# --------------------------------------------------------------------------- queues
+
+
+def test_create_queue_sends_key_and_omits_unset_fields():
+    recorder = Recorder(ok({"deduplicated": False, "queue": QUEUE}, status=201))
+    with client_for(recorder) as client:
+        result = client.create_queue("queue-images-v1", CreateQueueRequest("images", 8, 100))
+
+    request = recorder.last
+    assert (request.method, str(request.url)) == ("POST", "http://orbit.test/v1/queues")
+    assert request.headers["Idempotency-Key"] == "queue-images-v1"
+    assert request.headers["Authorization"] == f"Bearer {TOKEN}"
+    assert request.headers["Content-Type"] == "application/json"
+    assert recorder.body() == {"name": "images", "max_concurrency": 8, "rate_per_second": 100}
+    assert result == orbit_sdk.CreateQueueResult(
+        deduplicated=False,
+        queue=orbit_sdk.Queue(
+            id=QUEUE_ID,
+            namespace_id=NAMESPACE_ID,
+            name="images",
+            paused=False,
+            max_concurrency=8,
+            rate_per_second=100,
+            max_unfinished_tasks=100000,
+            unfinished_tasks=0,
+            revision=1,
+            retired_at=None,
+        ),
+    )
+
+
+def test_create_queue_sends_max_unfinished_tasks_when_given():
+    recorder = Recorder(ok({"deduplicated": True, "queue": QUEUE}))
+    result = client_for(recorder).create_queue("k", CreateQueueRequest("images", 8, 100, max_unfinished_tasks=2))
+    assert recorder.body()["max_unfinished_tasks"] == 2
+    assert result.deduplicated is True
+
+
+def test_uint64_fields_are_parsed_exactly():
+    big = "18446744073709551615"
+    recorder = Recorder(ok({**QUEUE, "unfinished_tasks": big, "revision": big, "retired_at": "2026-11-29T20:00:00Z"}))
+    queue = client_for(recorder).get_queue(QUEUE_ID)
+    assert queue.unfinished_tasks == 2**64 - 1 and type(queue.unfinished_tasks) is int
+    assert queue.revision == 18446744073709551615
+    assert queue.retired_at == datetime.datetime(2026, 11, 29, 20, 0, tzinfo=UTC)
+    assert str(recorder.last.url) == f"http://orbit.test/v1/queues/{QUEUE_ID}"
+
+
+@pytest.mark.parametrize("bad", ["1.0", "01", "-1", "1e3", " 1", "", "18446744073709551616", 1, None])
+def test_a_uint64_that_is_not_a_canonical_string_is_a_protocol_error(bad):
+    recorder = Recorder(ok({**QUEUE, "revision": bad}))
+    with pytest.raises(ProtocolError):
+        client_for(recorder).get_queue(QUEUE_ID)
+
+
+def test_an_old_receipt_without_the_newer_queue_fields_reads_them_as_zero():
+    old = {k: v for k, v in QUEUE.items() if k not in ("max_concurrency", "rate_per_second", "unfinished_tasks")}
+    queue = client_for(Recorder(ok(old))).get_queue(QUEUE_ID)
+    assert (queue.max_concurrency, queue.rate_per_second, queue.unfinished_tasks) == (0, 0, 0)
+
+
+def test_configure_queue_sends_the_full_replacement_with_revision_as_string():
+    recorder = Recorder(ok({"deduplicated": False, "queue": {**QUEUE, "paused": True, "revision": "2"}}))
+    request = ConfigureQueueRequest(
+        expected_revision=1,
+        reason="limit background traffic",
+        paused=True,
+        max_concurrency=2,
+        rate_per_second=1,
+        max_unfinished_tasks=100,
+    )
+    result = client_for(recorder).configure_queue(QUEUE_ID, "queue-control-001", request)
+    assert str(recorder.last.url) == f"http://orbit.test/v1/queues/{QUEUE_ID}:configure"
+    assert recorder.last.headers["Idempotency-Key"] == "queue-control-001"
+    assert recorder.body() == {
+        "expected_revision": "1",
+        "reason": "limit background traffic",
+        "paused": True,
+        "max_concurrency": 2,
+        "rate_per_second": 1,
+        "max_unfinished_tasks": 100,
+    }
+    assert result.queue.revision == 2 and result.queue.paused is True
+
+
+def test_retire_queue():
+    recorder = Recorder(ok({"deduplicated": False, "queue": {**QUEUE, "retired_at": "2026-11-29T21:00:00Z"}}))
+    result = client_for(recorder).retire_queue(QUEUE_ID, "retire-1", 3, "no longer used")
+    assert str(recorder.last.url) == f"http://orbit.test/v1/queues/{QUEUE_ID}:retire"
+    assert recorder.body() == {"expected_revision": "3", "reason": "no longer used"}
+    assert result.queue.retired_at is not None
+
+
+def test_list_queues_passes_paging_and_returns_a_page():
+    recorder = Recorder(ok({"items": [QUEUE], "next_page_token": "abc"}))
+    page = client_for(recorder).list_queues(page_size=1, page_token="xyz")
+    assert recorder.last.url.params == httpx.QueryParams({"page_size": "1", "page_token": "xyz"})
+    assert [queue.id for queue in page.items] == [QUEUE_ID]
+    assert page.next_page_token == "abc"
+
+    last = client_for(Recorder(ok({"items": [], "next_page_token": ""}))).list_queues()
+    assert last == orbit_sdk.Page(items=[], next_page_token=None)
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def test_submit_task_omits_unset_fields_and_formats_times_in_utc():
+    recorder = Recorder(ok({"deduplicated": False, "task": {**TASK_SUMMARY, "payload": {"a": 1}}}, status=201))
+    minimal = SubmitTaskRequest(QUEUE_ID, "object.update", "v1", "v1", {"a": 1})
+    result = client_for(recorder).submit_task("submit-1", minimal)
+    assert recorder.last.headers["Idempotency-Key"] == "submit-1"
+    assert str(recorder.last.url) == "http://orbit.test/v1/tasks"
+    assert recorder.body() == {
+        "queue_id": QUEUE_ID,
+        "handler": "object.update",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {"a": 1},
+    }
+    assert result.task.payload == {"a": 1} and result.deduplicated is False
+
+    plus_eight = datetime.timezone(datetime.timedelta(hours=8))
+    full = SubmitTaskRequest(
+        queue_id=QUEUE_ID,
+        handler="object.update",
+        handler_version="v1",
+        payload_version="v1",
+        payload=None,
+        business_key="order-1",
+        concurrency_key="object/42",
+        priority=9,
+        available_at=datetime.datetime(2026, 11, 30, 4, 0, tzinfo=plus_eight),
+        start_deadline_at=datetime.datetime(2026, 11, 29, 21, 0, 0, 500000, tzinfo=UTC),
+        deadline_at=datetime.datetime(2026, 11, 29, 22, 0, tzinfo=UTC),
+        max_attempts=5,
+        retry=RetryPolicy(initial_seconds=2, max_seconds=60),
+        lease_seconds=60,
+    )
+    client_for(recorder).submit_task("submit-2", full)
+    assert recorder.body() == {
+        "queue_id": QUEUE_ID,
+        "handler": "object.update",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": None,
+        "business_key": "order-1",
+        "concurrency_key": "object/42",
+        "priority": 9,
+        "available_at": "2026-11-29T20:00:00Z",
+        "start_deadline_at": "2026-11-29T21:00:00.500000Z",
+        "deadline_at": "2026-11-29T22:00:00Z",
+        "max_attempts": 5,
+        "retry": {"initial_seconds": 2, "max_seconds": 60},
+        "lease_seconds": 60,
+    }
+
+
+def test_submit_task_refuses_a_naive_datetime_before_sending():
+    recorder = Recorder(ok({}))
+    request = SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}, available_at=datetime.datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="naive"):
+        client_for(recorder).submit_task("k", request)
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize("key", ["", "x" * 256, "caf\u00e9", "line\nbreak"])
+def test_an_invalid_idempotency_key_is_refused_before_sending(key):
+    recorder = Recorder(ok({}))
+    with pytest.raises(ValueError):
+        client_for(recorder).submit_task(key, SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}))
+    assert recorder.requests == []
+
+
+def test_get_task_detail_and_summary_optional_fields():
+    detail = {
+        **TASK_SUMMARY,
+        "payload": [1, 2],
+        "business_key": "order-1",
+        "concurrency_key": "object/42",
+        "state": "SUCCEEDED",
+        "attempts": 1,
+        "finished_at": "2026-11-29T20:00:05Z",
+        "output": {"ok": True},
+    }
+    task = client_for(Recorder(ok(detail))).get_task(TASK_ID)
+    assert task.payload == [1, 2] and task.output == {"ok": True}
+    assert (task.business_key, task.concurrency_key) == ("order-1", "object/42")
+    assert task.finished_at == datetime.datetime(2026, 11, 29, 20, 0, 5, tzinfo=UTC)
+    assert task.created_at.microsecond == 123456 and task.created_at.tzinfo is not None
+
+    recorder = Recorder(ok({"items": [TASK_SUMMARY], "next_page_token": ""}))
+    page = client_for(recorder).list_tasks(queue_id=QUEUE_ID, state="WAITING", concurrency_key="object/42")
+    assert recorder.last.url.params == httpx.QueryParams(
+        {"queue_id": QUEUE_ID, "state": "WAITING", "concurrency_key": "object/42"}
+    )
+    summary = page.items[0]
+    assert summary.payload is None and summary.business_key is None and summary.concurrency_key is None
+    assert summary.start_deadline_at is None and summary.finished_at is None and summary.last_error is None
+    assert summary.attempts == 0 and page.next_page_token is None
+
+
+def test_attempts_parse_the_token_as_an_int():
+    recorder = Recorder(ok({"items": [ATTEMPT, {**ATTEMPT, "concurrency_token": "18446744073709551615"}]}))
+    page = client_for(recorder).list_attempts(TASK_ID)
+    assert str(recorder.last.url) == f"http://orbit.test/v1/tasks/{TASK_ID}/attempts"
+    assert [attempt.concurrency_token for attempt in page.items] == [17, 2**64 - 1]
+
+    keyless = {k: v for k, v in ATTEMPT.items() if k not in ("concurrency_token", "number", "started_at")}
+    attempt = client_for(Recorder(ok(keyless))).get_attempt(ATTEMPT_ID)
+    assert (attempt.concurrency_token, attempt.number, attempt.started_at) == (None, None, None)
+
+    with pytest.raises(ProtocolError):
+        client_for(Recorder(ok({**ATTEMPT, "concurrency_token": 17}))).get_attempt(ATTEMPT_ID)
+
+
+def test_cancel_task():
+    recorder = Recorder(ok({"deduplicated": False, "task": {**TASK_SUMMARY, "state": "CANCELLED"}}))
+    result = client_for(recorder).cancel_task(TASK_ID, "cancel-1", "not needed")
+    assert str(recorder.last.url) == f"http://orbit.test/v1/tasks/{TASK_ID}:cancel"
+    assert recorder.last.headers["Idempotency-Key"] == "cancel-1"
+    assert recorder.body() == {"reason": "not needed"}
+    assert result.task.state == "CANCELLED" and result.deduplicated is False
+
+
+def test_path_segments_are_quoted():
+    recorder = Recorder(ok(QUEUE))
+    client_for(recorder).get_queue("a/../b")
+    assert recorder.last.url.raw_path == b"/v1/queues/a%2F..%2Fb"
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_queue_full_maps_to_api_error_with_retry_after():
+    body = {
+        "request_id": REQUEST_ID,
+        "error": {
+            "code": "QUEUE_FULL",
+            "message": "queue unfinished task limit reached; retry later using the original identity",
+        },
+    }
+    recorder = Recorder(lambda request: httpx.Response(429, json=body, headers={"Retry-After": "1"}))
+    with pytest.raises(APIError) as caught:
+        client_for(recorder).submit_task("k", SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}))
+    error = caught.value
+    assert (error.code, error.status_code, error.request_id) == ("QUEUE_FULL", 429, REQUEST_ID)
+    assert error.message == "queue unfinished task limit reached; retry later using the original identity"
+    assert error.retry_after == datetime.timedelta(seconds=1)
+    assert "QUEUE_FULL" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("1", 1),
+        (None, 0),
+        ("abc", 0),
+        ("-1", 0),
+        ("3601", 0),
+        ("3600", 3600),
+        ("0", 0),
+        ("1.5", 0),
+        ("Wed, 21 Oct 2015 07:28:00 GMT", 0),
+        ("99999999999999999999999", 0),
+    ],
+)
+def test_retry_after_parsing(header, expected):
+    assert parse_retry_after(header) == datetime.timedelta(seconds=expected)
+    headers = {} if header is None else {"Retry-After": header}
+    body = {"request_id": REQUEST_ID, "error": {"code": "UNAVAILABLE", "message": "db"}}
+    recorder = Recorder(lambda request: httpx.Response(503, json=body, headers=headers))
+    with pytest.raises(APIError) as caught:
+        client_for(recorder).get_queue(QUEUE_ID)
+    assert caught.value.retry_after == datetime.timedelta(seconds=expected)
+
+
+@pytest.mark.parametrize(
+    ("status", "code"),
+    [(502, "UNAVAILABLE"), (503, "UNAVAILABLE"), (504, "UNAVAILABLE"), (500, "INTERNAL"), (404, "INTERNAL")],
+)
+def test_an_error_without_an_envelope_still_is_an_api_error(status, code):
+    recorder = Recorder(
+        lambda request: httpx.Response(status, text="<html>bad gateway</html>", headers={"X-Request-Id": "rid"})
+    )
+    with pytest.raises(APIError) as caught:
+        client_for(recorder).get_task(TASK_ID)
+    assert (caught.value.code, caught.value.status_code, caught.value.request_id) == (code, status, "rid")
+    assert caught.value.retry_after == datetime.timedelta(0)
+
+
+def test_envelope_errors_map_code_message_and_request_id():
+    body = {"request_id": REQUEST_ID, "error": {"code": "IDEMPOTENCY_CONFLICT", "message": "key reused"}}
+    recorder = Recorder(lambda request: httpx.Response(409, json=body))
+    with pytest.raises(APIError) as caught:
+        client_for(recorder).create_queue("k", CreateQueueRequest("images", 1, 1))
+    assert (caught.value.code, caught.value.status_code, caught.value.message) == (
+        "IDEMPOTENCY_CONFLICT",
+        409,
+        "key reused",
+    )
+
+
+def test_a_success_without_an_envelope_is_a_protocol_error():
+    with pytest.raises(ProtocolError):
+        client_for(Recorder(lambda request: httpx.Response(200, text="ok"))).get_queue(QUEUE_ID)
+    with pytest.raises(ProtocolError):
+        client_for(Recorder(lambda request: httpx.Response(200, json={"queue": QUEUE}))).get_queue(QUEUE_ID)
+
+
+def test_writes_are_never_resent_on_5xx():
+    body = {"request_id": REQUEST_ID, "error": {"code": "UNAVAILABLE", "message": "database unavailable"}}
+    recorder = Recorder(lambda request: httpx.Response(503, json=body, headers={"Retry-After": "1"}))
+    with pytest.raises(APIError):
+        client_for(recorder).submit_task("k", SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}))
+    assert len(recorder.requests) == 1
+
+
+@pytest.mark.parametrize("failure", [httpx.ConnectError("refused"), httpx.ReadTimeout("slow")])
+def test_writes_are_never_resent_on_transport_errors(failure):
+    def respond(request: httpx.Request) -> httpx.Response:
+        raise failure
+
+    recorder = Recorder(respond)
+    with pytest.raises(TransportError) as caught:
+        client_for(recorder).submit_task("k", SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}))
+    assert len(recorder.requests) == 1
+    assert caught.value.__cause__ is failure
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+def test_from_credentials_file_reads_the_env_var(tmp_path, monkeypatch):
+    path = tmp_path / "creds.json"
+    path.write_text(
+        json.dumps({"url": "http://orbit.test", "token": TOKEN, "queue_id": QUEUE_ID, "scopes": ["tasks:submit"]})
+    )
+    monkeypatch.setenv("ORBIT_CREDENTIALS_FILE", str(path))
+    credentials = orbit_sdk.load_credentials()
+    assert (credentials.url, credentials.token, credentials.queue_id) == ("http://orbit.test", TOKEN, QUEUE_ID)
+    assert credentials.scopes == ("tasks:submit",)
+    assert TOKEN not in repr(credentials)
+
+    recorder = Recorder(ok(QUEUE))
+    client = Client.from_credentials_file(transport=httpx.MockTransport(recorder))
+    client.get_queue(QUEUE_ID)
+    assert recorder.last.headers["Authorization"] == f"Bearer {TOKEN}"
+    assert str(recorder.last.url).startswith("http://orbit.test/v1/queues/")
+
+
+def test_credentials_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("ORBIT_CREDENTIALS_FILE", raising=False)
+    with pytest.raises(orbit_sdk.CredentialsError):
+        orbit_sdk.load_credentials()
+    with pytest.raises(orbit_sdk.CredentialsError):
+        orbit_sdk.load_credentials(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"url": "http://x"}))
+    with pytest.raises(orbit_sdk.CredentialsError):
+        orbit_sdk.load_credentials(bad)

@@ -1,0 +1,764 @@
+"""orbit_sdk.Worker against tests/sdk/fake_server.py, a scripted server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
+
+import pytest
+
+import orbit_sdk
+from orbit_sdk import _worker
+from orbit_sdk._worker import default_worker_id, websocket_url
+from tests.sdk.fake_server import FakeAttempt, FakeServer
+
+TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]], timeout: float = 3.0) -> None:
+    asyncio.run(asyncio.wait_for(scenario(), timeout))
+
+
+def make_worker(server: FakeServer, handlers: dict[Any, Any], **kwargs: Any) -> orbit_sdk.Worker:
+    options: dict[str, Any] = {
+        "worker_id": "w1",
+        "request_timeout": 0.5,
+        "min_reconnect_delay": 0.02,
+        "max_reconnect_delay": 0.1,
+    }
+    options.update(kwargs)
+    return orbit_sdk.Worker(server.url, TOKEN, ["q1"], handlers, **options)
+
+
+@contextlib.asynccontextmanager
+async def running(worker: orbit_sdk.Worker) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(worker.run_async())
+    try:
+        yield task
+    finally:
+        if not task.done():
+            worker.stop()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 1.0)
+
+
+def without_id(frame: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in frame.items() if k != "id"}
+
+
+def recv_types(server: FakeServer, *, skip: tuple[str, ...] = ("task.renew",)) -> list[str]:
+    return [frame["type"] for direction, frame in server.log if direction == "recv" and frame["type"] not in skip]
+
+
+@pytest.fixture
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_worker, "QUEUE_PAUSED_BACKOFF", 0.02)
+    monkeypatch.setattr(_worker, "TRANSIENT_BACKOFF", 0.02)
+
+
+# --------------------------------------------------------------------------- basics
+
+
+def test_websocket_url_and_default_worker_id():
+    assert websocket_url("http://h:8080") == "ws://h:8080/v1/workers/connect"
+    assert websocket_url("https://h/prefix/") == "wss://h/prefix/v1/workers/connect"
+    with pytest.raises(ValueError):
+        websocket_url("ftp://h")
+    worker = orbit_sdk.Worker("http://h", TOKEN, ["q1"], {"echo": lambda e: None})
+    assert worker.worker_id == worker.worker_id and worker.worker_id.count("-") >= 2
+    assert default_worker_id() != default_worker_id()  # a random part per Worker object
+
+
+def test_hello_then_start_before_handler_then_result():
+    async def scenario():
+        async with FakeServer() as server:
+
+            def handler(execution):
+                server.events.append(f"handler:{execution.attempt_id}")
+                return {"echo": execution.payload, "number": execution.attempt_number}
+
+            worker = make_worker(server, {("echo", "v1"): handler}, capacity=2)
+            server.assign("a1", payload={"x": 1}, business_key="order-9")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+
+            hello = without_id(server.received("hello")[0])
+            assert hello == {
+                "type": "hello",
+                "worker_id": "w1",
+                "queues": ["q1"],
+                "capacity": 2,
+                "handlers": [{"handler": "echo", "handler_version": "v1"}],
+                "concurrency_keys": True,
+                "version": "orbit-python/0.1",
+            }
+            assert server.auth_headers == [f"Bearer {TOKEN}"]
+            assert recv_types(server) == ["hello", "task.assign.ack", "task.start", "task.result"]
+            assert server.events == ["start:a1", "start.ok:a1", "handler:a1"]
+            assert without_id(server.received("task.result")[0]) == {
+                "type": "task.result",
+                "attempt_id": "a1",
+                "epoch": 1,
+                "outcome": "SUCCEEDED",
+                "retryable": False,
+                "output": {"echo": {"x": 1}, "number": 1},
+            }
+            ids = [frame["id"] for direction, frame in server.log if direction == "recv"]
+            assert len(ids) == len(set(ids))
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_outcomes_of_sync_and_async_handlers(kind):
+    class Boom(Exception):
+        pass
+
+    def decide(payload):
+        match payload["case"]:
+            case "ok":
+                return {"done": True}
+            case "none":
+                return None
+            case "retry":
+                raise orbit_sdk.RetryableError("try later")
+            case "unknown":
+                raise orbit_sdk.UnknownOutcome("maybe")
+            case "boom":
+                raise Boom("bad input")
+            case "unserializable":
+                return {"when": object()}
+
+    threads: list[int] = []
+
+    def sync_handler(execution):
+        threads.append(threading.get_ident())
+        return decide(execution.payload)
+
+    async def async_handler(execution):
+        threads.append(threading.get_ident())
+        await asyncio.sleep(0)
+        return decide(execution.payload)
+
+    async def scenario():
+        async with FakeServer() as server:
+            handler = sync_handler if kind == "sync" else async_handler
+            worker = make_worker(server, {("echo", "v1"): handler}, capacity=6)
+            cases = ["ok", "none", "retry", "unknown", "boom", "unserializable"]
+            for case in cases:
+                server.assign(case, payload={"case": case})
+            async with running(worker):
+                await server.wait_for(lambda: all(server.attempts[c].result for c in cases))
+                loop_thread = threading.get_ident()
+
+            def result(case):
+                frame = server.attempts[case].result
+                return {k: frame.get(k) for k in ("outcome", "retryable", "output", "error")}
+
+            assert result("ok") == {"outcome": "SUCCEEDED", "retryable": False, "output": {"done": True}, "error": None}
+            assert "output" not in server.attempts["none"].result
+            assert result("retry") == {
+                "outcome": "FAILED",
+                "retryable": True,
+                "output": None,
+                "error": {"type": "RetryableError", "message": "try later"},
+            }
+            assert result("unknown")["outcome"] == "UNKNOWN"
+            assert result("unknown")["error"] == {"type": "UnknownOutcome", "message": "maybe"}
+            assert result("boom") == {
+                "outcome": "FAILED",
+                "retryable": False,
+                "output": None,
+                "error": {"type": "Boom", "message": "bad input"},
+            }
+            assert result("unserializable")["outcome"] == "UNKNOWN"
+            assert result("unserializable")["error"]["type"] == "OutputNotSerializable"
+            if kind == "sync":
+                assert loop_thread not in threads
+            else:
+                assert set(threads) == {loop_thread}
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- start
+
+
+def test_rate_limited_start_is_retried_with_same_attempt_and_epoch():
+    calls = []
+
+    async def scenario():
+        async with FakeServer(renew_seconds=0.05) as server:
+            limited = {"type": "error", "code": "RATE_LIMITED", "message": "rate", "retry_after_ms": 150}
+            server.start_replies["a1"] = [dict(limited), dict(limited)]
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(e.attempt_id)})
+            server.assign("a1", epoch=4)
+            began = time.monotonic()
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            elapsed = time.monotonic() - began
+
+            starts = server.received("task.start", "a1")
+            assert [without_id(f) for f in starts] == [{"type": "task.start", "attempt_id": "a1", "epoch": 4}] * 3
+            assert calls == ["a1"]
+            assert elapsed >= 0.3
+            # The lease is renewed while waiting for the rate window.
+            first_start = server.log.index(("recv", starts[0]))
+            last_start = server.log.index(("recv", starts[-1]))
+            renews = [f for d, f in server.log[first_start:last_start] if d == "recv" and f["type"] == "task.renew"]
+            assert renews and all(f["epoch"] == 4 for f in renews)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("code", ["LEASE_LOST", "TASK_CANCELLED"])
+def test_start_refused_drops_the_attempt(code):
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            server.start_replies["a1"] = [{"type": "error", "code": code, "message": "no"}]
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1")
+            server.attempts["a1"].state = "EXPIRED" if code == "LEASE_LOST" else "CANCELLED"
+            async with running(worker) as task:
+                await server.wait_for(lambda: server.received("task.start"))
+                worker.drain()
+                await asyncio.wait_for(task, 1.0)  # nothing left to wait for
+            assert calls == []
+            assert server.received("task.result") == [] and server.received("task.release") == []
+
+    run(scenario)
+
+
+def test_queue_paused_start_is_retried_then_runs(fast_backoff):
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            paused = {"type": "error", "code": "QUEUE_PAUSED", "message": "paused"}
+            server.start_replies["a1"] = [dict(paused), dict(paused)]
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            assert len(server.received("task.start", "a1")) == 3
+            assert calls == [1]
+
+    run(scenario)
+
+
+def test_queue_paused_longer_than_a_lease_hands_the_attempt_back(fast_backoff):
+    calls = []
+
+    async def scenario():
+        async with FakeServer(lease_seconds=0.3, renew_seconds=0.1) as server:
+            server.start_replies["a1"] = [{"type": "error", "code": "QUEUE_PAUSED", "message": "p"}] * 100
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.received("task.release", "a1"))
+            release = without_id(server.received("task.release", "a1")[0])
+            assert release == {"type": "task.release", "attempt_id": "a1", "epoch": 1, "reason": "queue paused"}
+            assert calls == []
+            assert len(server.received("task.start", "a1")) >= 3
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- results and reconnects
+
+
+def test_result_is_resent_when_the_reply_is_dropped():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            server.result_actions = ["drop"]
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1) or "out"}, request_timeout=0.2)
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].results_received >= 2)
+                await server.wait_for(lambda: not worker._attempts)  # acknowledged
+            results = [without_id(f) for f in server.received("task.result", "a1")]
+            assert len(results) == 2 and results[0] == results[1]
+            assert calls == [1]
+            assert server.connections == 1
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("action", ["close", "close_after"])
+def test_result_is_resent_across_a_reconnect(action):
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            server.result_actions = [action]
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1) or "out"})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: len(server.received("task.result", "a1")) >= 2)
+                await server.wait_for(lambda: not worker._attempts)
+            assert server.connections == 2
+            assert [h["worker_id"] for h in server.received("hello")] == ["w1", "w1"]
+            results = [without_id(f) for f in server.received("task.result", "a1")]
+            assert len(results) == 2 and results[0] == results[1]
+            if action == "close":  # still held after the reconnect: resumed before the result goes again
+                types = recv_types(server)
+                assert types[types.index("hello", 1) :] == ["hello", "task.resume", "task.result"]
+            assert calls == [1]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_reconnect_resumes_a_running_attempt_with_its_key_and_token(nested):
+    seen: list[tuple[Any, ...]] = []
+
+    async def scenario():
+        async with FakeServer(resume_nested=nested) as server:
+            release = asyncio.Event()
+
+            async def handler(execution):
+                seen.append((execution.attempt_id, execution.concurrency_key, execution.concurrency_token))
+                await release.wait()
+                return {"token": str(execution.concurrency_token)}
+
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1", key="object/42", token="18446744073709551615")
+            async with running(worker):
+                await server.wait_for(lambda: seen)
+                await server.close_connection()
+                await server.wait_for(lambda: server.received("task.resume"))
+                await server.wait_for(lambda: worker._conn is not None and worker._conn.ready)
+                release.set()
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+
+            assert seen == [("a1", "object/42", 2**64 - 1)]
+            assert without_id(server.received("task.resume")[0]) == {
+                "type": "task.resume",
+                "attempt_id": "a1",
+                "epoch": 1,
+            }
+            assert server.attempts["a1"].result["output"] == {"token": "18446744073709551615"}
+            assert len(server.received("task.start")) == 1
+            assert server.received("task.release") == []
+
+    run(scenario)
+
+
+def test_attempt_missing_from_held_after_reconnect_is_dropped_before_start():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            server.start_replies["a1"] = [{"type": "error", "code": "RATE_LIMITED", "retry_after_ms": 300}]
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.received("task.start"))
+                server.attempts["a1"].state = "EXPIRED"  # the lease ran out while we were away
+                await server.close_connection()
+                await server.wait_for(lambda: server.connections == 2 and not worker._attempts)
+            assert calls == []
+            assert server.received("task.resume") == []
+            assert len(server.received("task.start")) == 1
+
+    run(scenario)
+
+
+def test_running_attempt_of_an_earlier_process_is_reported_unknown_and_leased_one_released():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            running_frame = server.assign("r1")
+            leased_frame = server.assign("l1")
+            server._queued.clear()  # never delivered to this process: only in `held`
+            server.attempts["r1"] = FakeAttempt(frame=running_frame, worker_id="w1", state="RUNNING", attempt_number=1)
+            server.attempts["l1"] = FakeAttempt(frame=leased_frame, worker_id="w1", state="LEASED")
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["r1"].result and server.attempts["l1"].release_reason)
+            assert server.attempts["r1"].result["outcome"] == "UNKNOWN"
+            assert server.attempts["r1"].result["error"]["type"] == "WorkerRestarted"
+            assert server.attempts["l1"].release_reason == "not held by this worker process"
+            assert calls == [] and server.received("task.start") == []
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- renewals and cancellation
+
+
+def test_cancel_requested_reaches_a_sync_handler():
+    outcome: dict[str, Any] = {}
+
+    def handler(execution):
+        outcome["before"] = execution.cancel_requested
+        outcome["waited"] = execution.wait_cancelled(timeout=2.0)
+        outcome["after"] = execution.cancel_requested
+        execution.raise_if_cancelled()
+
+    async def scenario():
+        async with FakeServer(renew_seconds=0.05) as server:
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].state == "RUNNING")
+                server.attempts["a1"].cancel_requested = True
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            assert outcome == {"before": False, "waited": True, "after": True}
+            result = server.attempts["a1"].result
+            assert (result["outcome"], result["retryable"], result["error"]["type"]) == (
+                "FAILED",
+                False,
+                "CancelRequested",
+            )
+
+    run(scenario)
+
+
+def test_lease_lost_on_renew_signals_an_async_handler_and_the_result_still_goes():
+    seen: dict[str, Any] = {}
+
+    async def handler(execution):
+        await execution.until_cancelled()
+        seen.update(lease_lost=execution.lease_lost, cancel_requested=execution.cancel_requested)
+        return "late"
+
+    async def scenario():
+        async with FakeServer(renew_seconds=0.05) as server:
+            server.renew_replies["a1"] = [{"type": "error", "code": "LEASE_LOST", "message": "gone"}]
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            assert seen == {"lease_lost": True, "cancel_requested": False}
+            assert server.attempts["a1"].result["output"] == "late"
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- drain
+
+
+def test_drain_from_another_thread_lets_running_work_finish_and_report():
+    gate = threading.Event()
+
+    def handler(execution):
+        assert gate.wait(2.0)
+        return "finished"
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1")
+            async with running(worker) as task:
+                await server.wait_for(lambda: server.attempts["a1"].state == "RUNNING")
+                threading.Thread(target=worker.drain).start()
+                await server.wait_for(lambda: server.received("drain"))
+                assert not task.done()
+                gate.set()
+                await asyncio.wait_for(task, 1.5)  # ends by itself once the result is acknowledged
+            assert server.attempts["a1"].result["output"] == "finished"
+            assert recv_types(server) == ["hello", "task.assign.ack", "task.start", "drain", "task.result"]
+            assert worker.join(0)
+
+    run(scenario)
+
+
+def test_drain_from_a_handler_and_unstarted_attempts_are_released():
+    def handler(execution):
+        execution.worker.drain()
+        return "bye"
+
+    async def scenario():
+        async with FakeServer() as server:
+            server.start_replies["a2"] = [{"type": "error", "code": "RATE_LIMITED", "retry_after_ms": 10_000}]
+            worker = make_worker(server, {("echo", "v1"): handler}, capacity=2)
+            server.assign("a2")
+            async with running(worker) as task:
+                await server.wait_for(lambda: server.received("task.start", "a2"))
+                server.assign("a1")
+                await asyncio.wait_for(task, 2.0)
+            assert server.attempts["a1"].result["output"] == "bye"
+            assert server.attempts["a2"].release_reason == "draining"
+            assert len(server.received("task.start", "a2")) == 1
+
+    run(scenario)
+
+
+def test_drain_before_run_returns_without_work():
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): lambda e: None})
+            worker.drain()
+            await asyncio.wait_for(worker.run_async(), 1.0)
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- handlers
+
+
+def test_bare_handler_names_advertise_any_and_unknown_handlers_are_released():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {"echo": lambda e: calls.append(e.task.handler_version)})
+            server.assign("a1", version="v7")
+            server.assign("a2", handler="other")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result and server.attempts["a2"].release_reason)
+            assert server.received("hello")[0]["handlers"] == []
+            assert calls == ["v7"]
+            assert server.attempts["a2"].release_reason == "no handler"
+            assert server.received("task.start", "a2") == []
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- protocol errors
+
+
+@pytest.mark.parametrize(
+    ("assignment", "concurrency_keys", "message"),
+    [
+        ({"key": "object/1"}, True, "keyed task without concurrency_token"),
+        ({"token": "5"}, True, "concurrency_token without a concurrency key"),
+        ({"extra": {"concurrency_token": None}}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "5"}, False, "did not ask for concurrency_keys"),
+        ({"key": "object/1", "token": 5}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "017"}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "0"}, True, "non-zero"),
+        ({"key": "object/1", "token": "1e3"}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "5.0"}, True, "canonical uint64"),
+        ({"key": "object/1", "token": ""}, True, "canonical uint64"),
+        ({"key": "object/1", "token": " 7"}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "+7"}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "-7"}, True, "canonical uint64"),
+        ({"key": "object/1", "token": "\u0667"}, True, "canonical uint64"),  # ARABIC-INDIC DIGIT SEVEN
+        ({"key": "object/1", "token": "18446744073709551616"}, True, "beyond uint64"),
+        ({"key": "object/1", "token": "123456789012345678901"}, True, "canonical uint64"),
+    ],
+)
+def test_protocol_errors_in_an_assignment_release_it_without_running(assignment, concurrency_keys, message):
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)}, concurrency_keys=concurrency_keys)
+            server.assign("a1", **assignment)
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].release_reason)
+            reason = server.attempts["a1"].release_reason
+            assert reason.startswith("protocol error: ") and message in reason
+            assert server.received("task.start") == []
+            assert server.received("hello")[0]["concurrency_keys"] is concurrency_keys
+            assert calls == []
+
+    run(scenario)
+
+
+def test_the_largest_token_is_accepted_as_an_int():
+    tokens: dict[str, Any] = {}
+
+    def handler(execution):
+        tokens[execution.attempt_id] = execution.concurrency_token
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): handler}, capacity=2)
+            server.assign("a1", key="k", token="18446744073709551615")
+            server.assign("a2")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result and server.attempts["a2"].result)
+            assert tokens == {"a1": 18446744073709551615, "a2": None}
+            assert type(tokens["a1"]) is int
+
+    run(scenario)
+
+
+def slow_start(server: FakeServer, attempt_id: str) -> None:
+    server.start_replies[attempt_id] = [{"type": "error", "code": "RATE_LIMITED", "retry_after_ms": 10_000}]
+
+
+def test_a_repeated_assignment_that_changes_the_token_is_rejected():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            slow_start(server, "a1")
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1", key="object/1", token="7")
+            async with running(worker):
+                await server.wait_for(lambda: server.received("task.start", "a1"))
+                server.assign("a1", key="object/1", token="8")
+                await server.wait_for(lambda: server.attempts["a1"].release_reason)
+            reason = server.attempts["a1"].release_reason
+            assert reason.startswith("protocol error: ") and "concurrency_token changed from 7 to 8" in reason
+            assert calls == [] and len(server.received("task.start")) == 1
+
+    run(scenario)
+
+
+def test_a_repeated_identical_assignment_is_only_acknowledged():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            slow_start(server, "a1")
+            server.start_replies["a1"][0]["retry_after_ms"] = 200
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1", key="object/1", token="7")
+            async with running(worker):
+                await server.wait_for(lambda: server.received("task.start", "a1"))
+                server.assign("a1", key="object/1", token="7")
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            assert calls == [1]
+            assert len(server.received("task.assign.ack", "a1")) == 2
+            assert server.received("task.release") == []
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"concurrency_token": "9"},
+        {"task": {"concurrency_key": "object/2"}},
+        {"concurrency_token": "nine"},
+        {"epoch": 2},
+    ],
+)
+def test_a_held_entry_that_changes_a_known_attempt_is_rejected(change):
+    calls = []
+
+    def tamper(held):
+        for entry in held:
+            for name, value in change.items():
+                if name == "task":
+                    entry["task"].update(value)
+                else:
+                    entry[name] = value
+        return held
+
+    async def scenario():
+        async with FakeServer() as server:
+            slow_start(server, "a1")
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            server.assign("a1", key="object/1", token="7")
+            async with running(worker):
+                await server.wait_for(lambda: server.received("task.start", "a1"))
+                server.tamper_held = tamper
+                await server.close_connection()
+                await server.wait_for(lambda: server.attempts["a1"].release_reason)
+            assert server.attempts["a1"].release_reason.startswith("protocol error: held entry: ")
+            assert server.received("task.resume") == []
+            assert calls == []
+
+    run(scenario)
+
+
+def test_a_resume_reply_that_changes_the_key_is_rejected():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            slow_start(server, "a1")
+            worker = make_worker(server, {("echo", "v1"): lambda e: calls.append(1)})
+            frame = server.assign("a1", key="object/1", token="7")
+            changed = {k: v for k, v in frame.items() if k not in ("type", "id")}
+            changed = json.loads(json.dumps(changed))
+            changed["task"]["concurrency_key"] = "object/other"
+            server.resume_replies["a1"] = [{"type": "task.resume.ok", "assignment": {**changed, "state": "LEASED"}}]
+            async with running(worker):
+                await server.wait_for(lambda: server.received("task.start", "a1"))
+                await server.close_connection()
+                await server.wait_for(lambda: server.attempts["a1"].release_reason)
+            reason = server.attempts["a1"].release_reason
+            assert reason.startswith("protocol error: task.resume.ok: ") and "concurrency_key changed" in reason
+            assert calls == []
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize(
+    ("spec", "status"),
+    [
+        ({"code": "UNAUTHENTICATED", "message": "invalid bearer token", "close": 4401}, 401),
+        ({"code": "STATE_CONFLICT", "message": "concurrency_keys changed", "close": 4409}, 409),
+        ({"code": "PERMISSION_DENIED", "message": "no workers:consume"}, 403),
+    ],
+)
+def test_a_refused_hello_ends_run_with_an_api_error(spec, status):
+    async def scenario():
+        async with FakeServer() as server:
+            server.hello_error = spec
+            worker = make_worker(server, {("echo", "v1"): lambda e: None})
+            with pytest.raises(orbit_sdk.APIError) as caught:
+                await asyncio.wait_for(worker.run_async(), 2.0)
+            assert (caught.value.code, caught.value.status_code) == (spec["code"], status)
+            assert server.connections == 1
+            assert worker.join(0)
+
+    run(scenario)
+
+
+def test_stop_ends_run_while_disconnected():
+    async def scenario():
+        worker = orbit_sdk.Worker(
+            "http://127.0.0.1:9", TOKEN, ["q1"], {"echo": lambda e: None}, min_reconnect_delay=0.02
+        )
+        task = asyncio.create_task(worker.run_async())
+        await asyncio.sleep(0.1)
+        assert not task.done()
+        worker.stop()
+        await asyncio.wait_for(task, 1.0)
+
+    run(scenario)
+
+
+def test_constructor_validates_its_arguments():
+    handlers = {"echo": lambda e: None}
+    with pytest.raises(ValueError):
+        orbit_sdk.Worker("http://h", TOKEN, [], handlers)
+    with pytest.raises(ValueError):
+        orbit_sdk.Worker("http://h", TOKEN, ["q"], handlers, capacity=0)
+    with pytest.raises(ValueError):
+        orbit_sdk.Worker("http://h", TOKEN, ["q"], {})
+    with pytest.raises(ValueError):
+        orbit_sdk.Worker("http://h", TOKEN, ["q"], {("echo",): lambda e: None})
+    with pytest.raises(ValueError):
+        orbit_sdk.Worker("http://h", TOKEN, ["q"], handlers, worker_id="bad\nid")
+    with pytest.raises(ValueError):
+        orbit_sdk.Worker("http://h", TOKEN, ["q"], handlers, worker_id="has space")
+
+
+def test_blocking_run_in_its_own_thread_ends_after_a_drain_from_a_handler():
+    async def scenario():
+        async with FakeServer() as server:
+
+            def handler(execution):
+                execution.worker.drain()
+                return "done"
+
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1")
+            await asyncio.wait_for(asyncio.to_thread(worker.run), 2.0)
+            assert worker.join(0)
+            assert server.attempts["a1"].result["output"] == "done"
+            with pytest.raises(RuntimeError, match="runs once"):
+                await asyncio.to_thread(worker.run)
+
+    run(scenario)
