@@ -1,0 +1,53 @@
+"""The seed examples, run as a user runs them: a subprocess against a live server."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from django.core.management import call_command
+
+from tests.live import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HEX = "[0-9a-f]{32}"
+
+
+def run_example(name, orbit_server, tmp_path):
+    credentials = tmp_path / "credentials.json"
+    call_command(
+        "orbit_bootstrap",
+        application="examples",
+        namespace="default",
+        environment="test",
+        queue="initial",
+        worker_access=True,
+        output=str(credentials),
+    )
+    env = {"PATH": "/usr/bin:/bin", "ORBIT_URL": orbit_server.url, "ORBIT_CREDENTIALS_FILE": str(credentials)}
+    return subprocess.run(
+        [sys.executable, f"examples/{name}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_resources_example_prints_the_seed_lines(orbit_server, tmp_path):
+    result = run_example("resources.py", orbit_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 5, lines
+    assert lines[0] == "backpressure=QUEUE_FULL http=429"
+    assert lines[1] == "duplicate=true rejected_request_retried=true"
+    assert re.fullmatch(f"task={HEX} state=SUCCEEDED attempts=1", lines[2])
+    assert re.fullmatch(f"task={HEX} state=SUCCEEDED attempts=1", lines[3])
+    assert lines[2] != lines[3]
+    assert lines[4] == "unfinished=0 rate_per_second=1 worker_drained=true"
+
+
+def test_keyed_concurrency_example_prints_the_seed_lines(orbit_server, tmp_path):
+    result = run_example("keyed_concurrency.py", orbit_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "queues=2 completed=2 tokens_increasing=true",
+        "resource_writes=2 stale_write_rejected=true worker_drained=true",
+    ]
