@@ -146,3 +146,7 @@ ORBIT_HTTP_ADDR = os.environ.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080")
 
 # SQLite has no column or table comments; MySQL, the production store, gets them all.
 SILENCED_SYSTEM_CHECKS = ["fields.W163", "models.W046"]
+
+# True runs API views on the caller's thread and connection instead of the
+# database pool; tests set it so views see the test case's transaction.
+ORBIT_INLINE_DB = os.environ.get("ORBIT_INLINE_DB", "") == "1"

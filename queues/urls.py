@@ -1,12 +1,13 @@
 from django.urls import re_path
 
+from orbit.api.pooled import pooled
 from queues import views
 
 ID = r"(?P<queue_id>[^/:]+)"
 
 urlpatterns = [
-    re_path(r"^v1/queues$", views.QueueCollectionView.as_view()),
-    re_path(rf"^v1/queues/{ID}:configure$", views.QueueConfigureView.as_view()),
-    re_path(rf"^v1/queues/{ID}:retire$", views.QueueRetireView.as_view()),
-    re_path(rf"^v1/queues/{ID}$", views.QueueDetailView.as_view()),
+    re_path(r"^v1/queues$", pooled(views.QueueCollectionView.as_view())),
+    re_path(rf"^v1/queues/{ID}:configure$", pooled(views.QueueConfigureView.as_view())),
+    re_path(rf"^v1/queues/{ID}:retire$", pooled(views.QueueRetireView.as_view())),
+    re_path(rf"^v1/queues/{ID}$", pooled(views.QueueDetailView.as_view())),
 ]

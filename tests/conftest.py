@@ -11,10 +11,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
 from tests.factories import NamespaceFactory, make_credential
+
+# In-process API views run on the test's own connection, inside its transaction
+# (a live server subprocess uses the database pool as in production).
+settings.ORBIT_INLINE_DB = True
 
 
 @dataclass

@@ -39,6 +39,7 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env.pop("ORBIT_MYSQL_DSN", None)
         env["ORBIT_SQLITE_PATH"] = settings["NAME"]
     env["ORBIT_MAINTENANCE"] = "1"
+    env["ORBIT_INLINE_DB"] = "0"
     env.update(extra or {})
     return env
 

@@ -84,6 +84,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.draining = False
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task | None = None
+        self.inflight: set[asyncio.Task] = set()
         headers = dict(self.scope.get("headers") or [])
         raw = headers.get(b"authorization")
         try:
@@ -117,6 +118,17 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         if not isinstance(message, dict):
             await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
             return
+        if message.get("type") == "hello" or self.worker is None:
+            await self.handle(message)
+        else:
+            # Frames of one connection are independent requests (a worker with
+            # capacity N has up to N attempts in flight): run them side by side
+            # on the database pool instead of one after another.
+            task = asyncio.create_task(self.handle(message))
+            self.inflight.add(task)
+            task.add_done_callback(self.inflight.discard)
+
+    async def handle(self, message: dict[str, Any]) -> None:
         request_id = message.get("id")
         kind = message.get("type")
         handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
@@ -205,7 +217,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         try:
             return await run_db(dispatch.renew_lease, worker=self.worker, **ref)
         except OrbitError:
-            self.forget(ref["attempt_id"])
+            # Free the slot only if the attempt is really gone: a renewal with a
+            # wrong epoch must not make the server forget an attempt this worker
+            # still holds (it would then assign past capacity, or close a
+            # draining connection that still holds work).
+            assert self.worker is not None
+            held = await run_db(
+                dispatch.held_assignments, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
+            )
+            if ref["attempt_id"] not in {entry["attempt_id"] for entry in held}:
+                self.forget(ref["attempt_id"])
             raise
 
     async def on_resume(self, message: dict[str, Any]) -> dict[str, Any]:

@@ -1,21 +1,39 @@
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, HttpResponse
 
 from orbit.fields import new_id
 
 
 class RequestIdMiddleware:
-    """Gives every request a 32-hex id, echoed in X-Request-Id and the envelope."""
+    """Gives every request a 32-hex id, echoed in X-Request-Id and the envelope.
 
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+    Sync and async capable, so an all-async chain runs without a thread hop."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
-    def __call__(self, request: HttpRequest) -> HttpResponse:
+    def __call__(self, request: HttpRequest) -> HttpResponse | Awaitable[HttpResponse]:
+        if self.is_async:
+            return self._acall(request)
         request.orbit_request_id = new_id()  # type: ignore[attr-defined]
         response = self.get_response(request)
+        response["X-Request-Id"] = request.orbit_request_id  # type: ignore[attr-defined]
+        return response
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        request.orbit_request_id = new_id()  # type: ignore[attr-defined]
+        response = await self.get_response(request)
         response["X-Request-Id"] = request.orbit_request_id  # type: ignore[attr-defined]
         return response
 

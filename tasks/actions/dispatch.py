@@ -67,10 +67,11 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
     )
     if worker.concurrency_keys:
         # Occupied keys are excluded before the LIMIT, so a backlog behind one
-        # busy key never hides the work of other keys.
+        # busy key never hides the work of other keys. A key whose token space
+        # is spent can never lease again: it is excluded the same way.
         occupied = ConcurrencyKey.objects.filter(
             namespace_id=OuterRef("namespace_id"), key=OuterRef("concurrency_key")
-        ).exclude(holder_attempt_id="")
+        ).filter(~Q(holder_attempt_id="") | Q(version__gt=MAX_LEASABLE_KEY_VERSION))
         tasks = tasks.filter(Q(concurrency_key="") | ~Exists(occupied))
     else:
         tasks = tasks.filter(concurrency_key="")
@@ -216,11 +217,13 @@ def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict
 
 @transaction.atomic
 def _start(worker: WorkerContext, peek: Attempt, epoch: int) -> dict[str, Any]:
-    now = timezone.now()
     state = lock_queue_states([peek.queue_id])[peek.queue_id]
     task = lock_task(peek.task_id)
     attempt = lock_attempt(peek.id)
     assert task is not None and attempt is not None
+    # Read the clock after the locks: a Start that waited on them must judge
+    # its lease and the rate window by the time it is decided, not queued.
+    now = timezone.now()
     if attempt.epoch != epoch or attempt.worker_id != worker.worker_id:
         raise LeaseLost("epoch does not match the current lease")
     if attempt.state == AttemptState.RUNNING:

@@ -1,0 +1,133 @@
+"""Per-verb cost of Orbit's transactions, in-process on MariaDB (no HTTP, no WebSocket).
+
+Runs N tasks through submit → lease → start → result sequentially from one
+thread and prints milliseconds and SQL statements per verb. This is the
+number every other figure is built on: the application_state row lock is held
+for (roughly) one of these transactions at a time.
+
+    .venv/bin/python bench/verb_costs.py --tasks 500
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--database", default="orbit_verbs")
+    args = parser.parse_args()
+    import MySQLdb
+
+    db = MySQLdb.connect(host="127.0.0.1", user="root", passwd="")
+    db.cursor().execute(f"DROP DATABASE IF EXISTS `{args.database}`")
+    db.cursor().execute(f"CREATE DATABASE `{args.database}` CHARACTER SET utf8mb4")
+    os.environ["ORBIT_MYSQL_DSN"] = f"mysql://root:@127.0.0.1:3306/{args.database}"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    call_command("migrate", verbosity=0)
+    from orbit.api.auth import authenticate_token
+    from orbit.idempotency import Actor, run_idempotent
+    from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
+    from queues.actions import QueueLimits, queue_create
+    from tasks.actions import dispatch, endings, submit
+    from tasks.serializers import SubmitTaskInput
+
+    application = ensure_application("verbs")
+    namespace = ensure_namespace(application, "bench", "verbs")
+    issued = issue_credential(namespace, scopes=["queues:manage", "tasks:submit"], queue_ids=None)
+    principal = authenticate_token(issued.token)
+    actor = Actor(principal=principal, request_id="0" * 32)
+    queue = run_idempotent(
+        actor=actor,
+        key="q",
+        operation="queue.create",
+        target="",
+        body={},
+        validate=lambda: None,
+        effect=lambda _: (
+            201,
+            {"queue": queue_create(actor=actor, name="verbs", limits=QueueLimits(100000, 1000000, 1000000))},
+        ),
+    ).data["queue"]
+    worker = dispatch.WorkerContext(
+        namespace_id=namespace.id,
+        application_id=application.id,
+        worker_id="w",
+        session_id="s" * 32,
+        queue_ids=(queue["id"],),
+        handlers=(),
+        concurrency_keys=True,
+    )
+
+    def timed(label: str, fn, count: int) -> None:
+        with CaptureQueriesContext(connection) as queries:
+            began = time.perf_counter()
+            fn()
+            seconds = time.perf_counter() - began
+        print(f"{label:8s} {seconds / count * 1000:7.3f} ms/task  {len(queries) / count:5.1f} statements/task")
+
+    body = {"queue_id": queue["id"], "handler": "h", "handler_version": "v1", "payload_version": "v1", "payload": {}}
+
+    def submit_all() -> None:
+        for n in range(args.tasks):
+
+            def validate() -> dict:
+                serializer = SubmitTaskInput(data=body)
+                serializer.is_valid(raise_exception=True)
+                return serializer.validated_data
+
+            run_idempotent(
+                actor=actor,
+                key=f"t{n}",
+                operation="task.submit",
+                target="",
+                body=body,
+                validate=validate,
+                effect=lambda f: (201, submit.submit_task(actor=actor, fields=f)),
+            )
+
+    assignments: list[dict] = []
+
+    def lease_all() -> None:
+        while len(assignments) < args.tasks:
+            assignments.extend(dispatch.lease_tasks(worker=worker, limit=16))
+
+    def start_all() -> None:
+        for a in assignments:
+            dispatch.approve_start(worker=worker, attempt_id=a["attempt_id"], epoch=a["epoch"])
+
+    def result_all() -> None:
+        for a in assignments:
+            endings.record_result(
+                worker=worker,
+                attempt_id=a["attempt_id"],
+                epoch=a["epoch"],
+                outcome="SUCCEEDED",
+                retryable=False,
+                output=None,
+                error=None,
+            )
+
+    timed("submit", submit_all, args.tasks)
+    timed("lease", lease_all, args.tasks)
+    timed("start", start_all, args.tasks)
+    timed("result", result_all, args.tasks)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Runs the API's sync views on the database pool (workers/db.py).
+
+Under ASGI Django gives each request a thread of its own, and with it a new
+MySQL connection (CONN_MAX_AGE must be 0 there, or connections strand with
+their threads). Running the view on the fixed pool instead reuses one
+persistent connection per pool thread: no connect, no session setup per
+request. The DRF response is rendered on the pool thread too, so Django has
+nothing left to do in a thread of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+
+from workers.db import run_db
+
+
+def _render(view: Callable[..., Any], request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    response = view(request, *args, **kwargs)
+    if hasattr(response, "render"):
+        response.render()
+        plain = HttpResponse(response.content, status=response.status_code)
+        for header, value in response.items():
+            plain[header] = value
+        return plain
+    return response
+
+
+def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
+    async def pooled_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if settings.ORBIT_INLINE_DB:
+            # Tests that share the test case's transaction must stay on its connection.
+            return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)
+        return await run_db(_render, view, request, *args, **kwargs)
+
+    pooled_view.csrf_exempt = True  # type: ignore[attr-defined]
+    return pooled_view
