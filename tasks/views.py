@@ -7,8 +7,9 @@ from rest_framework.response import Response
 
 from orbit.api.responses import ok, page
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
-from orbit.idempotency import Actor
-from tasks.actions import endings, reads, submit
+from orbit.errors import InvalidArgument
+from orbit.idempotency import Actor, validate_key
+from tasks.actions import batch, endings, reads, submit
 from tasks.serializers import CancelTaskInput, SubmitTaskInput
 
 
@@ -88,3 +89,39 @@ class TaskCancelView(OrbitView):
             validate=lambda body: validated(CancelTaskInput, body),
             effect=effect,
         )
+
+
+class TaskBatchView(OrbitView):
+    """POST /v1/tasks:batch — each item carries its own Idempotency-Key and gets
+    its own result; the request as a whole is not idempotent and needs no header."""
+
+    def post(self, request: Request) -> Response:
+        principal = self.principal(request)
+        principal.require("tasks:submit")
+        body = self.body(request)
+        unknown = sorted(set(body) - {"tasks"})
+        if unknown:
+            raise InvalidArgument(f"{unknown[0]}: unknown field")
+        entries = body.get("tasks")
+        if not isinstance(entries, list) or not 1 <= len(entries) <= batch.MAX_BATCH_ITEMS:
+            raise InvalidArgument(f"tasks: must be a list of 1 to {batch.MAX_BATCH_ITEMS} items")
+        items: list[tuple[str, dict[str, Any]]] = []
+        seen: set[str] = set()
+        for index, entry in enumerate(entries):
+            where = f"tasks[{index}]"
+            if not isinstance(entry, dict) or set(entry) != {"idempotency_key", "task"}:
+                raise InvalidArgument(f"{where}: must be an object with exactly idempotency_key and task")
+            if not isinstance(entry["idempotency_key"], str):
+                raise InvalidArgument(f"{where}.idempotency_key: must be a string")
+            try:
+                key = validate_key(entry["idempotency_key"])
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"{where}.idempotency_key: must be 1-255 printable ASCII characters") from exc
+            if key in seen:
+                raise InvalidArgument(f"{where}.idempotency_key: used twice in one batch")
+            seen.add(key)
+            if not isinstance(entry["task"], dict):
+                raise InvalidArgument(f"{where}.task: must be a JSON object")
+            items.append((key, entry["task"]))
+        results = batch.submit_batch(actor=self.actor(request), items=items)
+        return ok(request, {"results": results})

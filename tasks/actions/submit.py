@@ -1,19 +1,19 @@
-"""submit_task: accept a task into a queue under backpressure."""
+"""submit_task and admit_tasks: accept tasks into queues under backpressure."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections import Counter
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from orbit.audit import emit_event
-from orbit.errors import InvalidArgument, NotFound, QueueFull, StateConflict
+from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
-from orbit.models import Application, ApplicationState
+from orbit.models import Application, ApplicationState, Event
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.serialize import task_detail
@@ -38,37 +38,24 @@ def check_times(fields: dict[str, Any], now: Any) -> None:
 
 def submit_task(*, actor: Actor, fields: dict[str, Any]) -> dict[str, Any]:
     """Inserts a WAITING task and counts it against queue and application
-    backlog. Caller holds the transaction (the idempotency runner's).
-
-    Locks: application_state, then the queue's queue_state."""
+    backlog. Caller holds the transaction (the idempotency runner's)."""
     now = timezone.now()
     check_times(fields, now)
-    application_id = actor.principal.application_id
-    app_state = lock_application_state(application_id)
-    queue_states = lock_queue_states([fields["queue_id"]])
-    queue_state = queue_states.get(fields["queue_id"])
-    # Read after the queue_state lock: a retire commits while holding it, so
-    # a retire that saw this queue empty is visible here.
-    queue = Queue.objects.filter(id=fields["queue_id"], namespace_id=actor.namespace_id).first()
-    if queue is None or queue_state is None:
-        raise NotFound("queue not found")
-    if queue.retired_at is not None:
-        raise StateConflict("queue is retired")
-    application = Application.objects.only("max_unfinished_tasks").get(id=application_id)
-    if (
-        queue_state.unfinished_tasks >= queue.max_unfinished_tasks
-        or app_state.unfinished_tasks >= application.max_unfinished_tasks
-    ):
-        raise QueueFull()
+    (outcome,) = admit_tasks(actor=actor, items=[fields], now=now)
+    if isinstance(outcome, OrbitError):
+        raise outcome
+    return {"task": task_detail(outcome)}
 
+
+def new_task(actor: Actor, fields: dict[str, Any], now: datetime) -> Task:
     retry = fields.get("retry") or {}
     deadline_at = fields.get("deadline_at")
     if "timeout_seconds" in fields:
         deadline_at = now + timedelta(seconds=fields["timeout_seconds"])
-    task = Task.objects.create(
+    return Task(
         namespace_id=actor.namespace_id,
-        application_id=application_id,
-        queue_id=queue.id,
+        application_id=actor.principal.application_id,
+        queue_id=fields["queue_id"],
         handler=fields["handler"],
         handler_version=fields["handler_version"],
         payload_version=fields["payload_version"],
@@ -88,18 +75,68 @@ def submit_task(*, actor: Actor, fields: dict[str, Any]) -> dict[str, Any]:
         created_at=now,
         updated_at=now,
     )
-    ApplicationState.objects.filter(application_id=application_id).update(unfinished_tasks=F("unfinished_tasks") + 1)
-    QueueState.objects.filter(queue_id=queue.id).update(unfinished_tasks=F("unfinished_tasks") + 1)
-    emit_event(
-        namespace_id=actor.namespace_id,
-        type="task.state_changed",
-        subject_id=task.id,
-        data={"queue_id": queue.id, "state": TaskState.WAITING},
+
+
+def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> list[Task | OrbitError]:
+    """Admits validated submissions in order under backpressure: each becomes a
+    saved WAITING Task, or the error that refused it (nothing is written for a
+    refused one). Caller holds the transaction.
+
+    Locks: application_state, then the items' queue_state rows (ascending)."""
+    application_id = actor.principal.application_id
+    app_state = lock_application_state(application_id)
+    queue_states = lock_queue_states({fields["queue_id"] for fields in items})
+    # Read after the queue_state locks: a retire commits while holding its
+    # queue's lock, so a retire that saw the queue empty is visible here.
+    queues = {
+        queue.id: queue
+        for queue in Queue.objects.filter(id__in=list(queue_states), namespace_id=actor.namespace_id).only(
+            "id", "retired_at", "max_unfinished_tasks"
+        )
+    }
+    app_limit = Application.objects.values_list("max_unfinished_tasks", flat=True).get(id=application_id)
+    app_unfinished = app_state.unfinished_tasks
+    unfinished = {queue_id: state.unfinished_tasks for queue_id, state in queue_states.items()}
+    outcomes: list[Task | OrbitError] = []
+    accepted: list[Task] = []
+    for fields in items:
+        queue = queues.get(fields["queue_id"])
+        if queue is None:
+            outcomes.append(NotFound("queue not found"))
+        elif queue.retired_at is not None:
+            outcomes.append(StateConflict("queue is retired"))
+        elif unfinished[queue.id] >= queue.max_unfinished_tasks or app_unfinished >= app_limit:
+            outcomes.append(QueueFull())
+        else:
+            task = new_task(actor, fields, now)
+            unfinished[queue.id] += 1
+            app_unfinished += 1
+            accepted.append(task)
+            outcomes.append(task)
+    if not accepted:
+        return outcomes
+    Task.objects.bulk_create(accepted)
+    ApplicationState.objects.filter(application_id=application_id).update(
+        unfinished_tasks=F("unfinished_tasks") + len(accepted)
     )
-    TASKS_SUBMITTED.inc()
-    queue_id = queue.id
-    transaction.on_commit(lambda: notify_work_available([queue_id]))
-    return {"task": task_detail(task)}
+    per_queue = Counter(task.queue_id for task in accepted)
+    for queue_id, count in per_queue.items():
+        QueueState.objects.filter(queue_id=queue_id).update(unfinished_tasks=F("unfinished_tasks") + count)
+    Event.objects.bulk_create(
+        [
+            Event(
+                namespace_id=task.namespace_id,
+                type="task.state_changed",
+                subject_id=task.id,
+                data={"queue_id": task.queue_id, "state": TaskState.WAITING},
+            )
+            for task in accepted
+        ]
+    )
+    TASKS_SUBMITTED.inc(len(accepted))
+    woken = list(per_queue)
+    transaction.on_commit(lambda: notify_work_available(woken))
+    return outcomes
 
 
 def notify_work_available(queue_ids: list[str]) -> None:

@@ -1,0 +1,137 @@
+"""submit_batch: many submissions in one transaction, each with its own
+Idempotency-Key and its own result.
+
+Each item is digested exactly as a single POST /v1/tasks would be, so a key
+first used in a batch replays from a single submit and vice versa."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from rest_framework.exceptions import ValidationError
+
+from orbit.api.errors import translate
+from orbit.errors import IdempotencyConflict, OrbitError
+from orbit.idempotency import Actor, request_digest, run_retrying
+from orbit.models import IdempotencyRecord
+from tasks.actions.serialize import task_detail
+from tasks.actions.submit import admit_tasks, check_times
+from tasks.models import Task
+from tasks.serializers import SubmitTaskInput
+
+MAX_BATCH_ITEMS = 500
+# A twin request that commits one of our keys first makes the whole batch
+# transaction fail on the unique index; it is re-read and retried this often.
+TWIN_RETRIES = 3
+
+
+def error_result(key: str, error: OrbitError) -> dict[str, Any]:
+    return {"idempotency_key": key, "status": error.status, "error": {"code": error.code, "message": error.message}}
+
+
+def receipt_result(key: str, status: int, data: dict[str, Any]) -> dict[str, Any]:
+    return {"idempotency_key": key, "status": status, **data}
+
+
+def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
+    queue_id = body.get("queue_id")
+    if isinstance(queue_id, str):
+        actor.principal.require_queue(queue_id)
+    serializer = SubmitTaskInput(data=body)
+    try:
+        serializer.is_valid(raise_exception=True)
+    except ValidationError as exc:
+        raise translate(exc) from exc
+    return serializer.validated_data
+
+
+def submit_batch(*, actor: Actor, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Returns one result per item, in order: a receipt (201, or 200 replayed)
+    or an error with its HTTP status. Accepted items commit together."""
+    results: list[dict[str, Any] | None] = [None] * len(items)
+    digests = [request_digest("task.submit", "", body) for _, body in items]
+    for attempt in range(TWIN_RETRIES):
+        pending: list[tuple[int, dict[str, Any]]] = []
+        records = {
+            record.key: record
+            for record in IdempotencyRecord.objects.filter(
+                namespace_id=actor.namespace_id, key__in=[key for key, _ in items]
+            )
+        }
+        now = timezone.now()
+        for index, (key, body) in enumerate(items):
+            if results[index] is not None:
+                continue
+            try:
+                record = records.get(key)
+                if record is not None:
+                    if record.operation != "task.submit" or record.digest != digests[index]:
+                        raise IdempotencyConflict("Idempotency-Key was already used for a different request")
+                    results[index] = receipt_result(key, 200, {**record.response_data, "deduplicated": True})
+                    continue
+                fields = _validated(actor, body)
+                check_times(fields, now)
+                pending.append((index, fields))
+            except OrbitError as error:
+                results[index] = error_result(key, error)
+        if not pending:
+            break
+        try:
+            accepted = run_retrying(lambda pending=pending: _apply(actor, items, digests, pending))
+        except IntegrityError:
+            if attempt == TWIN_RETRIES - 1:
+                raise
+            continue
+        for index, result in accepted.items():
+            results[index] = result
+        break
+    return [result for result in results if result is not None]
+
+
+@transaction.atomic(durable=True)
+def _apply(
+    actor: Actor,
+    items: list[tuple[str, dict[str, Any]]],
+    digests: list[str],
+    pending: list[tuple[int, dict[str, Any]]],
+) -> dict[int, dict[str, Any]]:
+    # Placeholders first, as for a single submit: a twin waits on the unique
+    # index holding no other lock. Key order makes overlapping batches queue
+    # behind each other instead of deadlocking.
+    IdempotencyRecord.objects.bulk_create(
+        [
+            IdempotencyRecord(
+                namespace_id=actor.namespace_id,
+                key=items[index][0],
+                operation="task.submit",
+                digest=digests[index],
+                response_status=0,
+                response_data={},
+                request_id=actor.request_id,
+            )
+            for index, _ in sorted(pending, key=lambda entry: items[entry[0]][0])
+        ]
+    )
+    outcomes = admit_tasks(actor=actor, items=[fields for _, fields in pending], now=timezone.now())
+    results: dict[int, dict[str, Any]] = {}
+    refused_keys: list[str] = []
+    receipts: dict[str, dict[str, Any]] = {}
+    for (index, _), outcome in zip(pending, outcomes, strict=True):
+        key = items[index][0]
+        if isinstance(outcome, Task):
+            receipts[key] = {"deduplicated": False, "task": task_detail(outcome)}
+            results[index] = receipt_result(key, 201, receipts[key])
+        else:
+            refused_keys.append(key)
+            results[index] = error_result(key, outcome)
+    if refused_keys:  # a refused item stores no record
+        IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=refused_keys).delete()
+    if receipts:
+        records = list(IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=list(receipts)))
+        for record in records:
+            record.response_status = 201
+            record.response_data = receipts[record.key]
+        IdempotencyRecord.objects.bulk_update(records, ["response_status", "response_data"])
+    return results

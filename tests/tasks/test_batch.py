@@ -1,0 +1,127 @@
+"""POST /v1/tasks:batch: one transaction, per-item idempotency and results."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from orbit.models import IdempotencyRecord
+from queues.models import QueueState
+from tasks.invariants import find_violations
+from tasks.models import Task
+from tests.conftest import api_client, post_json
+
+
+def make_queue(tenant, name="batch", **limits):
+    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
+    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["queue"]
+
+
+def task_body(queue_id, n, **extra):
+    return {
+        "queue_id": queue_id,
+        "handler": "h",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {"n": n},
+        **extra,
+    }
+
+
+def post_batch(client, items):
+    return post_json(client, "/v1/tasks:batch", {"tasks": items})
+
+
+@pytest.mark.django_db
+def test_batch_accepts_each_item_with_its_own_receipt(tenant):
+    queue = make_queue(tenant)
+    items = [{"idempotency_key": f"b-{n}", "task": task_body(queue["id"], n)} for n in range(5)]
+    response = post_batch(tenant.client, items)
+    assert response.status_code == 200, response.content
+    results = response.json()["data"]["results"]
+    assert [r["idempotency_key"] for r in results] == [f"b-{n}" for n in range(5)]
+    assert all(r["status"] == 201 and r["deduplicated"] is False for r in results)
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 5
+    assert QueueState.objects.get(queue_id=queue["id"]).unfinished_tasks == 5
+    # a key of the batch replays through the single endpoint, and the reverse
+    single = post_json(tenant.client, "/v1/tasks", task_body(queue["id"], 2), key="b-2")
+    assert single.status_code == 200 and single.json()["data"]["task"] == results[2]["task"]
+    again = post_batch(tenant.client, items)
+    assert all(r["status"] == 200 and r["deduplicated"] is True for r in again.json()["data"]["results"])
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 5
+
+
+@pytest.mark.django_db
+def test_batch_items_fail_alone_and_refused_items_store_nothing(tenant):
+    queue = make_queue(tenant, max_unfinished_tasks=2)
+    post_json(tenant.client, "/v1/tasks", task_body(queue["id"], 0), key="first")
+    items = [
+        {"idempotency_key": "ok", "task": task_body(queue["id"], 1)},
+        {"idempotency_key": "bad", "task": task_body(queue["id"], 2, priority=10)},
+        {"idempotency_key": "full", "task": task_body(queue["id"], 3)},
+        {"idempotency_key": "first", "task": task_body(queue["id"], 99)},
+        {"idempotency_key": "nowhere", "task": task_body("0" * 32, 4)},
+    ]
+    results = post_batch(tenant.client, items).json()["data"]["results"]
+    assert [r["status"] for r in results] == [201, 400, 429, 409, 404]
+    assert "priority" in results[1]["error"]["message"]
+    assert results[2]["error"] == {
+        "code": "QUEUE_FULL",
+        "message": "queue unfinished task limit reached; retry later using the original identity",
+    }
+    assert results[3]["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+    assert not IdempotencyRecord.objects.filter(key__in=["bad", "full", "nowhere"]).exists()
+    assert QueueState.objects.get(queue_id=queue["id"]).unfinished_tasks == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"tasks": []}, "tasks"),
+        ({"tasks": "x"}, "tasks"),
+        ({"tasks": [{"idempotency_key": "a"}]}, "tasks[0]"),
+        ({"tasks": [{"idempotency_key": "", "task": {}}]}, "tasks[0].idempotency_key"),
+        ({"tasks": [{"idempotency_key": 5, "task": {}}]}, "tasks[0].idempotency_key"),
+        (
+            {"tasks": [{"idempotency_key": "a", "task": {}}, {"idempotency_key": "a", "task": {}}]},
+            "tasks[1].idempotency_key",
+        ),
+        ({"tasks": [{"idempotency_key": "a", "task": []}]}, "tasks[0].task"),
+        ({"tasks": [], "extra": 1}, "extra"),
+    ],
+)
+def test_malformed_batches_are_refused_whole(tenant, body, field):
+    response = post_json(tenant.client, "/v1/tasks:batch", body)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "INVALID_ARGUMENT"
+    assert response.json()["error"]["message"].startswith(field)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_batches_sharing_keys_create_each_task_once(tenant):
+    queue = make_queue(tenant)
+    items = [{"idempotency_key": f"shared-{n}", "task": task_body(queue["id"], n)} for n in range(40)]
+    statuses: list[list[int]] = []
+    barrier = threading.Barrier(6)
+
+    def send(offset):
+        client = api_client(tenant.token)
+        rotated = items[offset:] + items[:offset]
+        barrier.wait()
+        response = post_batch(client, rotated)
+        statuses.append([r["status"] for r in response.json()["data"]["results"]])
+        connection.close()
+
+    threads = [threading.Thread(target=send, args=(n * 7,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(statuses) == 6
+    assert all(set(s) <= {200, 201} for s in statuses)
+    assert sum(s.count(201) for s in statuses) == 40
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 40
+    assert find_violations() == []
