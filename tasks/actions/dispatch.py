@@ -123,6 +123,8 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
             continue
         token = None
         key_row = key_rows.get(task.concurrency_key) if task.concurrency_key else None
+        if task.concurrency_key and key_row is None:
+            continue  # never lease a keyed task without its key permit
         if key_row is not None:
             if key_row.holder_attempt_id or key_row.version > MAX_LEASABLE_KEY_VERSION:
                 # Held (by a twin in this batch or a lease that won the race),
