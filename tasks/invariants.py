@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from orbit.models import ApplicationState
 from queues.models import QueueState
@@ -110,6 +110,28 @@ def find_violations() -> list[str]:
         if max_token is not None and max_token > row.version:
             problems.append(f"key {ident}: token {max_token} issued beyond row version {row.version}")
     problems.extend(token_order_violations())
+    problems.extend(readiness_violations())
+    return problems
+
+
+def readiness_violations() -> list[str]:
+    """Every (namespace, key, queue) with waiting tasks has exactly one ready;
+    unkeyed tasks are always ready."""
+    problems = []
+    unready_unkeyed = Task.objects.filter(concurrency_key="", key_ready=False).count()
+    if unready_unkeyed:
+        problems.append(f"{unready_unkeyed} unkeyed tasks are not key_ready")
+    groups = (
+        Task.objects.filter(state=TaskState.WAITING)
+        .exclude(concurrency_key="")
+        .values("namespace_id", "concurrency_key", "queue_id")
+        .annotate(ready=Count("id", filter=Q(key_ready=True)))
+    )
+    for group in groups:
+        if group["ready"] != 1:
+            problems.append(
+                f"key {group['concurrency_key']!r} in queue {group['queue_id']}: {group['ready']} ready waiting tasks"
+            )
     return problems
 
 

@@ -49,6 +49,10 @@ class Task(models.Model):
     concurrency_key = BinaryCharField(
         max_length=191, blank=True, default="", db_comment="资源键，受理时冻结；空串表示不参与资源互斥"
     )
+    key_ready = models.BooleanField(
+        default=True,
+        db_comment="资源键就绪：同一命名空间、资源键和队列的等待任务中只有一个为真，其余不进入领取扫描；无键任务恒为真",
+    )
     priority = models.PositiveSmallIntegerField(default=5, db_comment="优先级 0–9，越大越先领取")
     state = models.CharField(max_length=16, choices=TaskState.choices, db_comment="任务状态")
     attempts = models.PositiveIntegerField(default=0, db_comment="已批准 Start 的尝试次数")
@@ -73,9 +77,15 @@ class Task(models.Model):
         db_table_comment = "任务：受理后冻结的定义与当前状态"
         indexes = [
             # Matches the lease ORDER BY so one queue's scan stops at LIMIT.
-            models.Index(fields=["queue_id", "state", "-priority", "available_at", "id"], name="idx_task_dispatch"),
+            models.Index(
+                fields=["queue_id", "state", "key_ready", "-priority", "available_at", "id"], name="idx_task_dispatch"
+            ),
             models.Index(fields=["namespace_id", "queue_id", "created_at"], name="idx_task_ns_queue"),
-            models.Index(fields=["namespace_id", "concurrency_key"], name="idx_task_ns_ckey"),
+            # Finds a key's waiting siblings in one queue, in promotion order.
+            models.Index(
+                fields=["namespace_id", "concurrency_key", "queue_id", "state", "-priority", "available_at", "id"],
+                name="idx_task_ns_ckey",
+            ),
             models.Index(fields=["namespace_id", "business_key"], name="idx_task_ns_bkey"),
             models.Index(fields=["state", "start_deadline_at"], name="idx_task_start_deadline"),
             models.Index(fields=["state", "deadline_at"], name="idx_task_deadline"),

@@ -21,6 +21,7 @@ from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import Application, ApplicationState, Event
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
+from tasks.actions.readiness import promote_next
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys, lock_task
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
@@ -62,7 +63,9 @@ def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
 
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
-    tasks = Task.objects.filter(queue_id=queue_id, state=TaskState.WAITING, available_at__lte=now).filter(
+    tasks = Task.objects.filter(
+        queue_id=queue_id, state=TaskState.WAITING, key_ready=True, available_at__lte=now
+    ).filter(
         Q(deadline_at__isnull=True) | Q(deadline_at__gt=now)
     )
     if worker.concurrency_keys:
@@ -161,6 +164,10 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
 
     Attempt.objects.bulk_create([attempt for _, attempt in chosen])
     Task.objects.bulk_update([task for task, _ in chosen], ["state", "epoch", "updated_at"])
+    for task, _ in chosen:  # each was its key's ready task in its queue: hand the role on
+        promote_next(
+            namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
+        )
     ApplicationState.objects.filter(application_id=worker.application_id).update(
         active_attempts=F("active_attempts") + len(chosen)
     )

@@ -17,8 +17,17 @@ from orbit.metrics import ATTEMPTS_FINISHED
 from orbit.models import ApplicationState
 from queues.locks import lock_queue_states
 from queues.models import QueueState
+from tasks.actions.readiness import enter_waiting, promote_next
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys, lock_task
-from tasks.models import ACTIVE_ATTEMPT_STATES, FINAL_TASK_STATES, Attempt, AttemptState, ConcurrencyKey, Task
+from tasks.models import (
+    ACTIVE_ATTEMPT_STATES,
+    FINAL_TASK_STATES,
+    Attempt,
+    AttemptState,
+    ConcurrencyKey,
+    Task,
+    TaskState,
+)
 
 
 @dataclass
@@ -112,6 +121,10 @@ def move_task(task: Task, state: str, *, now: datetime, **fields: Any) -> None:
     for name, value in fields.items():
         setattr(task, name, value)
     changed = ["state", "updated_at", *fields]
+    left_ready_set = previous == TaskState.WAITING and state != TaskState.WAITING and task.key_ready
+    if state == TaskState.WAITING and previous != TaskState.WAITING:
+        task.key_ready = enter_waiting(task, now)
+        changed.append("key_ready")
     if state in FINAL_TASK_STATES and previous not in FINAL_TASK_STATES:
         task.finished_at = now
         changed.append("finished_at")
@@ -120,6 +133,10 @@ def move_task(task: Task, state: str, *, now: datetime, **fields: Any) -> None:
         )
         QueueState.objects.filter(queue_id=task.queue_id).update(unfinished_tasks=F("unfinished_tasks") - 1)
     task.save(update_fields=changed)
+    if left_ready_set:
+        promote_next(
+            namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
+        )
     emit_event(
         namespace_id=task.namespace_id,
         type="task.state_changed",

@@ -16,6 +16,7 @@ from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import Application, ApplicationState, Event
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
+from tasks.actions.readiness import admit_readiness
 from tasks.actions.serialize import task_detail
 from tasks.locks import lock_application_state
 from tasks.models import Task, TaskState
@@ -115,6 +116,7 @@ def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> 
             outcomes.append(task)
     if not accepted:
         return outcomes
+    admit_readiness(accepted, now)
     Task.objects.bulk_create(accepted)
     ApplicationState.objects.filter(application_id=application_id).update(
         unfinished_tasks=F("unfinished_tasks") + len(accepted)

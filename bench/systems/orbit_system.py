@@ -1,0 +1,444 @@
+"""Orbit under the benchmark contract (bench/systems/__init__.py).
+
+Orbit runs as a user runs it: `daphne orbit.asgi:application` against a fresh
+MariaDB database, real SDK Worker processes (bench/systems/orbit_worker.py),
+HTTP submitters in this process. W0 and W5 run in-process scripts with Orbit's
+interpreter (orbit_shapes.py, orbit_backlog.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import common
+import httpx
+
+NAME = "orbit"
+DURABILITY = (
+    "a submit is answered after its MariaDB transaction commits (innodb_flush_log_at_trx_commit=1, "
+    "redo fsynced per commit); every lease, start and result is its own committed transaction; a crash "
+    "of any process loses nothing acknowledged"
+)
+WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
+NOTES = {
+    "W1": "submit = one POST /v1/tasks per task; drain = backlog pre-loaded with POST /v1/tasks:batch",
+    "W2": "backlog pre-loaded with :batch, then drained; overlap and token order checked on the attempts table",
+    "W3": "rate_per_second is a database window shared by all nodes; workers report starts after Start approval",
+    "W4": "unstarted leases of the killed worker are re-leased after lease expiry; its running attempts become "
+    "NEEDS_REVIEW (effect unknown), never re-run blindly",
+    "W5": "lease transaction timed in-process on MariaDB; the large backlog is inserted with SQL, not HTTP",
+}
+CONFIG = {"server_processes": 1, "db_threads": int(os.environ.get("ORBIT_DB_THREADS", "8")), "sdk": "orbit_sdk.Worker"}
+
+HERE = Path(__file__).resolve().parent
+FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"}
+
+
+class Server:
+    def __init__(self, database: str) -> None:
+        self.database = common.fresh_mariadb(database)
+        self.port = common.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "ORBIT_MYSQL_DSN": f"mysql://root:@127.0.0.1:3306/{self.database}",
+            "ORBIT_HTTP_ADDR": f"127.0.0.1:{self.port}",
+        }
+        self.work = common.work_dir(f"orbit-{database}")
+        subprocess.run(
+            [str(common.ORBIT_PYTHON), "manage.py", "migrate", "-v0"], cwd=common.ROOT, env=self.env, check=True
+        )
+        credentials = self.work / "credentials.json"
+        credentials.unlink(missing_ok=True)
+        subprocess.run(
+            [
+                str(common.ORBIT_PYTHON),
+                "manage.py",
+                "orbit_bootstrap",
+                "--application",
+                "bench",
+                "--namespace",
+                "bench",
+                "--environment",
+                "bench",
+                "--queue",
+                "bootstrap",
+                "--worker-access",
+                "--output",
+                str(credentials),
+            ],
+            cwd=common.ROOT,
+            env=self.env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        self.token = json.loads(credentials.read_text())["token"]
+        self.proc = common.spawn(
+            [
+                str(common.ORBIT_PYTHON),
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "orbit.asgi:application",
+            ],
+            env=self.env,
+            cwd=common.ROOT,
+            log=self.work / "server.log",
+        )
+        if not common.wait_until(lambda: common.tcp_up(self.port), 30):
+            raise RuntimeError("orbit server did not start")
+        self.http = httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
+
+    async def create_queue(self, name: str, **limits: int) -> str:
+        body = {
+            "name": name,
+            "max_concurrency": 100000,
+            "rate_per_second": 1000000,
+            "max_unfinished_tasks": 1000000,
+            **limits,
+        }
+        response = await self.http.post("/v1/queues", json=body, headers={"Idempotency-Key": f"queue-{name}"})
+        response.raise_for_status()
+        return response.json()["data"]["queue"]["id"]
+
+    async def preload(self, queue_id: str, labels: list[str], extra=lambda label: {}) -> None:
+        for start in range(0, len(labels), 500):
+            items = [
+                {"idempotency_key": f"pre-{label}", "task": task_body(queue_id, label, **extra(label))}
+                for label in labels[start : start + 500]
+            ]
+            response = await self.http.post("/v1/tasks:batch", json={"tasks": items})
+            response.raise_for_status()
+            bad = [r for r in response.json()["data"]["results"] if r["status"] not in (200, 201)]
+            if bad:
+                raise RuntimeError(f"preload refused: {bad[:3]}")
+
+    def workers(
+        self,
+        queue_ids: list[str],
+        count: int,
+        capacity: int,
+        events: common.EventLog,
+        role: str = "w",
+        ledger: Path | None = None,
+    ) -> list[subprocess.Popen]:
+        procs = []
+        for n in range(count):
+            argv = [
+                str(common.ORBIT_PYTHON),
+                str(HERE / "orbit_worker.py"),
+                self.url,
+                self.token,
+                ",".join(queue_ids),
+                str(capacity),
+                f"{role}-{n}-{time.time_ns()}",
+            ]
+            if ledger:
+                argv.append(str(ledger))
+            procs.append(
+                common.spawn(
+                    argv,
+                    env={**os.environ, **events.env(role)},
+                    cwd=common.ROOT,
+                    log=self.work / f"worker-{role}-{n}.log",
+                )
+            )
+        return procs
+
+    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        db = common.mariadb_connect(self.database)
+        try:
+            cursor = db.cursor()
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        finally:
+            db.close()
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        common.stop_process(self.proc)
+        common.drop_mariadb(self.database)
+
+
+def task_body(queue_id: str, label: str, **extra: object) -> dict:
+    return {
+        "queue_id": queue_id,
+        "handler": "noop",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {"k": label, **extra.pop("payload", {})},
+        **extra,
+    }
+
+
+def wait_done(events: common.EventLog, labels: list[str], deadline: float) -> None:
+    while events.poll().done_count(labels) < len(labels):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{events.done_count(labels)}/{len(labels)} tasks done before the deadline")
+        time.sleep(0.05)
+
+
+def wait_ready(events: common.EventLog, count: int, deadline: float) -> None:
+    while len(events.poll().ready) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError("workers did not start")
+        time.sleep(0.05)
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        common.stop_process(proc, timeout=5)
+
+
+async def submit_one_by_one(server: Server, queue_id: str, labels: list[str], submitters: int) -> dict[str, float]:
+    sent: dict[str, float] = {}
+    pending = iter(labels)
+
+    async def submitter() -> None:
+        for label in pending:
+            sent[label] = common.now()
+            response = await server.http.post(
+                "/v1/tasks", json=task_body(queue_id, label), headers={"Idempotency-Key": f"w1-{label}"}
+            )
+            if response.status_code != 201:
+                raise RuntimeError(f"submit refused: {response.status_code} {response.text}")
+
+    await asyncio.gather(*(submitter() for _ in range(submitters)))
+    return sent
+
+
+async def w1(scale: dict, deadline: float) -> dict:
+    server = Server(f"bench_orbit_w1_{scale['run']}")
+    procs: list[subprocess.Popen] = []
+    try:
+        queue_id = await server.create_queue("w1")
+        events = common.EventLog(common.work_dir(f"orbit-w1-events-{time.time_ns()}"))
+        procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
+        wait_ready(events, scale["workers"], deadline)
+        labels = [f"t{n}" for n in range(scale["tasks"])]
+        meter = common.CpuMeter([server.proc.pid], ["mariadb"]).start()
+        began = common.now()
+        sent = await submit_one_by_one(server, queue_id, labels, scale["submitters"])
+        submitted = common.now()
+        wait_done(events, labels, deadline)
+        meter.stop()
+        finished = max(events.dones[label][0][0] for label in labels)
+        result = {
+            "tasks": len(labels),
+            "seconds": round(finished - began, 3),
+            "tasks_per_s": round(len(labels) / (finished - began), 1),
+            "submit_per_s": round(len(labels) / (submitted - began), 1),
+            **common.latency_metrics([events.starts[label][0][0] - sent[label] for label in labels]),
+            **meter.per_1k(len(labels)),
+        }
+        stop_all(procs)
+        drain_queue = await server.create_queue("w1-drain")
+        drain_labels = [f"d{n}" for n in range(scale["tasks"])]
+        await server.preload(drain_queue, drain_labels)
+        drain_events = common.EventLog(common.work_dir(f"orbit-w1-drain-{time.time_ns()}"))
+        began = common.now()
+        procs = server.workers([drain_queue], scale["workers"], scale["capacity"], drain_events)
+        wait_done(drain_events, drain_labels, deadline)
+        seconds = max(drain_events.dones[label][0][0] for label in drain_labels) - began
+        result.update(
+            drain_tasks=len(drain_labels),
+            drain_seconds=round(seconds, 3),
+            drain_tasks_per_s=round(len(drain_labels) / seconds, 1),
+        )
+        return result
+    finally:
+        stop_all(procs)
+        await server.close()
+
+
+def key_checks(server: Server, queue_id: str) -> tuple[bool, int, bool]:
+    rows = server.query(
+        "SELECT concurrency_key, leased_at, finished_at, concurrency_token FROM orbit_attempt "
+        "WHERE queue_id=%s ORDER BY concurrency_key, leased_at, concurrency_token",
+        (queue_id,),
+    )
+    intervals = [(key, leased.timestamp(), (finished or leased).timestamp()) for key, leased, finished, _ in rows]
+    overlap_ok, overlaps = common.overlap_check(intervals)
+    increasing = True
+    last: dict[str, int] = {}
+    for key, _, _, token in rows:
+        if token is None or token <= last.get(key, 0):
+            increasing = False
+        last[key] = token or 0
+    return overlap_ok, overlaps, increasing
+
+
+async def w2(scale: dict, deadline: float) -> dict:
+    server = Server(f"bench_orbit_w2_{scale['run']}")
+    result: dict = {"tasks": scale["tasks"], "overlap_ok": True, "overlaps": 0, "tokens_increasing": True}
+    try:
+        for keys in scale["keys"]:
+            queue_id = await server.create_queue(f"w2-{keys}")
+            labels = [f"k{keys}-{n}" for n in range(scale["tasks"])]
+            await server.preload(
+                queue_id,
+                labels,
+                lambda label, keys=keys: {"concurrency_key": f"object/{int(label.rsplit('-', 1)[1]) % keys}"},
+            )
+            events = common.EventLog(common.work_dir(f"orbit-w2-{keys}-{time.time_ns()}"))
+            began = common.now()
+            procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
+            try:
+                wait_done(events, labels, deadline)
+            finally:
+                stop_all(procs)
+            seconds = max(events.dones[label][0][0] for label in labels) - began
+            result[f"tasks_per_s_keys{keys}"] = round(len(labels) / seconds, 1)
+            overlap_ok, overlaps, increasing = key_checks(server, queue_id)
+            result["overlap_ok"] = result["overlap_ok"] and overlap_ok
+            result["overlaps"] += overlaps
+            result["tokens_increasing"] = result["tokens_increasing"] and increasing
+        return result
+    finally:
+        await server.close()
+
+
+async def w3(scale: dict, deadline: float) -> dict:
+    server = Server(f"bench_orbit_w3_{scale['run']}")
+    procs: list[subprocess.Popen] = []
+    try:
+        rate, seconds = scale["rate"], scale["rate_seconds"]
+        queue_id = await server.create_queue("w3", rate_per_second=rate)
+        labels = [f"r{n}" for n in range(int(rate * (seconds + 5) * 1.5))]  # more demand than the limit
+        await server.preload(queue_id, labels)
+        events = common.EventLog(common.work_dir(f"orbit-w3-{time.time_ns()}"))
+        procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
+        end = time.monotonic() + seconds + 3
+        while time.monotonic() < min(end, deadline):
+            time.sleep(0.2)
+        starts = [record[0] for records in events.poll().starts.values() for record in records]
+        t0 = min(starts) + 1.0  # skip the first window while workers connect
+        return common.rate_metrics(starts, rate, seconds, t0)
+    finally:
+        stop_all(procs)
+        await server.close()
+
+
+async def w4(scale: dict, deadline: float) -> dict:
+    server = Server(f"bench_orbit_w4_{scale['run']}")
+    procs: list[subprocess.Popen] = []
+    try:
+        queue_id = await server.create_queue("w4")
+        labels = [f"c{n}" for n in range(scale["crash_tasks"])]
+        await server.preload(
+            queue_id,
+            labels,
+            lambda label: {
+                "concurrency_key": f"object/{label}",
+                "lease_seconds": scale["lease_seconds"],
+                "payload": {"sleep": 0.3},
+            },
+        )
+        events = common.EventLog(common.work_dir(f"orbit-w4-{time.time_ns()}"))
+        ledger = server.work / "ledger.json"
+        victim = server.workers([queue_id], 1, 16, events, role="victim", ledger=ledger)[0]
+        wait_ready(events, 1, deadline)
+        while sum(1 for records in events.poll().starts.values() for r in records if r[2] == "victim") < 8:
+            time.sleep(0.02)
+        t_kill = common.now()
+        common.kill9(victim)
+        procs = server.workers([queue_id], 1, 16, events, role="survivor", ledger=ledger)
+        held = server.query(
+            "SELECT a.task_id, a.state, a.started_at IS NOT NULL FROM orbit_attempt a "
+            "WHERE a.queue_id=%s AND a.worker_id LIKE 'victim-%%' AND a.leased_at <= FROM_UNIXTIME(%s) "
+            "AND (a.finished_at IS NULL OR a.finished_at > FROM_UNIXTIME(%s))",
+            (queue_id, t_kill, t_kill),
+        )
+        while True:
+            states = dict(
+                server.query("SELECT state, COUNT(*) FROM orbit_task WHERE queue_id=%s GROUP BY state", (queue_id,))
+            )
+            if sum(count for state, count in states.items() if state in FINAL) == len(labels):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tasks not settled: {states}")
+            time.sleep(0.1)
+        held_unstarted = [task_id for task_id, _, started in held if not started]
+        releases = server.query(
+            "SELECT task_id, MIN(leased_at) FROM orbit_attempt WHERE queue_id=%s AND worker_id LIKE 'survivor-%%' "
+            "GROUP BY task_id",
+            (queue_id,),
+        )
+        re_leased = {
+            task_id: leased.timestamp() - t_kill for task_id, leased in releases if task_id in set(held_unstarted)
+        }
+        succeeded_twice = server.query(
+            "SELECT COUNT(*) FROM (SELECT task_id FROM orbit_attempt WHERE queue_id=%s AND state='SUCCEEDED' "
+            "GROUP BY task_id HAVING COUNT(*) > 1) twice",
+            (queue_id,),
+        )[0][0]
+        ledger_state = json.loads(ledger.read_text() or "{}") if ledger.exists() else {}
+        executions = sum(len(records) for records in events.starts.values())
+        return {
+            "tasks": len(labels),
+            "held_total": len(held),
+            "held_running": len(held) - len(held_unstarted),
+            "needs_review": states.get("NEEDS_REVIEW", 0),
+            "first_rerun_s": round(min(re_leased.values()), 3) if re_leased else None,
+            "relapse_s": round(max(re_leased.values()), 3)
+            if len(re_leased) == len(held_unstarted) and re_leased
+            else None,
+            "lost": len(labels) - sum(count for state, count in states.items() if state in FINAL),
+            "duplicates": succeeded_twice,
+            "extra_executions": executions - len(labels),
+            "stale_writes_rejected": ledger_state.get("rejected", 0),
+            "fenced_writes": ledger_state.get("writes", 0),
+        }
+    finally:
+        stop_all(procs)
+        await server.close()
+
+
+def in_process(script: str, *args: str, timeout: float) -> dict:
+    out = subprocess.run(
+        [str(common.ORBIT_PYTHON), str(HERE / script), *args],
+        cwd=common.ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{script} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run(workload: str, scale: dict) -> dict:
+    deadline = time.monotonic() + scale["deadline_s"]
+    if workload == "W0":
+        return in_process(
+            "orbit_shapes.py",
+            "--seconds",
+            str(scale["w0_seconds"]),
+            "--run",
+            str(scale["run"]),
+            timeout=scale["deadline_s"],
+        )
+    if workload == "W5":
+        return in_process(
+            "orbit_backlog.py",
+            "--small",
+            str(scale["backlog_small"]),
+            "--large",
+            str(scale["backlog_large"]),
+            "--samples",
+            str(scale["lease_samples"]),
+            "--run",
+            str(scale["run"]),
+            timeout=scale["deadline_s"],
+        )
+    runner = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}[workload]
+    return asyncio.run(runner(scale, deadline))

@@ -1,0 +1,93 @@
+"""The ready set of keyed work (SPEC §10): among the WAITING tasks of one
+(namespace, concurrency key, queue), exactly one is `key_ready`; the others
+stay out of the part of the dispatch index the lease scans. A deep backlog
+behind a busy key then costs the lease one row, not one row per task.
+
+The ready task is the best by `rank`: available now beats available later;
+among available tasks the lease order (priority, available_at, id); among
+later ones the earliest. So the ready task is never waiting out a backoff
+while a sibling could run. Unkeyed tasks are always ready.
+
+Every caller holds the application_state lock, which serializes all changes
+to an application's WAITING sets (submit, lease, attempt endings, cancel,
+deadline sweeps), so these checks cannot race each other."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from tasks.models import Task, TaskState
+
+
+def rank(task: Task, now: datetime) -> tuple[Any, ...]:
+    if task.available_at <= now:
+        return (0, -task.priority, task.available_at, task.id)
+    return (1, task.available_at, -task.priority, task.id)
+
+
+def _siblings(task: Task) -> Any:
+    return Task.objects.filter(
+        namespace_id=task.namespace_id,
+        concurrency_key=task.concurrency_key,
+        queue_id=task.queue_id,
+        state=TaskState.WAITING,
+    ).exclude(id=task.id)
+
+
+def enter_waiting(task: Task, now: datetime) -> bool:
+    """Decides `key_ready` for a task (re-)entering WAITING; may demote the
+    sibling it outranks. Returns the value to store."""
+    if not task.concurrency_key:
+        return True
+    current = _siblings(task).filter(key_ready=True).only("id", "priority", "available_at").first()
+    if current is None:
+        return True
+    if rank(task, now) < rank(current, now):
+        Task.objects.filter(id=current.id).update(key_ready=False)
+        return True
+    return False
+
+
+def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now: datetime) -> None:
+    """After the ready task of a (key, queue) left WAITING: make the best waiting sibling ready."""
+    if not concurrency_key:
+        return
+    waiting = Task.objects.filter(
+        namespace_id=namespace_id, concurrency_key=concurrency_key, queue_id=queue_id, state=TaskState.WAITING
+    )
+    if waiting.filter(key_ready=True).exists():
+        return
+    blocked = waiting.filter(key_ready=False)
+    chosen = (
+        blocked.filter(available_at__lte=now).order_by("-priority", "available_at", "id").values_list("id", flat=True)
+    ).first() or blocked.order_by("available_at", "-priority", "id").values_list("id", flat=True).first()
+    if chosen is not None:
+        Task.objects.filter(id=chosen).update(key_ready=True)
+
+
+def admit_readiness(tasks: list[Task], now: datetime) -> None:
+    """Sets `key_ready` on new (unsaved) tasks of one submit, against the
+    ready siblings already waiting and each other."""
+    groups: dict[tuple[str, str, str], list[Task]] = {}
+    for task in tasks:
+        task.key_ready = not task.concurrency_key
+        if task.concurrency_key:
+            groups.setdefault((task.namespace_id, task.concurrency_key, task.queue_id), []).append(task)
+    for (namespace_id, key, queue_id), group in groups.items():
+        current = (
+            Task.objects.filter(
+                namespace_id=namespace_id,
+                concurrency_key=key,
+                queue_id=queue_id,
+                state=TaskState.WAITING,
+                key_ready=True,
+            )
+            .only("id", "priority", "available_at")
+            .first()
+        )
+        best = min(group, key=lambda task: rank(task, now))
+        if current is None or rank(best, now) < rank(current, now):
+            best.key_ready = True
+            if current is not None:
+                Task.objects.filter(id=current.id).update(key_ready=False)
