@@ -85,6 +85,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task | None = None
         self.inflight: set[asyncio.Task] = set()
+        # Held by the dispatcher from lease to sent assignments, and by drain:
+        # so drain.ok is never followed by an assignment leased before it.
+        self.lease_lock = asyncio.Lock()
         headers = dict(self.scope.get("headers") or [])
         raw = headers.get(b"authorization")
         try:
@@ -261,7 +264,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return reply
 
     async def on_drain(self, message: dict[str, Any]) -> dict[str, Any]:
-        self.draining = True
+        async with self.lease_lock:
+            self.draining = True
         self.wake.set()
         return {}
 
@@ -294,10 +298,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 else:
                     free = self.capacity - len(self.held)
                     if free > 0:
-                        assignments = await run_db(dispatch.lease_tasks, worker=self.worker, limit=free)
-                        for entry in assignments:
-                            self.held.add(entry["attempt_id"])
-                            await self.send_json({"type": "task.assign", "id": entry["attempt_id"], **entry})
+                        async with self.lease_lock:
+                            assignments = []
+                            if not self.draining:
+                                assignments = await run_db(dispatch.lease_tasks, worker=self.worker, limit=free)
+                            for entry in assignments:
+                                self.held.add(entry["attempt_id"])
+                                await self.send_json({"type": "task.assign", "id": entry["attempt_id"], **entry})
                         if len(assignments) == min(free, dispatch.LEASE_BATCH_MAX):
                             continue  # a full batch: there may be more right now
                 self.wake.clear()

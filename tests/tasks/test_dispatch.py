@@ -1,0 +1,177 @@
+"""The dispatch verbs directly (lease_tasks, approve_start): what a lease may
+take, and the checks Start repeats under its lock (SPEC §6, §10)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+
+from orbit.errors import LeaseLost, QueuePaused, RateLimited
+from orbit.fields import new_id
+from queues.models import QueueState
+from tasks.actions import dispatch
+from tasks.actions.dispatch import WorkerContext
+from tasks.models import Attempt, Task
+from tests.tasks.support import (
+    Background,
+    assert_invariants,
+    configure_queue,
+    counters,
+    in_seconds,
+    make_queue,
+    now,
+    submit_ok,
+)
+
+
+def worker_for(tenant, *queue_ids: str, keys: bool = True, handlers: tuple = (), worker_id: str = "w") -> WorkerContext:
+    return WorkerContext(
+        namespace_id=tenant.namespace_id,
+        application_id=tenant.namespace.application_id,
+        worker_id=worker_id,
+        session_id=new_id(),
+        queue_ids=tuple(queue_ids),
+        handlers=handlers,
+        concurrency_keys=keys,
+    )
+
+
+def leased_task_ids(assignments: list[dict]) -> list[str]:
+    return [a["task"]["id"] for a in assignments]
+
+
+@pytest.mark.django_db
+def test_higher_priority_first_then_oldest(tenant):
+    queue = make_queue(tenant.client)
+    low = submit_ok(tenant.client, queue["id"], "low", priority=1)
+    old = submit_ok(tenant.client, queue["id"], "old", priority=5, available_at=in_seconds(-20))
+    new = submit_ok(tenant.client, queue["id"], "new", priority=5, available_at=in_seconds(-10))
+    high = submit_ok(tenant.client, queue["id"], "high", priority=9)
+    worker = worker_for(tenant, queue["id"])
+    order = [leased_task_ids(dispatch.lease_tasks(worker=worker, limit=1))[0] for _ in range(4)]
+    assert order == [high["id"], old["id"], new["id"], low["id"]]
+
+
+@pytest.mark.django_db
+def test_lease_takes_at_most_the_queue_headroom(tenant):
+    # given max_concurrency 3 and ten waiting tasks
+    queue = make_queue(tenant.client, max_concurrency=3, rate_per_second=1000)
+    for i in range(10):
+        submit_ok(tenant.client, queue["id"], f"t-{i}")
+    worker = worker_for(tenant, queue["id"])
+    # then one lease takes 3, the next none
+    assert len(dispatch.lease_tasks(worker=worker, limit=10)) == 3
+    assert dispatch.lease_tasks(worker=worker, limit=10) == []
+    state = counters(queue["id"])
+    assert state["active_permits"] == 3 and state["reserved_starts"] == 3 and state["app_active_attempts"] == 3
+    assert_invariants()
+
+
+@pytest.mark.django_db
+def test_lease_reserves_start_rate_room(tenant):
+    # given 2 Starts per second: a lease never creates an attempt that could not start
+    queue = make_queue(tenant.client, max_concurrency=10, rate_per_second=2)
+    for i in range(5):
+        submit_ok(tenant.client, queue["id"], f"t-{i}")
+    worker = worker_for(tenant, queue["id"])
+    first = dispatch.lease_tasks(worker=worker, limit=10)
+    assert len(first) == 2
+    assert dispatch.lease_tasks(worker=worker, limit=10) == []
+    # when both start, the window is used up: still no room
+    for assign in first:
+        dispatch.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=assign["epoch"])
+    assert dispatch.lease_tasks(worker=worker, limit=10) == []
+    assert counters(queue["id"])["window_count"] == 2
+    assert_invariants()
+
+
+@pytest.mark.django_db
+def test_paused_queue_leases_nothing_and_start_is_refused(tenant):
+    queue = make_queue(tenant.client)
+    submit_ok(tenant.client, queue["id"], "t-1")
+    submit_ok(tenant.client, queue["id"], "t-2")
+    worker = worker_for(tenant, queue["id"])
+    (assign,) = dispatch.lease_tasks(worker=worker, limit=1)
+    configure_queue(tenant.client, queue["id"], paused=True)
+    assert dispatch.lease_tasks(worker=worker, limit=5) == []
+    with pytest.raises(QueuePaused):
+        dispatch.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=1)
+    assert Attempt.objects.get(id=assign["attempt_id"]).state == "LEASED"
+
+
+@pytest.mark.django_db
+def test_not_yet_available_and_expired_tasks_are_not_leased(tenant):
+    queue = make_queue(tenant.client)
+    submit_ok(tenant.client, queue["id"], "later", available_at=in_seconds(60))
+    past_deadline = submit_ok(tenant.client, queue["id"], "late", deadline_at=in_seconds(60))
+    Task.objects.filter(id=past_deadline["id"]).update(deadline_at=now() - timedelta(seconds=1))
+    assert dispatch.lease_tasks(worker=worker_for(tenant, queue["id"]), limit=5) == []
+
+
+@pytest.mark.django_db
+def test_keyless_worker_never_gets_keyed_tasks(tenant):
+    queue = make_queue(tenant.client)
+    keyed = submit_ok(tenant.client, queue["id"], "keyed", concurrency_key="printer", priority=9)
+    plain = submit_ok(tenant.client, queue["id"], "plain")
+    assert leased_task_ids(dispatch.lease_tasks(worker=worker_for(tenant, queue["id"], keys=False), limit=5)) == [
+        plain["id"]
+    ]
+    assert Task.objects.get(id=keyed["id"]).state == "WAITING"
+
+
+@pytest.mark.django_db
+def test_rate_limited_start_changes_nothing(tenant):
+    # given two leased tasks and the rate lowered to 1 after the lease
+    queue = make_queue(tenant.client, max_concurrency=10, rate_per_second=100)
+    for i in range(2):
+        submit_ok(tenant.client, queue["id"], f"t-{i}")
+    worker = worker_for(tenant, queue["id"])
+    first, second = dispatch.lease_tasks(worker=worker, limit=2)
+    configure_queue(tenant.client, queue["id"], rate_per_second=1)
+    dispatch.approve_start(worker=worker, attempt_id=first["attempt_id"], epoch=1)
+    before = counters(queue["id"])
+    # when the second asks to start in the same window
+    with pytest.raises(RateLimited) as limited:
+        dispatch.approve_start(worker=worker, attempt_id=second["attempt_id"], epoch=1)
+    # then RATE_LIMITED with the time left in the window, and nothing moved
+    assert 0 < limited.value.details["retry_after_ms"] <= 1000
+    assert counters(queue["id"]) == before
+    attempt = Attempt.objects.get(id=second["attempt_id"])
+    assert attempt.state == "LEASED" and attempt.number is None
+    assert Task.objects.get(id=second["task"]["id"]).attempts == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_start_rechecks_the_lease_with_the_clock_read_under_its_lock(tenant):
+    # given a leased task whose lease has 0.3 s left
+    queue = make_queue(tenant.client)
+    submit_ok(tenant.client, queue["id"], "t-1")
+    worker = worker_for(tenant, queue["id"])
+    (assign,) = dispatch.lease_tasks(worker=worker, limit=1)
+    Attempt.objects.filter(id=assign["attempt_id"]).update(lease_expires_at=now() + timedelta(seconds=0.3))
+    # and another transaction holding the queue's counter row for 0.8 s
+    locked = threading.Event()
+
+    def hold_queue_state() -> None:
+        with transaction.atomic():
+            QueueState.objects.select_for_update().get(queue_id=queue["id"])
+            locked.set()
+            time.sleep(0.8)
+
+    holder = Background(hold_queue_state)
+    assert locked.wait(timeout=5)
+    # when the Start waits on that lock past the lease's end
+    # then it is refused: the lease is re-checked under the lock, not before it
+    with pytest.raises(LeaseLost):
+        dispatch.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=1)
+    holder.join(timeout=5)
+    # (a live server's lease recovery, if one runs, may have expired it meanwhile)
+    attempt = Attempt.objects.get(id=assign["attempt_id"])
+    assert attempt.state in ("LEASED", "EXPIRED") and attempt.started_at is None and attempt.number is None
+    assert Task.objects.get(id=assign["task"]["id"]).attempts == 0
+    assert counters(queue["id"])["window_count"] == 0
+    assert_invariants()
