@@ -52,3 +52,12 @@ def register_worker(
         except IntegrityError:
             continue  # a twin connection registered first; compare with its row
     raise StateConflict("worker registration raced; reconnect")
+
+
+def current_session(*, namespace_id: str, worker_id: str) -> str | None:
+    """The session id of the newest hello of this worker identity."""
+    return (
+        WorkerIdentity.objects.filter(namespace_id=namespace_id, worker_id=worker_id)
+        .values_list("session_id", flat=True)
+        .first()
+    )

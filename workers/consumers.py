@@ -19,11 +19,11 @@ from rest_framework import serializers
 from orbit.api.auth import Principal, authenticate_token, token_from_header
 from orbit.api.errors import translate
 from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, uint32_field
-from orbit.errors import InvalidArgument, OrbitError, PermissionDenied, StateConflict
+from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
 from orbit.fields import new_id
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import WorkerContext
-from workers.actions import register_worker
+from workers.actions import current_session, register_worker
 from workers.db import run_db
 from workers.wakeup import registry
 
@@ -213,24 +213,32 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return {"attempt_id": field(message, "attempt_id", str), "epoch": field(message, "epoch", int)}
 
     async def on_start(self, message: dict[str, Any]) -> dict[str, Any]:
-        return await run_db(dispatch.approve_start, worker=self.worker, **self.attempt_ref(message))
+        ref = self.attempt_ref(message)
+        try:
+            return await run_db(dispatch.approve_start, worker=self.worker, **ref)
+        except (LeaseLost, TaskCancelled):
+            await self.forget_if_gone(ref["attempt_id"])
+            raise
 
     async def on_renew(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
         try:
             return await run_db(dispatch.renew_lease, worker=self.worker, **ref)
         except OrbitError:
-            # Free the slot only if the attempt is really gone: a renewal with a
-            # wrong epoch must not make the server forget an attempt this worker
-            # still holds (it would then assign past capacity, or close a
-            # draining connection that still holds work).
-            assert self.worker is not None
-            held = await run_db(
-                dispatch.held_assignments, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
-            )
-            if ref["attempt_id"] not in {entry["attempt_id"] for entry in held}:
-                self.forget(ref["attempt_id"])
+            await self.forget_if_gone(ref["attempt_id"])
             raise
+
+    async def forget_if_gone(self, attempt_id: str) -> None:
+        """Frees the slot only if the attempt is really gone: a request with a
+        wrong epoch must not make the server forget an attempt this worker still
+        holds (it would then assign past capacity, or close a draining
+        connection that still holds work)."""
+        assert self.worker is not None
+        held = await run_db(
+            dispatch.held_attempt_ids, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
+        )
+        if attempt_id not in held:
+            self.forget(attempt_id)
 
     async def on_resume(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
@@ -322,12 +330,20 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         """Reconciles held attempts with the database (leases recovered elsewhere)
         and re-checks the credential now and then."""
         assert self.worker is not None
-        held = await run_db(
-            dispatch.held_assignments, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
+        self.held = await run_db(
+            dispatch.held_attempt_ids, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
         )
-        self.held = {entry["attempt_id"] for entry in held}
         if time.monotonic() - self.credential_checked_at >= CREDENTIAL_RECHECK_SECONDS:
             self.credential_checked_at = time.monotonic()
+            current = await run_db(
+                current_session, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
+            )
+            if current != self.worker.session_id:
+                # A newer connection of this worker_id took over (this one is a
+                # half-open leftover): stop leasing for it.
+                await self.send_error(None, StateConflict("superseded by a newer connection of this worker_id"))
+                await self.close(code=CLOSE_CONFLICT)
+                raise asyncio.CancelledError
             headers = dict(self.scope.get("headers") or [])
             token = token_from_header((headers.get(b"authorization") or b"").decode("latin-1"))
             try:

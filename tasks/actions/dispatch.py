@@ -65,9 +65,7 @@ def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
     tasks = Task.objects.filter(
         queue_id=queue_id, state=TaskState.WAITING, key_ready=True, available_at__lte=now
-    ).filter(
-        Q(deadline_at__isnull=True) | Q(deadline_at__gt=now)
-    )
+    ).filter(Q(deadline_at__isnull=True) | Q(deadline_at__gt=now))
     if worker.concurrency_keys:
         # Occupied keys are excluded before the LIMIT, so a backlog behind one
         # busy key never hides the work of other keys. A key whose token space
@@ -148,7 +146,7 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
             worker_id=worker.worker_id,
             session_id=worker.session_id,
             leased_at=now,
-            lease_expires_at=now + timedelta(seconds=task.lease_seconds),
+            lease_expires_at=lease_expiry(task, now),
         )
         if key_row is not None:
             key_row.holder_attempt_id = attempt.id
@@ -214,14 +212,25 @@ def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict
         raise LeaseLost("epoch does not match the current lease")
     if peek.state == AttemptState.RUNNING:
         return _start_receipt(peek)
-    now = timezone.now()
-    task_times = Task.objects.values("deadline_at", "start_deadline_at", "attempts").get(id=peek.task_id)
-    if (task_times["deadline_at"] and task_times["deadline_at"] <= now) or (
-        task_times["start_deadline_at"] and task_times["start_deadline_at"] <= now and task_times["attempts"] == 0
-    ):
+    try:
+        return run_retrying(lambda: _start(worker, peek, epoch))
+    except _DeadlinePassed:
+        # Failing the task moves application counters, whose lock comes first
+        # in the global order: do it in a transaction of its own.
         fail_for_deadline(peek.task_id)
-        raise LeaseLost("task deadline passed before start")
-    return run_retrying(lambda: _start(worker, peek, epoch))
+        raise LeaseLost("task deadline passed before start") from None
+
+
+class _DeadlinePassed(Exception):
+    pass
+
+
+def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
+    if task.deadline_at and task.deadline_at <= now:
+        return {"code": "DEADLINE_EXCEEDED", "message": "task deadline passed"}
+    if task.start_deadline_at and task.start_deadline_at <= now and task.attempts == 0:
+        return {"code": "START_DEADLINE_EXCEEDED", "message": "no attempt started before start_deadline_at"}
+    return None
 
 
 @transaction.atomic
@@ -241,6 +250,8 @@ def _start(worker: WorkerContext, peek: Attempt, epoch: int) -> dict[str, Any]:
         raise TaskCancelled("task was cancelled before start")
     if attempt.state != AttemptState.LEASED or attempt.lease_expires_at <= now:
         raise LeaseLost("lease is no longer valid")
+    if deadline_failure(task, now) is not None:
+        raise _DeadlinePassed()
     queue = Queue.objects.only("paused", "retired_at", "rate_per_second").get(id=peek.queue_id)
     if queue.paused or queue.retired_at is not None:
         raise QueuePaused("queue is paused")
@@ -281,8 +292,8 @@ def renew_lease(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[s
     from orbit.timefmt import format_time
 
     with transaction.atomic():
-        now = timezone.now()
         attempt = lock_attempt(attempt_id)
+        now = timezone.now()  # after the lock: the lease is judged as of now
         if (
             attempt is None
             or attempt.namespace_id != worker.namespace_id
@@ -331,3 +342,15 @@ def held_assignments(*, namespace_id: str, worker_id: str) -> list[dict[str, Any
     )
     tasks = Task.objects.in_bulk([a.task_id for a in attempts])
     return [held_entry(tasks[a.task_id], a) for a in attempts if a.task_id in tasks]
+
+
+def held_attempt_ids(*, namespace_id: str, worker_id: str) -> set[str]:
+    """Ids of the attempts a worker identity holds right now (capacity accounting)."""
+    return set(
+        Attempt.objects.filter(
+            namespace_id=namespace_id,
+            worker_id=worker_id,
+            state__in=list(ACTIVE_ATTEMPT_STATES),
+            lease_expires_at__gt=timezone.now(),
+        ).values_list("id", flat=True)
+    )

@@ -15,7 +15,7 @@ from orbit.errors import LeaseLost, NotFound, StateConflict
 from orbit.idempotency import Actor, run_retrying
 from orbit.metrics import LEASES_RECOVERED
 from orbit.timefmt import format_time
-from tasks.actions.dispatch import WorkerContext
+from tasks.actions.dispatch import WorkerContext, deadline_failure
 from tasks.actions.permits import Held, end_attempt, lock_attempt_chain, lock_task_chain, move_task
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import notify_work_available
@@ -34,14 +34,6 @@ def retry_backoff(task: Task) -> timedelta:
 
 def _wake_after_commit(queue_id: str) -> None:
     transaction.on_commit(lambda: notify_work_available([queue_id]))
-
-
-def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
-    if task.deadline_at and task.deadline_at <= now:
-        return {"code": "DEADLINE_EXCEEDED", "message": "task deadline passed"}
-    if task.start_deadline_at and task.start_deadline_at <= now and task.attempts == 0:
-        return {"code": "START_DEADLINE_EXCEEDED", "message": "no attempt started before start_deadline_at"}
-    return None
 
 
 def _recover_locked(held: Held, now: datetime) -> None:
@@ -92,9 +84,9 @@ def record_result(
 
     @transaction.atomic
     def apply() -> dict[str, Any]:
-        now = timezone.now()
         held = lock_attempt_chain(attempt_id)
         assert held is not None
+        now = timezone.now()  # after the locks: the lease is judged as of now
         attempt = held.attempt
         if attempt.state in ACTIVE_ATTEMPT_STATES and attempt.lease_expires_at <= now:
             _recover_locked(held, now)
@@ -130,9 +122,9 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
 
     @transaction.atomic
     def apply() -> dict[str, Any]:
-        now = timezone.now()
         held = lock_attempt_chain(attempt_id)
         assert held is not None
+        now = timezone.now()
         attempt = held.attempt
         if attempt.state == AttemptState.RELEASED:
             return {"task_state": held.task.state}
