@@ -144,6 +144,9 @@ def queue_retire(*, actor: Actor, queue_id: str, expected_revision: int, reason:
     state = lock_queue_states([queue.id])[queue.id]
     if state.unfinished_tasks != 0:
         raise StateConflict(f"queue still has {state.unfinished_tasks} unfinished tasks")
+    # Submits check this flag under the same row lock, so none can slip in
+    # between this check and the commit.
+    QueueState.objects.filter(queue_id=queue.id).update(accepting=False)
     before = queue_snapshot(queue, 0)
     now = timezone.now()
     queue.retired_at = now

@@ -19,7 +19,7 @@ def lock_application_state(application_id: str) -> ApplicationState:
 
 
 def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, ConcurrencyKey]:
-    """Creates missing key rows, then locks all of them in ascending key order.
+    """Locks the key rows in ascending key order, creating missing ones first.
 
     A row is never deleted, so once created it is the permanent home of that
     key's token sequence. INSERT IGNORE lets two leases race to create one key:
@@ -27,18 +27,21 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
     wanted = sorted(set(keys))
     if not wanted:
         return {}
+
+    def locked() -> dict[str, ConcurrencyKey]:
+        rows = ConcurrencyKey.objects.select_for_update().filter(namespace_id=namespace_id, key__in=wanted)
+        return {row.key: row for row in rows.order_by("key")}
+
+    rows = locked()  # the usual case: every row exists, one statement
+    missing = [key for key in wanted if key not in rows]
+    if not missing:
+        return rows
     now = timezone.now()
-    existing = set(
-        ConcurrencyKey.objects.filter(namespace_id=namespace_id, key__in=wanted).values_list("key", flat=True)
+    ConcurrencyKey.objects.bulk_create(
+        [ConcurrencyKey(namespace_id=namespace_id, key=key, version=0, updated_at=now) for key in missing],
+        ignore_conflicts=True,
     )
-    missing = [key for key in wanted if key not in existing]
-    if missing:
-        ConcurrencyKey.objects.bulk_create(
-            [ConcurrencyKey(namespace_id=namespace_id, key=key, version=0, updated_at=now) for key in missing],
-            ignore_conflicts=True,
-        )
-    rows = ConcurrencyKey.objects.select_for_update().filter(namespace_id=namespace_id, key__in=wanted).order_by("key")
-    return {row.key: row for row in rows}
+    return locked()
 
 
 def lock_task(task_id: str) -> Task | None:

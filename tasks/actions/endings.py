@@ -16,7 +16,7 @@ from orbit.idempotency import Actor, run_retrying
 from orbit.metrics import LEASES_RECOVERED
 from orbit.timefmt import format_time
 from tasks.actions.dispatch import WorkerContext, deadline_failure
-from tasks.actions.permits import Held, end_attempt, lock_attempt_chain, lock_task_chain, move_task
+from tasks.actions.permits import Held, lock_attempt_chain, lock_task_chain, peek_attempt, settle
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import notify_work_available
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, Task, TaskState
@@ -41,15 +41,22 @@ def _recover_locked(held: Held, now: datetime) -> None:
     attempt consumed); running → UNKNOWN and the task needs review."""
     task, attempt = held.task, held.attempt
     if attempt.state == AttemptState.LEASED:
-        end_attempt(held, AttemptState.EXPIRED, now=now, error=LEASE_EXPIRED)
+        expired = {"attempt_state": AttemptState.EXPIRED, "attempt_fields": {"error": LEASE_EXPIRED}}
         failure = deadline_failure(task, now)
         if failure:
-            move_task(task, TaskState.FAILED, now=now, last_error=failure)
+            settle(task, held, now=now, task_state=TaskState.FAILED, last_error=failure, **expired)
         else:
-            move_task(task, TaskState.WAITING, now=now)
+            settle(task, held, now=now, task_state=TaskState.WAITING, **expired)
     else:
-        end_attempt(held, AttemptState.UNKNOWN, now=now, error=LEASE_EXPIRED)
-        move_task(task, TaskState.NEEDS_REVIEW, now=now, last_error=LEASE_EXPIRED)
+        settle(
+            task,
+            held,
+            now=now,
+            task_state=TaskState.NEEDS_REVIEW,
+            attempt_state=AttemptState.UNKNOWN,
+            attempt_fields={"error": LEASE_EXPIRED},
+            last_error=LEASE_EXPIRED,
+        )
     LEASES_RECOVERED.inc()
     _wake_after_commit(task.queue_id)
 
@@ -57,20 +64,45 @@ def _recover_locked(held: Held, now: datetime) -> None:
 def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error: Any, now: datetime) -> None:
     task = held.task
     if outcome == "SUCCEEDED":
-        end_attempt(held, AttemptState.SUCCEEDED, now=now, outcome=outcome, output=output)
-        move_task(task, TaskState.SUCCEEDED, now=now, output=output)
+        settle(
+            task,
+            held,
+            now=now,
+            task_state=TaskState.SUCCEEDED,
+            attempt_state=AttemptState.SUCCEEDED,
+            attempt_fields={"outcome": outcome, "output": output},
+            output=output,
+        )
     elif outcome == "UNKNOWN":
-        end_attempt(held, AttemptState.UNKNOWN, now=now, outcome=outcome, error=error)
-        move_task(task, TaskState.NEEDS_REVIEW, now=now, last_error=error)
+        settle(
+            task,
+            held,
+            now=now,
+            task_state=TaskState.NEEDS_REVIEW,
+            attempt_state=AttemptState.UNKNOWN,
+            attempt_fields={"outcome": outcome, "error": error},
+            last_error=error,
+        )
     else:
-        end_attempt(held, AttemptState.FAILED, now=now, outcome=outcome, retryable=retryable, error=error)
+        failed = {
+            "attempt_state": AttemptState.FAILED,
+            "attempt_fields": {"outcome": outcome, "retryable": retryable, "error": error},
+        }
         if task.cancel_requested:
-            move_task(task, TaskState.CANCELLED, now=now, last_error=error)
+            settle(task, held, now=now, task_state=TaskState.CANCELLED, last_error=error, **failed)
         elif retryable and task.attempts < task.max_attempts:
             # Safe retry: permits are released now; the task waits out its backoff.
-            move_task(task, TaskState.WAITING, now=now, last_error=error, available_at=now + retry_backoff(task))
+            settle(
+                task,
+                held,
+                now=now,
+                task_state=TaskState.WAITING,
+                last_error=error,
+                available_at=now + retry_backoff(task),
+                **failed,
+            )
         else:
-            move_task(task, TaskState.FAILED, now=now, last_error=error)
+            settle(task, held, now=now, task_state=TaskState.FAILED, last_error=error, **failed)
     _wake_after_commit(task.queue_id)
 
 
@@ -78,13 +110,18 @@ def record_result(
     *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
 ) -> dict[str, Any]:
     """Applies a worker's result exactly once; replays and late evidence change nothing."""
-    peek = Attempt.objects.filter(id=attempt_id, namespace_id=worker.namespace_id).values("worker_id", "epoch").first()
-    if peek is None or peek["worker_id"] != worker.worker_id or peek["epoch"] != epoch:
+    peek = peek_attempt(attempt_id, "worker_id", "epoch")
+    if (
+        peek is None
+        or peek["namespace_id"] != worker.namespace_id
+        or peek["worker_id"] != worker.worker_id
+        or peek["epoch"] != epoch
+    ):
         raise LeaseLost("attempt is not held by this worker")
 
     @transaction.atomic
     def apply() -> dict[str, Any]:
-        held = lock_attempt_chain(attempt_id)
+        held = lock_attempt_chain(attempt_id, peek)
         assert held is not None
         now = timezone.now()  # after the locks: the lease is judged as of now
         attempt = held.attempt
@@ -116,13 +153,18 @@ def record_result(
 
 def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reason: str) -> dict[str, Any]:
     """A worker hands back an attempt it has not started; no attempt is consumed."""
-    peek = Attempt.objects.filter(id=attempt_id, namespace_id=worker.namespace_id).values("worker_id", "epoch").first()
-    if peek is None or peek["worker_id"] != worker.worker_id or peek["epoch"] != epoch:
+    peek = peek_attempt(attempt_id, "worker_id", "epoch")
+    if (
+        peek is None
+        or peek["namespace_id"] != worker.namespace_id
+        or peek["worker_id"] != worker.worker_id
+        or peek["epoch"] != epoch
+    ):
         raise LeaseLost("attempt is not held by this worker")
 
     @transaction.atomic
     def apply() -> dict[str, Any]:
-        held = lock_attempt_chain(attempt_id)
+        held = lock_attempt_chain(attempt_id, peek)
         assert held is not None
         now = timezone.now()
         attempt = held.attempt
@@ -132,8 +174,14 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
             raise StateConflict("attempt already started; report a result instead")
         if attempt.state != AttemptState.LEASED:
             raise LeaseLost("lease is no longer valid")
-        end_attempt(held, AttemptState.RELEASED, now=now, error={"code": "RELEASED", "message": reason})
-        move_task(held.task, TaskState.WAITING, now=now)
+        settle(
+            held.task,
+            held,
+            now=now,
+            task_state=TaskState.WAITING,
+            attempt_state=AttemptState.RELEASED,
+            attempt_fields={"error": {"code": "RELEASED", "message": reason}},
+        )
         _wake_after_commit(held.task.queue_id)
         return {"task_state": held.task.state}
 
@@ -160,9 +208,15 @@ def cancel_task(*, actor: Actor, task_id: str, reason: str) -> dict[str, Any]:
         task.updated_at = now
         task.save(update_fields=["cancel_requested", "updated_at"])
     else:
-        if held is not None:
-            end_attempt(held, AttemptState.CANCELLED, now=now, error={"code": "CANCELLED", "message": reason})
-        move_task(task, TaskState.CANCELLED, now=now, cancel_requested=True)
+        settle(
+            task,
+            held,
+            now=now,
+            task_state=TaskState.CANCELLED,
+            attempt_state=AttemptState.CANCELLED,
+            attempt_fields={"error": {"code": "CANCELLED", "message": reason}},
+            cancel_requested=True,
+        )
         _wake_after_commit(task.queue_id)
     record_management_change(
         actor,
@@ -215,11 +269,17 @@ def fail_for_deadline(task_id: str) -> bool:
         failure = deadline_failure(task, now)
         if failure is None or task.state not in (TaskState.WAITING, TaskState.LEASED):
             return False
-        if held is not None:
-            if held.attempt.state != AttemptState.LEASED:
-                return False
-            end_attempt(held, AttemptState.EXPIRED, now=now, error=failure)
-        move_task(task, TaskState.FAILED, now=now, last_error=failure)
+        if held is not None and held.attempt.state != AttemptState.LEASED:
+            return False
+        settle(
+            task,
+            held,
+            now=now,
+            task_state=TaskState.FAILED,
+            attempt_state=AttemptState.EXPIRED,
+            attempt_fields={"error": failure},
+            last_error=failure,
+        )
         _wake_after_commit(task.queue_id)
         return True
 

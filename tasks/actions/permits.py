@@ -37,16 +37,21 @@ class Held:
     key_row: ConcurrencyKey | None
 
 
-def lock_attempt_chain(attempt_id: str) -> Held | None:
+CHAIN_FIELDS = ("task_id", "application_id", "queue_id", "namespace_id", "concurrency_key")
+
+
+def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:
+    """An unlocked read of an attempt: which rows its transitions must lock."""
+    return Attempt.objects.filter(id=attempt_id).values(*CHAIN_FIELDS, *extra).first()
+
+
+def lock_attempt_chain(attempt_id: str, peek: dict[str, Any] | None = None) -> Held | None:
     """Locks application_state → queue_state → key → task → attempt for one attempt.
 
-    The first read takes no lock: it only learns which rows to lock. Every
-    decision is made on the rows re-read under their locks."""
-    peek = (
-        Attempt.objects.filter(id=attempt_id)
-        .values("task_id", "application_id", "queue_id", "namespace_id", "concurrency_key")
-        .first()
-    )
+    The first read (`peek`, when the caller has one already) takes no lock: it
+    only learns which rows to lock. Every decision is made on the rows re-read
+    under their locks."""
+    peek = peek or peek_attempt(attempt_id)
     if peek is None:
         return None
     lock_application_state(peek["application_id"])
@@ -84,18 +89,70 @@ def lock_task_chain(task_id: str) -> tuple[Task, Held | None] | None:
     return task, (Held(task=task, attempt=attempt, key_row=key_row) if attempt else None)
 
 
-def end_attempt(held: Held, state: AttemptState, *, now: datetime, **fields: Any) -> None:
+@dataclass
+class CounterDeltas:
+    """Counter changes of one transition, written as one UPDATE per row."""
+
+    active_attempts: int = 0
+    app_unfinished: int = 0
+    active_permits: int = 0
+    reserved_starts: int = 0
+    queue_unfinished: int = 0
+
+    def write(self, *, application_id: str, queue_id: str) -> None:
+        app: dict[str, Any] = {}
+        if self.active_attempts:
+            app["active_attempts"] = F("active_attempts") + self.active_attempts
+        if self.app_unfinished:
+            app["unfinished_tasks"] = F("unfinished_tasks") + self.app_unfinished
+        if app:
+            ApplicationState.objects.filter(application_id=application_id).update(**app)
+        queue: dict[str, Any] = {}
+        if self.active_permits:
+            queue["active_permits"] = F("active_permits") + self.active_permits
+        if self.reserved_starts:
+            queue["reserved_starts"] = F("reserved_starts") + self.reserved_starts
+        if self.queue_unfinished:
+            queue["unfinished_tasks"] = F("unfinished_tasks") + self.queue_unfinished
+        if queue:
+            QueueState.objects.filter(queue_id=queue_id).update(**queue)
+
+
+def settle(
+    task: Task,
+    held: Held | None,
+    *,
+    now: datetime,
+    task_state: str,
+    attempt_state: AttemptState | None = None,
+    attempt_fields: dict[str, Any] | None = None,
+    **task_fields: Any,
+) -> None:
+    """Ends the task's active attempt (if `held`) and moves the task to
+    `task_state`; every permit and counter change of the transition, written once.
+
+    Callers hold every row locked (global order) and checked under the lock that
+    the attempt is still active, which is what makes each release happen once."""
+    deltas = CounterDeltas()
+    if held is not None:
+        assert attempt_state is not None
+        _end_attempt(held, attempt_state, now, deltas, attempt_fields or {})
+    left_ready_set = _move_task(task, task_state, now, deltas, task_fields)
+    deltas.write(application_id=task.application_id, queue_id=task.queue_id)
+    if left_ready_set:
+        promote_next(
+            namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
+        )
+
+
+def _end_attempt(held: Held, state: AttemptState, now: datetime, deltas: CounterDeltas, fields: dict[str, Any]) -> None:
     """Ends an active attempt and releases its application, queue and key permits."""
     attempt = held.attempt
     assert attempt.state in ACTIVE_ATTEMPT_STATES, "callers check the attempt is active under lock"
-    was_reserved = attempt.state == AttemptState.LEASED
-    ApplicationState.objects.filter(application_id=attempt.application_id).update(
-        active_attempts=F("active_attempts") - 1
-    )
-    queue_update: dict[str, Any] = {"active_permits": F("active_permits") - 1}
-    if was_reserved:
-        queue_update["reserved_starts"] = F("reserved_starts") - 1
-    QueueState.objects.filter(queue_id=attempt.queue_id).update(**queue_update)
+    deltas.active_attempts -= 1
+    deltas.active_permits -= 1
+    if attempt.state == AttemptState.LEASED:
+        deltas.reserved_starts -= 1
     key_row = held.key_row
     if key_row is not None and key_row.holder_attempt_id == attempt.id:
         # Releasing advances the version too, so the next permit's token is
@@ -113,8 +170,9 @@ def end_attempt(held: Held, state: AttemptState, *, now: datetime, **fields: Any
     ATTEMPTS_FINISHED.labels(state=str(state)).inc()
 
 
-def move_task(task: Task, state: str, *, now: datetime, **fields: Any) -> None:
-    """Sets a task's state; the first entry into a final state frees its backlog slot."""
+def _move_task(task: Task, state: str, now: datetime, deltas: CounterDeltas, fields: dict[str, Any]) -> bool:
+    """Sets a task's state; the first entry into a final state frees its backlog
+    slot. Returns whether the task left its key's ready set."""
     previous = task.state
     task.state = state
     task.updated_at = now
@@ -128,18 +186,13 @@ def move_task(task: Task, state: str, *, now: datetime, **fields: Any) -> None:
     if state in FINAL_TASK_STATES and previous not in FINAL_TASK_STATES:
         task.finished_at = now
         changed.append("finished_at")
-        ApplicationState.objects.filter(application_id=task.application_id).update(
-            unfinished_tasks=F("unfinished_tasks") - 1
-        )
-        QueueState.objects.filter(queue_id=task.queue_id).update(unfinished_tasks=F("unfinished_tasks") - 1)
+        deltas.app_unfinished -= 1
+        deltas.queue_unfinished -= 1
     task.save(update_fields=changed)
-    if left_ready_set:
-        promote_next(
-            namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
-        )
     emit_event(
         namespace_id=task.namespace_id,
         type="task.state_changed",
         subject_id=task.id,
         data={"queue_id": task.queue_id, "state": state, "previous": previous},
     )
+    return left_ready_set

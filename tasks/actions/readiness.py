@@ -66,14 +66,14 @@ def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now:
         Task.objects.filter(id=chosen).update(key_ready=True)
 
 
-def admit_readiness(tasks: list[Task], now: datetime) -> None:
-    """Sets `key_ready` on new (unsaved) tasks of one submit, against the
-    ready siblings already waiting and each other."""
+def admit_readiness(tasks: list[Task], now: datetime) -> list[str]:
+    """Decides `key_ready` for new keyed tasks of one submit (saved not ready),
+    against the ready siblings already waiting and each other. Demotes a
+    sibling that a new task outranks; returns the ids of the new ready ones."""
     groups: dict[tuple[str, str, str], list[Task]] = {}
     for task in tasks:
-        task.key_ready = not task.concurrency_key
-        if task.concurrency_key:
-            groups.setdefault((task.namespace_id, task.concurrency_key, task.queue_id), []).append(task)
+        groups.setdefault((task.namespace_id, task.concurrency_key, task.queue_id), []).append(task)
+    ready = []
     for (namespace_id, key, queue_id), group in groups.items():
         current = (
             Task.objects.filter(
@@ -89,5 +89,7 @@ def admit_readiness(tasks: list[Task], now: datetime) -> None:
         best = min(group, key=lambda task: rank(task, now))
         if current is None or rank(best, now) < rank(current, now):
             best.key_ready = True
+            ready.append(best.id)
             if current is not None:
                 Task.objects.filter(id=current.id).update(key_ready=False)
+    return ready

@@ -80,49 +80,64 @@ def new_task(actor: Actor, fields: dict[str, Any], now: datetime) -> Task:
 
 def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> list[Task | OrbitError]:
     """Admits validated submissions in order under backpressure: each becomes a
-    saved WAITING Task, or the error that refused it (nothing is written for a
+    saved WAITING Task, or the error that refused it (nothing is kept for a
     refused one). Caller holds the transaction.
 
-    Locks: application_state, then the items' queue_state rows (ascending)."""
+    Locks: application_state, then the items' queue_state rows (ascending).
+    Everything that needs no lock happens before them, so the section that
+    serializes an application's submits holds only the counter work."""
     application_id = actor.principal.application_id
-    app_state = lock_application_state(application_id)
-    queue_states = lock_queue_states({fields["queue_id"] for fields in items})
-    # Read after the queue_state locks: a retire commits while holding its
-    # queue's lock, so a retire that saw the queue empty is visible here.
+    # Configuration is read unlocked: a configure racing a submit may order
+    # either way. A retire is caught under the lock by queue_state.accepting.
     queues = {
         queue.id: queue
-        for queue in Queue.objects.filter(id__in=list(queue_states), namespace_id=actor.namespace_id).only(
-            "id", "retired_at", "max_unfinished_tasks"
-        )
+        for queue in Queue.objects.filter(
+            id__in={fields["queue_id"] for fields in items}, namespace_id=actor.namespace_id
+        ).only("id", "max_unfinished_tasks")
     }
     app_limit = Application.objects.values_list("max_unfinished_tasks", flat=True).get(id=application_id)
+    prepared = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
+    rows = [task for task in prepared if task is not None]
+    if not rows:
+        return [NotFound("queue not found") for _ in items]
+    for task in rows:
+        task.key_ready = not task.concurrency_key  # a keyed task's readiness is decided under the lock
+    Task.objects.bulk_create(rows)
+
+    app_state = lock_application_state(application_id)
+    queue_states = lock_queue_states({task.queue_id for task in rows})
     app_unfinished = app_state.unfinished_tasks
     unfinished = {queue_id: state.unfinished_tasks for queue_id, state in queue_states.items()}
     outcomes: list[Task | OrbitError] = []
     accepted: list[Task] = []
-    for fields in items:
-        queue = queues.get(fields["queue_id"])
-        if queue is None:
+    refused: list[str] = []
+    for task in prepared:
+        if task is None:
             outcomes.append(NotFound("queue not found"))
-        elif queue.retired_at is not None:
+            continue
+        if not queue_states[task.queue_id].accepting:
             outcomes.append(StateConflict("queue is retired"))
-        elif unfinished[queue.id] >= queue.max_unfinished_tasks or app_unfinished >= app_limit:
+        elif unfinished[task.queue_id] >= queues[task.queue_id].max_unfinished_tasks or app_unfinished >= app_limit:
             outcomes.append(QueueFull())
         else:
-            task = new_task(actor, fields, now)
-            unfinished[queue.id] += 1
+            unfinished[task.queue_id] += 1
             app_unfinished += 1
             accepted.append(task)
             outcomes.append(task)
+            continue
+        refused.append(task.id)
+    if refused:
+        Task.objects.filter(id__in=refused).delete()
     if not accepted:
         return outcomes
-    admit_readiness(accepted, now)
-    Task.objects.bulk_create(accepted)
+    ready = admit_readiness([task for task in accepted if task.concurrency_key], now)
+    if ready:
+        Task.objects.filter(id__in=ready).update(key_ready=True)
     ApplicationState.objects.filter(application_id=application_id).update(
         unfinished_tasks=F("unfinished_tasks") + len(accepted)
     )
     per_queue = Counter(task.queue_id for task in accepted)
-    for queue_id, count in per_queue.items():
+    for queue_id, count in sorted(per_queue.items()):
         QueueState.objects.filter(queue_id=queue_id).update(unfinished_tasks=F("unfinished_tasks") + count)
     Event.objects.bulk_create(
         [
