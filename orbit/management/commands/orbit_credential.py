@@ -8,6 +8,7 @@ from orbit.errors import OrbitError
 from orbit.management.commands._credentials_file import refuse_existing, server_url, write_credentials_file
 from orbit.models import Application, Credential, Namespace
 from orbit.tenancy import issue_credential, revoke_credential
+from queues.models import Queue
 
 
 class Command(BaseCommand):
@@ -47,6 +48,11 @@ class Command(BaseCommand):
         if namespace is None:
             raise CommandError("no such application/environment/namespace; run orbit_bootstrap first")
         queue_ids = None if options["queues"] == "all" else [q for q in options["queues"].split(",") if q]
+        if queue_ids is not None:
+            known = set(Queue.objects.filter(namespace_id=namespace.id, id__in=queue_ids).values_list("id", flat=True))
+            unknown = [queue_id for queue_id in queue_ids if queue_id not in known]
+            if unknown or not queue_ids:
+                raise CommandError(f"--queues: not queues of this namespace: {', '.join(unknown) or '(none given)'}")
         issued = issue_credential(
             namespace, scopes=[s for s in options["scopes"].split(",") if s], queue_ids=queue_ids, name=options["name"]
         )

@@ -1,0 +1,47 @@
+"""The admin is read-only: operators can look at every table, never change one."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from tests.conftest import post_json
+
+PAGES = [
+    "orbit/application",
+    "orbit/applicationstate",
+    "orbit/namespace",
+    "orbit/credential",
+    "orbit/auditentry",
+    "orbit/event",
+    "queues/queue",
+    "queues/queuestate",
+    "tasks/task",
+    "tasks/attempt",
+    "tasks/concurrencykey",
+    "workers/workeridentity",
+]
+
+
+@pytest.fixture
+def operator(client):
+    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("page", PAGES)
+def test_every_table_is_listed_and_nothing_can_be_added(operator, tenant, page):
+    body = {"name": "q", "max_concurrency": 1, "rate_per_second": 1}
+    post_json(tenant.client, "/v1/queues", body, key="admin-q")
+    assert operator.get(f"/admin/{page}/").status_code == 200
+    assert operator.get(f"/admin/{page}/add/").status_code == 403
+
+
+@pytest.mark.django_db
+def test_a_queue_cannot_be_changed_or_deleted(operator, tenant):
+    body = {"name": "q", "max_concurrency": 1, "rate_per_second": 1}
+    queue = post_json(tenant.client, "/v1/queues", body, key="admin-q").json()["data"]["queue"]
+    response = operator.post(f"/admin/queues/queue/{queue['id']}/change/", {"max_concurrency": 99})
+    assert response.status_code == 403
+    assert operator.post(f"/admin/queues/queue/{queue['id']}/delete/", {"post": "yes"}).status_code == 403
+    assert tenant.client.get(f"/v1/queues/{queue['id']}").json()["data"]["max_concurrency"] == 1

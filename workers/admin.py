@@ -1,0 +1,10 @@
+from django.contrib import admin
+
+from orbit.admin_base import ReadOnlyAdmin
+from workers.models import WorkerIdentity
+
+
+@admin.register(WorkerIdentity)
+class WorkerIdentityAdmin(ReadOnlyAdmin):
+    list_display = ("worker_id", "namespace_id", "concurrency_keys", "session_id", "connected_at")
+    search_fields = ("=worker_id",)
