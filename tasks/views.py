@@ -2,14 +2,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit.api.responses import ok, page
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
-from orbit.errors import InvalidArgument
+from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import Actor, validate_key
 from tasks.actions import batch, endings, reads, submit
+from tasks.coalesce import submit_coalesced
 from tasks.serializers import CancelTaskInput, SubmitTaskInput
 
 
@@ -40,16 +42,24 @@ class TaskCollectionView(OrbitView):
         if isinstance(body.get("queue_id"), str):
             principal.require_queue(body["queue_id"])
 
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            return 201, submit.submit_task(actor=actor, fields=fields)
+        if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction
 
-        return self.mutate(
-            request,
-            operation="task.submit",
-            target="",
-            validate=lambda body: validated(SubmitTaskInput, body),
-            effect=effect,
-        )
+            def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                return 201, submit.submit_task(actor=actor, fields=fields)
+
+            return self.mutate(
+                request,
+                operation="task.submit",
+                target="",
+                validate=lambda body: validated(SubmitTaskInput, body),
+                effect=effect,
+            )
+        key = validate_key(request.headers.get("Idempotency-Key"))
+        actor = self.actor(request)
+        outcome = submit_coalesced(actor, batch.Submission(key=key, body=body, request_id=actor.request_id))
+        if isinstance(outcome, OrbitError):
+            raise outcome
+        return ok(request, outcome.data, status=outcome.status)
 
 
 class TaskDetailView(OrbitView):
@@ -105,7 +115,8 @@ class TaskBatchView(OrbitView):
         entries = body.get("tasks")
         if not isinstance(entries, list) or not 1 <= len(entries) <= batch.MAX_BATCH_ITEMS:
             raise InvalidArgument(f"tasks: must be a list of 1 to {batch.MAX_BATCH_ITEMS} items")
-        items: list[tuple[str, dict[str, Any]]] = []
+        actor = self.actor(request)
+        items: list[batch.Submission] = []
         seen: set[str] = set()
         for index, entry in enumerate(entries):
             where = f"tasks[{index}]"
@@ -122,6 +133,17 @@ class TaskBatchView(OrbitView):
             seen.add(key)
             if not isinstance(entry["task"], dict):
                 raise InvalidArgument(f"{where}.task: must be a JSON object")
-            items.append((key, entry["task"]))
-        results = batch.submit_batch(actor=self.actor(request), items=items)
+            items.append(batch.Submission(key=key, body=entry["task"], request_id=actor.request_id))
+        outcomes = batch.submit_batch(actor=actor, items=items)
+        results = [item_result(item.key, outcome) for item, outcome in zip(items, outcomes, strict=True)]
         return ok(request, {"results": results})
+
+
+def item_result(key: str, outcome: batch.Outcome) -> dict[str, Any]:
+    if isinstance(outcome, OrbitError):
+        return {
+            "idempotency_key": key,
+            "status": outcome.status,
+            "error": {"code": outcome.code, "message": outcome.message},
+        }
+    return {"idempotency_key": key, "status": outcome.status, **outcome.data}

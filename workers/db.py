@@ -22,14 +22,31 @@ DB_THREADS = int(os.environ.get("ORBIT_DB_THREADS", "8"))
 _executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="orbit-db")
 
 
-def _call(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def call_guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Runs `fn` on this thread's persistent connection, dropping the connection
+    when the database failed under it, so the next call reconnects."""
     try:
         return fn(*args, **kwargs)
     except (OperationalError, InterfaceError):
         connection.close()
         raise
+    finally:
+        _discard_if_broken()
+
+
+def _discard_if_broken() -> None:
+    """An error `fn` handled itself (an API view answering 503 UNAVAILABLE) never reaches the
+    except above, yet it may have broken this thread's connection: kept, it would answer
+    "server has gone away" to every later call on this thread, long after the database is back.
+    Django flags any database error; keep the connection only if it still answers a ping."""
+    if connection.connection is None or not connection.errors_occurred or connection.in_atomic_block:
+        return
+    if connection.is_usable():
+        connection.errors_occurred = False
+    else:
+        connection.close()
 
 
 async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor, functools.partial(_call, fn, *args, **kwargs))
+    return await loop.run_in_executor(_executor, functools.partial(call_guarded, fn, *args, **kwargs))

@@ -6,6 +6,7 @@ first used in a batch replays from a single submit and vice versa."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -14,7 +15,7 @@ from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
-from orbit.idempotency import Actor, request_digest, run_retrying
+from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import admit_tasks, check_times
@@ -27,12 +28,14 @@ MAX_BATCH_ITEMS = 500
 TWIN_RETRIES = 3
 
 
-def error_result(key: str, error: OrbitError) -> dict[str, Any]:
-    return {"idempotency_key": key, "status": error.status, "error": {"code": error.code, "message": error.message}}
+Outcome = Receipt | OrbitError
 
 
-def receipt_result(key: str, status: int, data: dict[str, Any]) -> dict[str, Any]:
-    return {"idempotency_key": key, "status": status, **data}
+@dataclass(frozen=True)
+class Submission:
+    key: str
+    body: dict[str, Any]
+    request_id: str
 
 
 def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
@@ -47,35 +50,36 @@ def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
     return serializer.validated_data
 
 
-def submit_batch(*, actor: Actor, items: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Returns one result per item, in order: a receipt (201, or 200 replayed)
-    or an error with its HTTP status. Accepted items commit together."""
-    results: list[dict[str, Any] | None] = [None] * len(items)
-    digests = [request_digest("task.submit", "", body) for _, body in items]
+def submit_batch(*, actor: Actor, items: list[Submission]) -> list[Outcome]:
+    """Returns one outcome per item, in order: a receipt (201, or 200 replayed)
+    or the error that refused it. Accepted items commit together. Keys must be
+    distinct within one call."""
+    results: list[Outcome | None] = [None] * len(items)
+    digests = [request_digest("task.submit", "", item.body) for item in items]
     for attempt in range(TWIN_RETRIES):
         pending: list[tuple[int, dict[str, Any]]] = []
         records = {
             record.key: record
             for record in IdempotencyRecord.objects.filter(
-                namespace_id=actor.namespace_id, key__in=[key for key, _ in items]
+                namespace_id=actor.namespace_id, key__in=[item.key for item in items]
             )
         }
         now = timezone.now()
-        for index, (key, body) in enumerate(items):
+        for index, item in enumerate(items):
             if results[index] is not None:
                 continue
             try:
-                record = records.get(key)
+                record = records.get(item.key)
                 if record is not None:
                     if record.operation != "task.submit" or record.digest != digests[index]:
                         raise IdempotencyConflict("Idempotency-Key was already used for a different request")
-                    results[index] = receipt_result(key, 200, {**record.response_data, "deduplicated": True})
+                    results[index] = Receipt(status=200, data={**record.response_data, "deduplicated": True})
                     continue
-                fields = _validated(actor, body)
+                fields = _validated(actor, item.body)
                 check_times(fields, now)
                 pending.append((index, fields))
             except OrbitError as error:
-                results[index] = error_result(key, error)
+                results[index] = error
         if not pending:
             break
         try:
@@ -87,16 +91,17 @@ def submit_batch(*, actor: Actor, items: list[tuple[str, dict[str, Any]]]) -> li
         for index, result in accepted.items():
             results[index] = result
         break
-    return [result for result in results if result is not None]
+    assert all(result is not None for result in results), "every item gets an outcome"
+    return results  # type: ignore[return-value]
 
 
 @transaction.atomic(durable=True)
 def _apply(
     actor: Actor,
-    items: list[tuple[str, dict[str, Any]]],
+    items: list[Submission],
     digests: list[str],
     pending: list[tuple[int, dict[str, Any]]],
-) -> dict[int, dict[str, Any]]:
+) -> dict[int, Outcome]:
     # Placeholders first, as for a single submit: a twin waits on the unique
     # index holding no other lock. Key order makes overlapping batches queue
     # behind each other instead of deadlocking.
@@ -104,28 +109,28 @@ def _apply(
         [
             IdempotencyRecord(
                 namespace_id=actor.namespace_id,
-                key=items[index][0],
+                key=items[index].key,
                 operation="task.submit",
                 digest=digests[index],
                 response_status=0,
                 response_data={},
-                request_id=actor.request_id,
+                request_id=items[index].request_id,
             )
-            for index, _ in sorted(pending, key=lambda entry: items[entry[0]][0])
+            for index, _ in sorted(pending, key=lambda entry: items[entry[0]].key)
         ]
     )
     outcomes = admit_tasks(actor=actor, items=[fields for _, fields in pending], now=timezone.now())
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, Outcome] = {}
     refused_keys: list[str] = []
     receipts: dict[str, dict[str, Any]] = {}
     for (index, _), outcome in zip(pending, outcomes, strict=True):
-        key = items[index][0]
+        key = items[index].key
         if isinstance(outcome, Task):
             receipts[key] = {"deduplicated": False, "task": task_detail(outcome)}
-            results[index] = receipt_result(key, 201, receipts[key])
+            results[index] = Receipt(status=201, data=receipts[key])
         else:
             refused_keys.append(key)
-            results[index] = error_result(key, outcome)
+            results[index] = outcome
     if refused_keys:  # a refused item stores no record
         IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=refused_keys).delete()
     if receipts:
