@@ -193,6 +193,12 @@ def wait_ready(events: common.EventLog, count: int, deadline: float) -> None:
         time.sleep(0.05)
 
 
+def drain_span(events: common.EventLog, labels: list[str]) -> float:
+    """The harness's drain rule: first task start to last completion."""
+    first = min(events.starts[label][0][0] for label in labels)
+    return max(events.dones[label][0][0] for label in labels) - first
+
+
 def stop_all(procs: list[subprocess.Popen]) -> None:
     for proc in procs:
         common.stop_process(proc, timeout=5)
@@ -244,10 +250,9 @@ async def w1(scale: dict, deadline: float) -> dict:
         drain_labels = [f"d{n}" for n in range(scale["tasks"])]
         await server.preload(drain_queue, drain_labels)
         drain_events = common.EventLog(common.work_dir(f"orbit-w1-drain-{time.time_ns()}"))
-        began = common.now()
         procs = server.workers([drain_queue], scale["workers"], scale["capacity"], drain_events)
         wait_done(drain_events, drain_labels, deadline)
-        seconds = max(drain_events.dones[label][0][0] for label in drain_labels) - began
+        seconds = drain_span(drain_events, drain_labels)
         result.update(
             drain_tasks=len(drain_labels),
             drain_seconds=round(seconds, 3),
@@ -289,13 +294,12 @@ async def w2(scale: dict, deadline: float) -> dict:
                 lambda label, keys=keys: {"concurrency_key": f"object/{int(label.rsplit('-', 1)[1]) % keys}"},
             )
             events = common.EventLog(common.work_dir(f"orbit-w2-{keys}-{time.time_ns()}"))
-            began = common.now()
             procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
             try:
                 wait_done(events, labels, deadline)
             finally:
                 stop_all(procs)
-            seconds = max(events.dones[label][0][0] for label in labels) - began
+            seconds = drain_span(events, labels)
             result[f"tasks_per_s_keys{keys}"] = round(len(labels) / seconds, 1)
             overlap_ok, overlaps, increasing = key_checks(server, queue_id)
             result["overlap_ok"] = result["overlap_ok"] and overlap_ok
