@@ -92,6 +92,16 @@ def _locked_queue_in_namespace(actor: Actor, queue_id: str) -> Queue:
     return queue
 
 
+def _locked_live_queue(actor: Actor, queue_id: str, expected_revision: int) -> Queue:
+    """The queue locked for a management change: not retired, at the expected revision."""
+    queue = _locked_queue_in_namespace(actor, queue_id)
+    if queue.retired_at is not None:
+        raise StateConflict("queue is retired")
+    if queue.revision != expected_revision:
+        raise StateConflict(f"expected_revision {expected_revision} does not match current revision {queue.revision}")
+    return queue
+
+
 def _unfinished_tasks_of(queue_id: str) -> int:
     state = QueueState.objects.filter(queue_id=queue_id).only("unfinished_tasks").first()
     return state.unfinished_tasks if state else 0
@@ -103,11 +113,7 @@ def queue_configure(
     """Full replacement of the control parameters; revision + 1.
 
     Counters are untouched: lowering a limit never revokes what is held."""
-    queue = _locked_queue_in_namespace(actor, queue_id)
-    if queue.retired_at is not None:
-        raise StateConflict("queue is retired")
-    if queue.revision != expected_revision:
-        raise StateConflict(f"expected_revision {expected_revision} does not match current revision {queue.revision}")
+    queue = _locked_live_queue(actor, queue_id, expected_revision)
     unfinished = _unfinished_tasks_of(queue.id)
     before = queue_snapshot(queue, unfinished)
     queue.paused = paused
@@ -134,11 +140,7 @@ def queue_configure(
 
 def queue_retire(*, actor: Actor, queue_id: str, expected_revision: int, reason: str) -> dict[str, Any]:
     """Permanent: the queue must be paused and empty; its name stays taken."""
-    queue = _locked_queue_in_namespace(actor, queue_id)
-    if queue.retired_at is not None:
-        raise StateConflict("queue is already retired")
-    if queue.revision != expected_revision:
-        raise StateConflict(f"expected_revision {expected_revision} does not match current revision {queue.revision}")
+    queue = _locked_live_queue(actor, queue_id, expected_revision)
     if not queue.paused:
         raise StateConflict("queue must be paused before it is retired")
     state = lock_queue_states([queue.id])[queue.id]

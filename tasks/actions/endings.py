@@ -106,10 +106,8 @@ def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error
     _wake_after_commit(task.queue_id)
 
 
-def record_result(
-    *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
-) -> dict[str, Any]:
-    """Applies a worker's result exactly once; replays and late evidence change nothing."""
+def _peek_held(worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
+    """The unlocked first read of a worker's attempt; refuses one it does not hold."""
     peek = peek_attempt(attempt_id, "worker_id", "epoch")
     if (
         peek is None
@@ -118,6 +116,14 @@ def record_result(
         or peek["epoch"] != epoch
     ):
         raise LeaseLost("attempt is not held by this worker")
+    return peek
+
+
+def record_result(
+    *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
+) -> dict[str, Any]:
+    """Applies a worker's result exactly once; replays and late evidence change nothing."""
+    peek = _peek_held(worker, attempt_id, epoch)
 
     @transaction.atomic
     def apply() -> dict[str, Any]:
@@ -153,14 +159,7 @@ def record_result(
 
 def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reason: str) -> dict[str, Any]:
     """A worker hands back an attempt it has not started; no attempt is consumed."""
-    peek = peek_attempt(attempt_id, "worker_id", "epoch")
-    if (
-        peek is None
-        or peek["namespace_id"] != worker.namespace_id
-        or peek["worker_id"] != worker.worker_id
-        or peek["epoch"] != epoch
-    ):
-        raise LeaseLost("attempt is not held by this worker")
+    peek = _peek_held(worker, attempt_id, epoch)
 
     @transaction.atomic
     def apply() -> dict[str, Any]:
