@@ -93,7 +93,9 @@ class WorkerConnection:
 
     def __init__(self, url: str, token: str) -> None:
         ws_url = url.replace("http://", "ws://") + "/v1/workers/connect"
-        self.ws: ClientConnection = connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"})
+        self.ws: ClientConnection = connect(
+            ws_url, additional_headers={"Authorization": f"Bearer {token}"}, legacy=True
+        )
         self.ids = itertools.count(1)
         self.pending: list[dict[str, Any]] = []
 
