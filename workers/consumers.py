@@ -33,6 +33,8 @@ DEFAULT_LEASE_SECONDS = 30
 RENEW_SECONDS = 10
 # Dispatchers poll this often for work created by other server processes.
 POLL_INTERVAL_SECONDS = 0.25
+# A busy worker's dispatcher waits this long after a freed slot before leasing.
+LEASE_GATHER_SECONDS = 0.01
 # How often a connection re-checks that its credential is still valid.
 CREDENTIAL_RECHECK_SECONDS = 5.0
 
@@ -318,6 +320,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), POLL_INTERVAL_SECONDS)
+                    if self.held and self.capacity - len(self.held) < min(self.capacity, dispatch.LEASE_BATCH_MAX) // 2:
+                        # Busy worker, one slot freed: let a few more results land
+                        # so one lease transaction fills several slots.
+                        await asyncio.sleep(LEASE_GATHER_SECONDS)
                     continue
                 await self.on_idle()
             except asyncio.CancelledError:
