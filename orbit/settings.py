@@ -98,6 +98,12 @@ def database_from_env() -> dict:
             # no gap locks.
             "isolation_level": "read committed",
             "init_command": "SET SESSION innodb_lock_wait_timeout = 20",
+            # A frozen (not dead) server must not hang requests for ever: they
+            # answer 503 instead. Reads may legitimately wait on a row lock for
+            # up to innodb_lock_wait_timeout, so the read timeout exceeds it.
+            "connect_timeout": 5,
+            "read_timeout": 30,
+            "write_timeout": 30,
         },
         "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
     }

@@ -1,12 +1,13 @@
 """Recomputes every counter and permit from the rows and reports drift.
 
-Used by `manage.py orbit_check` and after every concurrent test. Read-only;
-run it on a quiet system (or accept that an in-flight transaction may show)."""
+Used by `manage.py orbit_check`, the chaos harness and after every concurrent
+test. Read-only."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from django.db import connection, transaction
 from django.db.models import Count, Q
 
 from orbit.models import ApplicationState
@@ -14,6 +15,19 @@ from queues.models import QueueState
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 
 UNFINISHED_STATES = [TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
+
+
+def find_violations_in_snapshot() -> list[str]:
+    """find_violations as of one instant, so it is exact while work goes on.
+
+    At READ COMMITTED each query sees its own moment, and a commit between two
+    of them looks like drift. On MySQL the checks run in one REPEATABLE READ
+    transaction (one consistent snapshot); SQLite's read transaction already is one."""
+    with transaction.atomic():
+        if connection.vendor == "mysql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return find_violations()
 
 
 def find_violations() -> list[str]:

@@ -14,8 +14,10 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from orbit.api.errors import error_response_for
 from workers.db import run_db
 
 
@@ -32,6 +34,13 @@ def _render(view: Callable[..., Any], request: HttpRequest, *args: Any, **kwargs
 
 def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
     async def pooled_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        # Read the body now: if the client hangs up while the view waits for a
+        # pool thread, the request's body file is closed by then.
+        try:
+            _ = request.body
+        except RequestDataTooBig as exc:
+            status, body, headers = error_response_for(request, exc)
+            return JsonResponse(body, status=status, headers=headers)
         if settings.ORBIT_INLINE_DB:
             # Tests that share the test case's transaction must stay on its connection.
             return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)

@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 from websockets.exceptions import ConnectionClosed
 
 from orbit.models import ApplicationState, IdempotencyRecord
 from queues.models import QueueState
-from tasks.invariants import find_violations
+from tasks.invariants import find_violations, find_violations_in_snapshot
 from tasks.models import Attempt, Task
 from tests.conftest import post_json
 from tests.live import WorkerConnection
@@ -197,19 +197,13 @@ def idempotency_records(namespace_id: str, key: str | None = None) -> int:
 
 
 def assert_invariants() -> None:
-    """Counters and permits agree with the rows (tasks.invariants).
-
-    Outside a transaction the check reads one consistent REPEATABLE READ
-    snapshot, so a transaction a live server commits meanwhile cannot show up
-    half-way as drift."""
-    if connection.in_atomic_block:
+    """Counters and permits agree with the rows (tasks.invariants), read from
+    one consistent snapshot so a transaction a live server commits meanwhile
+    cannot show up half-way as drift."""
+    if connection.in_atomic_block:  # inside the test case's own transaction
         violations = find_violations()
     else:
-        with connection.cursor() as cursor:
-            if connection.vendor == "mysql":
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        with transaction.atomic():
-            violations = find_violations()
+        violations = find_violations_in_snapshot()
     assert violations == []
 
 

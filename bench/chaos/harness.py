@@ -1,0 +1,1482 @@
+"""Orbit reliability harness: servers, workers, one private MariaDB, and chaos under load.
+
+    .venv/bin/python bench/chaos/harness.py            # full run (3 minutes of chaos)
+    .venv/bin/python bench/chaos/harness.py --short    # CI form (40 s of chaos; tests/chaos runs it)
+    .venv/bin/python bench/chaos/harness.py --seconds 600 --rate 30
+
+1. Starts a private MariaDB (bench/chaos/mariadb.py: own datadir, port and socket; the
+   shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
+   credential with `manage.py orbit_bootstrap` and creates a second queue.
+2. Starts daphne servers A and B on that database with SDK workers (bench/chaos/worker.py)
+   split across them, server C that serves the API only, and submitter threads that send
+   keyed and unkeyed tasks to A and B with unique Idempotency-Keys, re-sending the same
+   key and body after a 503 or a network error (plus concurrent twins and late replays).
+3. Chaos while the load continues: kill -9 a worker (back under a new worker_id), kill -9 a
+   server (restarted), kill -9 MariaDB and a clean SIGTERM restart (same datadir and port);
+   the full run adds a same-worker_id restart, a server started while the database is
+   down, every server killed at once, an outage longer than a lease, and a handler that
+   outlives its lease (its late write must be refused by the permit token). While the
+   database is down every HTTP probe must answer 503 UNAVAILABLE within 5 s; once it is
+   back each server must answer again by itself and work must resume. After each event
+   the checks of `manage.py orbit_check` run in one consistent snapshot (snapshot_check.py).
+4. Stops submitting, lets the work settle (bounded), drains the workers, stops the servers,
+   runs `manage.py orbit_check` (exit 0 required) and its own checks: no accepted task lost,
+   one task per idempotency key, no overlapping permits per key (database attempts and the
+   workers' ledgers), tokens strictly increasing per key, business code only after Start,
+   stale writes only from attempts that lost their lease, attempt counters from the rows.
+
+Prints a summary (kept with every log in .local/chaos/last/) and exits 1 on any violation.
+Everything it starts it stops; the private datadir is removed. See bench/chaos/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import collections
+import datetime
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.chaos.mariadb import PrivateMariaDB, available, free_port  # noqa: E402
+
+PYTHON = sys.executable
+HERE = Path(__file__).resolve().parent
+LOG_KEEP = ROOT / ".local" / "chaos" / "last"
+DB_NAME = "orbit_chaos"
+UNSETTLED = ("WAITING", "LEASED", "RUNNING")
+PROBE_TIMEOUT = 5.0  # a request while the database is down must be answered within this
+
+
+def log(message: str) -> None:
+    stamp = time.strftime("%H:%M:%S")
+    print(f"[chaos {stamp}] {message}", flush=True)
+
+
+def utc_ts(value: datetime.datetime | None) -> float | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    return value.timestamp()
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass
+class Config:
+    short: bool
+    seconds: float
+    workers: int = 4
+    capacity: int = 4
+    submitters: int = 3
+    rate: float = 12.0  # submitted tasks per second, all submitters together
+    keys: int = 8
+    keyed_share: float = 0.55
+    long_share: float = 0.12  # tasks that sleep 1-2.5 s, so chaos lands mid-execution
+    fail_first_share: float = 0.05
+    twin_share: float = 0.08  # same key + body to both servers concurrently
+    replay_share: float = 0.08  # same key + body again after acceptance
+    lease_seconds: int = 10
+    db_down_seconds: float = 3.0
+    settle_seconds: float = 90.0
+    warmup_seconds: float = 4.0
+    seed: int = 0
+    inject_faults: bool = False
+    freeze: bool = False
+
+
+# --------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """Every child process the harness starts, so cleanup can always find them."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen] = []
+        self.lock = threading.Lock()
+
+    def popen(self, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+        log_file = open(log_path, "a")  # noqa: SIM115 - handed to the child
+        process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        log_file.close()
+        with self.lock:
+            self.children.append(process)
+        return process
+
+    def kill_all(self) -> None:
+        with self.lock:
+            children = list(self.children)
+        for process in children:
+            if process.poll() is None:
+                process.kill()
+        for process in children:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Server:
+    def __init__(self, name: str, procs: Processes, env: dict[str, str], logs: Path) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs = procs
+        self.env = {**env, "ORBIT_HTTP_ADDR": f"127.0.0.1:{self.port}"}
+        self.log_path = logs / f"server-{name}.log"
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 60.0) -> float:
+        began = time.monotonic()
+        self.starts += 1
+        with open(self.log_path, "a") as out:
+            out.write(f"\n==== start #{self.starts} at {time.strftime('%H:%M:%S')} ====\n")
+        self.process = self.procs.popen(
+            [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
+            self.log_path,
+            self.env,
+        )
+        while time.monotonic() - began < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server {self.name} exited; see {self.log_path}")
+            if port_open(self.port):
+                return time.monotonic() - began
+            time.sleep(0.05)
+        raise RuntimeError(f"server {self.name} did not listen within {timeout:.0f} s")
+
+    def stop(self, kill: bool = False) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        (process.kill if kill else process.terminate)()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and port_open(self.port):
+            time.sleep(0.05)
+
+
+class WorkerSlot:
+    """One worker position; each (re)start is a new process under a new worker_id."""
+
+    def __init__(
+        self, index: int, server: Server, queues: list[str], run_id: str, procs: Processes, env: dict, work: Path
+    ) -> None:
+        self.index = index
+        self.server = server
+        self.queues = queues
+        self.run_id = run_id
+        self.procs = procs
+        self.env = env
+        self.work = work
+        self.incarnation = 0
+        self.process: subprocess.Popen | None = None
+        self.worker_id = ""
+        # (worker_id, pid) -> wall time that process was killed (ends its open ledger intervals)
+        self.killed_at: dict[tuple[str, int], float] = {}
+
+    def start(self, capacity: int, credentials: Path, same_id: bool = False) -> None:
+        """A new process; under a new worker_id unless `same_id` (a restart that keeps its identity)."""
+        self.incarnation += 1
+        if not same_id or not self.worker_id:
+            self.worker_id = f"chaos-{self.run_id}-w{self.index}-{self.incarnation}"
+        self.process = self.procs.popen(
+            [
+                PYTHON,
+                str(HERE / "worker.py"),
+                "--url",
+                self.server.url,
+                "--token-file",
+                str(credentials),
+                "--queues",
+                ",".join(self.queues),
+                "--worker-id",
+                self.worker_id,
+                "--capacity",
+                str(capacity),
+                "--ledger",
+                str(self.work / "ledgers" / f"w{self.index}-{self.incarnation}.jsonl"),
+                "--resources",
+                str(self.work / "resources"),
+            ],
+            self.work / "logs" / f"worker-{self.index}.log",
+            self.env,
+        )
+
+    def kill(self) -> None:
+        process = self.process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+            self.killed_at[(self.worker_id, process.pid)] = time.time()
+
+    def drain(self, timeout: float) -> bool:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return True
+        process.terminate()  # the worker drains on SIGTERM
+        try:
+            process.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return False
+
+
+# --------------------------------------------------------------------------- load
+
+
+@dataclass
+class SubmitStats:
+    accepted: dict[str, str] = field(default_factory=dict)  # idempotency key -> task id
+    bodies: dict[str, dict] = field(default_factory=dict)
+    deduplicated: int = 0  # answers that were replays (twins, late replays, retries after a lost answer)
+    twins: int = 0  # keys sent to both servers at once
+    replays: int = 0  # keys sent again after their acceptance
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+    retries: int = 0
+    given_up: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    slow: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Submitter:
+    """Threads that submit tasks to both servers, each key re-sent until it is accepted."""
+
+    def __init__(self, cfg: Config, run_id: str, servers: list[Server], token: str, queues: list[str]) -> None:
+        self.cfg = cfg
+        self.run_id = run_id
+        self.servers = servers
+        self.token = token
+        self.queues = queues
+        self.stats = SubmitStats()
+        self.stop = threading.Event()
+        self.abandon = threading.Event()  # give up on keys still being retried
+        self.sequence = itertools.count()
+        self.threads: list[threading.Thread] = []
+
+    def body_for(self, n: int, rng: random.Random) -> tuple[str, dict]:
+        cfg = self.cfg
+        key = f"chaos-{self.run_id}-{n:06d}"
+        long_task = rng.random() < cfg.long_share
+        payload = {
+            "idem": key,
+            "n": n,
+            "sleep_ms": rng.randint(1000, 2500) if long_task else rng.randint(20, 200),
+        }
+        if rng.random() < cfg.fail_first_share:
+            payload["fail_first"] = True
+        body: dict[str, Any] = {
+            "queue_id": self.queues[n % len(self.queues)],
+            "handler": "chaos.work",
+            "handler_version": "v1",
+            "payload_version": "v1",
+            "payload": payload,
+            "priority": rng.randint(3, 7),
+            "lease_seconds": cfg.lease_seconds,
+            "max_attempts": 3,
+            "retry": {"initial_seconds": 0.2, "multiplier": 2, "max_seconds": 2},
+        }
+        if rng.random() < cfg.keyed_share:
+            body["concurrency_key"] = f"chaos/resource-{rng.randrange(cfg.keys)}"
+        return key, body
+
+    def post_until_answered(self, client: httpx.Client, first: int, key: str, body: dict) -> dict | None:
+        """POST until the server accepts or replays (its `data`); None when told to give up.
+
+        Each retry goes to the other server with the same key and body, so a request whose
+        answer was lost (server killed, database gone mid-commit) is de-duplicated there."""
+        stats = self.stats
+        tries = 0
+        while not self.abandon.is_set():
+            server = self.servers[(first + tries) % len(self.servers)]
+            tries += 1
+            began = time.monotonic()
+            try:
+                response = client.post(
+                    server.url + "/v1/tasks",
+                    json=body,
+                    headers={"Idempotency-Key": key, "Authorization": f"Bearer {self.token}"},
+                )
+            except httpx.HTTPError as exc:
+                with stats.lock:
+                    stats.statuses[f"network:{type(exc).__name__}"] += 1
+                    stats.retries += 1
+                time.sleep(0.2)
+                continue
+            elapsed = time.monotonic() - began
+            status = response.status_code
+            with stats.lock:
+                stats.statuses[str(status)] += 1
+                if elapsed > PROBE_TIMEOUT:
+                    stats.slow.append(f"POST {key} to {server.name}: {status} after {elapsed:.1f} s")
+            if status in (200, 201):
+                data = response.json()["data"]
+                if (status == 200) != bool(data.get("deduplicated")):
+                    with stats.lock:
+                        stats.unexpected.append(
+                            f"POST {key}: HTTP {status} with deduplicated={data.get('deduplicated')}"
+                        )
+                return data
+            code = _error_code(response)
+            if status == 503 and code == "UNAVAILABLE":
+                with stats.lock:
+                    stats.retries += 1
+                time.sleep(0.2)
+                continue
+            if status == 429:
+                time.sleep(1.0)
+                continue
+            with stats.lock:
+                stats.unexpected.append(f"POST {key} to {server.name}: HTTP {status} {response.text[:300]}")
+            if status >= 500:  # INTERNAL is a finding, but the request may still be retried
+                time.sleep(0.2)
+                continue
+            return None
+        return None
+
+    def submit_one(self, client: httpx.Client, n: int, key: str, body: dict, rng: random.Random) -> None:
+        stats = self.stats
+        with stats.lock:
+            stats.bodies[key] = body
+        answers: list[dict | None] = []
+        if rng.random() < self.cfg.twin_share:
+            # Concurrent twins: the same key and body to both servers at once; one effect only.
+            def twin() -> None:
+                with httpx.Client(timeout=client.timeout) as other:
+                    answers.append(self.post_until_answered(other, n + 1, key, body))
+
+            thread = threading.Thread(target=twin, daemon=True)
+            thread.start()
+            answers.append(self.post_until_answered(client, n, key, body))
+            thread.join()
+            with stats.lock:
+                stats.twins += 1
+        else:
+            answers.append(self.post_until_answered(client, n, key, body))
+        if answers[0] is not None and rng.random() < self.cfg.replay_share:
+            # A late replay of an accepted request, to the other server: the original receipt.
+            replay = self.post_until_answered(client, n + 1, key, body)
+            if replay is not None and not replay.get("deduplicated"):
+                with stats.lock:
+                    stats.unexpected.append(f"replay of {key} was not deduplicated: {replay}")
+            answers.append(replay)
+            with stats.lock:
+                stats.replays += 1
+        got = [a for a in answers if a is not None]
+        if not got:
+            with stats.lock:
+                stats.given_up.append(key)
+            return
+        ids = {a["task"]["id"] for a in got}
+        with stats.lock:
+            if len(ids) != 1:
+                stats.unexpected.append(f"idempotency key {key} answered with different tasks {sorted(ids)}")
+            if sum(1 for a in got if not a.get("deduplicated")) > 1:
+                stats.unexpected.append(f"idempotency key {key}: two answers both say 201 (two effects)")
+            stats.accepted[key] = got[0]["task"]["id"]
+            stats.deduplicated += sum(1 for a in got if a.get("deduplicated"))
+
+    def loop(self, index: int) -> None:
+        rng = random.Random(self.cfg.seed * 1000 + index)
+        interval = self.cfg.submitters / self.cfg.rate
+        timeout = httpx.Timeout(PROBE_TIMEOUT + 3, connect=2.0)
+        with httpx.Client(timeout=timeout) as client:
+            next_at = time.monotonic()
+            while not self.stop.is_set():
+                n = next(self.sequence)
+                key, body = self.body_for(n, rng)
+                self.submit_one(client, n, key, body, rng)
+                next_at = max(next_at + interval, time.monotonic() - interval)
+                self.stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def start(self) -> None:
+        for index in range(self.cfg.submitters):
+            thread = threading.Thread(target=self.loop, args=(index,), name=f"submitter-{index}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def finish(self, timeout: float) -> None:
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+        if any(thread.is_alive() for thread in self.threads):
+            self.abandon.set()
+            for thread in self.threads:
+                thread.join(10)
+
+
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        return response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------- the run
+
+
+class Harness:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.run_id = uuid.uuid4().hex[:8]
+        base = Path("/dev/shm") if os.access("/dev/shm", os.W_OK) else Path(tempfile.gettempdir())
+        self.work = Path(tempfile.mkdtemp(prefix=f"orbit-chaos-{self.run_id}-", dir=base))
+        os.chmod(self.work, 0o755)  # the private mysqld (user mysql) must reach its datadir
+        for sub in ("logs", "ledgers", "resources"):
+            (self.work / sub).mkdir()
+        self.db = PrivateMariaDB(self.work / "mariadb")
+        self.procs = Processes()
+        self.servers: list[Server] = []
+        self.api_server: Server | None = None
+        self.slots: list[WorkerSlot] = []
+        self.submitter: Submitter | None = None
+        self.violations: list[str] = []
+        self.notes: list[str] = []
+        self.events: list[dict[str, Any]] = []
+        self.figures: dict[str, Any] = {}
+        self.began = time.monotonic()
+        self.plain_check_noise = 0
+        self.summary_path: Path | None = None
+        self.killed_workers: list[tuple[str, float]] = []
+        self._cleaned = False
+
+    # -- helpers ---------------------------------------------------------------
+
+    def violation(self, message: str) -> None:
+        log(f"VIOLATION: {message}")
+        self.violations.append(message)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "ORBIT_MYSQL_DSN": self.db.dsn(DB_NAME),
+                "ORBIT_MAINTENANCE": "1",
+                "ORBIT_LOG_LEVEL": "WARNING",
+                "PYTHONUNBUFFERED": "1",
+                "DJANGO_SETTINGS_MODULE": "orbit.settings",
+            }
+        )
+        env.pop("ORBIT_SQLITE_PATH", None)
+        return env
+
+    def manage(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout
+        )
+
+    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        conn = self.db.connect(DB_NAME)
+        try:
+            cursor = conn.cursor()
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        finally:
+            conn.close()
+
+    def wait_until(self, condition: Any, timeout: float, interval: float = 0.1) -> float | None:
+        began = time.monotonic()
+        while time.monotonic() - began < timeout:
+            try:
+                if condition():
+                    return time.monotonic() - began
+            except Exception:  # noqa: BLE001 - the database may still be coming back
+                pass
+            time.sleep(interval)
+        return None
+
+    def get(self, server: Server, timeout: float = PROBE_TIMEOUT) -> tuple[int | None, str | None, float]:
+        """GET a queue on `server`: (status, error code, seconds)."""
+        began = time.monotonic()
+        try:
+            response = httpx.get(
+                f"{server.url}/v1/queues/{self.queues[0]}",
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=timeout,
+            )
+        except httpx.HTTPError as exc:
+            return None, type(exc).__name__, time.monotonic() - began
+        return response.status_code, _error_code(response), time.monotonic() - began
+
+    def serving(self, server: Server) -> bool:
+        return self.get(server, timeout=2.0)[0] == 200
+
+    def serving_steadily(self, server: Server) -> bool:
+        """Three answers in a row are 200 (one lucky request on a fresh connection is not recovery)."""
+        return all(self.serving(server) for _ in range(3))
+
+    @property
+    def every_server(self) -> list[Server]:
+        return [*self.servers, *([self.api_server] if self.api_server else [])]
+
+    # -- setup -----------------------------------------------------------------
+
+    def setup(self) -> None:
+        cfg = self.cfg
+        seconds = self.db.start()
+        log(f"private MariaDB on 127.0.0.1:{self.db.port} (datadir {self.db.datadir}) up in {seconds:.1f} s")
+        self.db.create_database(DB_NAME)
+        began = time.monotonic()
+        result = self.manage("migrate", "-v0", timeout=300)
+        if result.returncode != 0:
+            raise RuntimeError(f"migrate failed:\n{result.stdout}\n{result.stderr}")
+        log(f"migrated in {time.monotonic() - began:.1f} s")
+        self.credentials = self.work / "credentials.json"
+        result = self.manage(
+            "orbit_bootstrap",
+            "--application",
+            "chaos",
+            "--namespace",
+            "chaos",
+            "--environment",
+            "chaos",
+            "--queue",
+            "chaos-1",
+            "--max-concurrency",
+            "16",
+            "--rate-per-second",
+            "200",
+            "--worker-access",
+            "--output",
+            str(self.credentials),
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"orbit_bootstrap failed:\n{result.stdout}\n{result.stderr}")
+        creds = json.loads(self.credentials.read_text())
+        self.token = creds["token"]
+        self.namespace_id = creds["namespace_id"]
+        self.queues = [creds["queue_id"]]
+
+        env = self.env()
+        self.servers = [Server(name, self.procs, env, self.work / "logs") for name in ("A", "B")]
+        # C serves the API only: no worker connects to it and no submitter writes through it, so
+        # nothing but its own HTTP requests can heal it after a database restart.
+        self.api_server = Server("C", self.procs, env, self.work / "logs")
+        for server in self.every_server:
+            seconds = server.start()
+            log(f"server {server.name} on {server.url} listening after {seconds:.1f} s")
+        response = httpx.post(
+            f"{self.servers[0].url}/v1/queues",
+            json={"name": "chaos-2", "max_concurrency": 16, "rate_per_second": 200},
+            headers={"Authorization": f"Bearer {self.token}", "Idempotency-Key": f"chaos-{self.run_id}-queue-2"},
+            timeout=10,
+        )
+        if response.status_code != 201:
+            raise RuntimeError(f"creating queue chaos-2 failed: {response.status_code} {response.text}")
+        self.queues.append(response.json()["data"]["queue"]["id"])
+        if not self.serving(self.api_server):  # its pool threads now hold connections
+            raise RuntimeError("server C does not answer")
+
+        worker_env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        queue_sets = [self.queues, self.queues[:1], self.queues, self.queues[1:]]
+        for index in range(cfg.workers):
+            server = self.servers[index % len(self.servers)]
+            slot = WorkerSlot(
+                index, server, queue_sets[index % len(queue_sets)], self.run_id, self.procs, worker_env, self.work
+            )
+            slot.start(cfg.capacity, self.credentials)
+            self.slots.append(slot)
+        self.submitter = Submitter(cfg, self.run_id, self.servers, self.token, self.queues)
+        log(
+            f"{cfg.workers} workers (capacity {cfg.capacity}) on servers "
+            + ", ".join(f"w{s.index}->{s.server.name}" for s in self.slots)
+            + f"; submitting about {cfg.rate:.0f} tasks/s"
+        )
+
+    # -- measurements ----------------------------------------------------------
+
+    def succeeded_after(self, wall: float) -> bool:
+        moment = datetime.datetime.fromtimestamp(wall, datetime.UTC).replace(tzinfo=None)
+        rows = self.query("SELECT COUNT(*) FROM orbit_attempt WHERE state='SUCCEEDED' AND finished_at > %s", (moment,))
+        return rows[0][0] > 0
+
+    def connected_after(self, worker_ids: list[str], wall: float) -> bool:
+        if not worker_ids:
+            return True
+        moment = datetime.datetime.fromtimestamp(wall, datetime.UTC).replace(tzinfo=None)
+        marks = ",".join(["%s"] * len(worker_ids))
+        rows = self.query(
+            f"SELECT COUNT(*) FROM orbit_worker_identity WHERE worker_id IN ({marks}) AND connected_at > %s",
+            (*worker_ids, moment),
+        )
+        return rows[0][0] == len(worker_ids)
+
+    def snapshot_check(self, label: str) -> None:
+        result = subprocess.run(
+            [PYTHON, str(HERE / "snapshot_check.py")],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            self.violation(f"invariants after {label}: {(result.stderr or result.stdout).strip()[:2000]}")
+            return
+        # The plain command too, load still running: its separate READ COMMITTED reads can see a
+        # commit between two queries, so a report here that the snapshot does not confirm is noted,
+        # not counted.
+        plain = self.manage("orbit_check")
+        if plain.returncode != 0:
+            self.plain_check_noise += 1
+            self.notes.append(
+                f"plain orbit_check under load after {label} reported (snapshot says ok): "
+                + " | ".join(plain.stderr.strip().splitlines()[:3])
+            )
+        log(f"invariants after {label}: ok (snapshot); plain orbit_check under load exit {plain.returncode}")
+
+    def rows_check(self, label: str) -> None:
+        """So far: every task the client saw accepted exists, and no idempotency key has two tasks."""
+        assert self.submitter is not None
+        with self.submitter.stats.lock:
+            accepted = set(self.submitter.stats.accepted.values())
+        present = {
+            row[0] for row in self.query("SELECT id FROM orbit_task WHERE namespace_id=%s", (self.namespace_id,))
+        }
+        lost = accepted - present
+        if lost:
+            self.violation(f"after {label}: {len(lost)} accepted tasks missing, e.g. {sorted(lost)[:3]}")
+        twins = self.query(
+            "SELECT JSON_UNQUOTE(JSON_EXTRACT(payload, '$.idem')) k, COUNT(*) FROM orbit_task "
+            "WHERE namespace_id=%s GROUP BY k HAVING COUNT(*) > 1",
+            (self.namespace_id,),
+        )
+        if twins:
+            self.violation(f"after {label}: idempotency keys with several tasks: {twins[:3]}")
+
+    def probe_outage(self, until: float, event: dict[str, Any]) -> None:
+        """While the database is down: every probe answers 503 UNAVAILABLE within PROBE_TIMEOUT."""
+        probes, worst = 0, 0.0
+        submit_probe_done = False
+        while time.monotonic() < until:
+            for server in self.every_server:
+                if server.process is None or server.process.poll() is not None or not port_open(server.port):
+                    continue
+                status, code, seconds = self.get(server, timeout=PROBE_TIMEOUT + 3)
+                probes += 1
+                worst = max(worst, seconds)
+                if status != 503 or code != "UNAVAILABLE" or seconds > PROBE_TIMEOUT:
+                    self.violation(
+                        f"{event['name']}: GET on server {server.name} while the database is down answered "
+                        f"{status} {code} after {seconds:.2f} s (want 503 UNAVAILABLE within {PROBE_TIMEOUT:.0f} s)"
+                    )
+                if not submit_probe_done:
+                    submit_probe_done = True
+                    began = time.monotonic()
+                    try:
+                        response = httpx.post(
+                            server.url + "/v1/tasks",
+                            json={"queue_id": self.queues[0]},
+                            headers={
+                                "Authorization": f"Bearer {self.token}",
+                                "Idempotency-Key": f"probe-{uuid.uuid4().hex}",
+                            },
+                            timeout=PROBE_TIMEOUT + 3,
+                        )
+                        status, code = response.status_code, _error_code(response)
+                    except httpx.HTTPError as exc:
+                        status, code = None, type(exc).__name__
+                    seconds = time.monotonic() - began
+                    probes += 1
+                    worst = max(worst, seconds)
+                    if status != 503 or code != "UNAVAILABLE" or seconds > PROBE_TIMEOUT:
+                        self.violation(
+                            f"{event['name']}: POST /v1/tasks on server {server.name} while the database is down "
+                            f"answered {status} {code} after {seconds:.2f} s"
+                        )
+            time.sleep(0.3)
+        event["outage_probes"] = probes
+        event["outage_probe_worst_s"] = round(worst, 3)
+
+    def wait_recovery(self, event: dict[str, Any], db_up_wall: float) -> None:
+        """After the database is back: each server answers again by itself, and work resumes."""
+        for server in self.every_server:
+            seconds = self.wait_until(lambda s=server: self.serving_steadily(s), timeout=30)
+            event[f"server_{server.name}_recovered_s"] = None if seconds is None else round(seconds, 2)
+            if seconds is None:
+                self.violation(
+                    f"{event['name']}: server {server.name} did not answer 200 steadily within 30 s of the database"
+                )
+        seconds = self.wait_until(lambda: self.succeeded_after(db_up_wall), timeout=45, interval=0.2)
+        event["work_resumed_s"] = None if seconds is None else round(seconds, 2)
+        if seconds is None:
+            self.violation(f"{event['name']}: no attempt succeeded within 45 s after the database came back")
+
+    # -- chaos events ----------------------------------------------------------
+
+    def active_attempts_of(self) -> dict[str, collections.Counter]:
+        counts: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        for worker_id, state, n in self.query(
+            "SELECT worker_id, state, COUNT(*) FROM orbit_attempt WHERE state IN ('LEASED','RUNNING') "
+            "GROUP BY worker_id, state"
+        ):
+            counts[worker_id][state] = n
+        return counts
+
+    def kill_worker(self, index: int, same_id: bool = False) -> dict[str, Any]:
+        """Kills the worker with the most running attempts (waiting up to 5 s for one that runs any),
+        so the kill lands mid-execution."""
+        slot = self.slots[index % len(self.slots)]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            active = self.active_attempts_of()
+            busiest = max(self.slots, key=lambda s: (active[s.worker_id]["RUNNING"], -s.index))
+            if active[busiest.worker_id]["RUNNING"]:
+                slot = busiest
+                break
+            time.sleep(0.1)
+        held = self.active_attempts_of()[slot.worker_id]
+        old = slot.worker_id
+        slot.kill()
+        killed_wall = time.time()
+        self.killed_workers.append((old, killed_wall))
+        slot.start(self.cfg.capacity, self.credentials, same_id=same_id)
+        name = "kill -9 worker, restarted under the same worker_id" if same_id else "kill -9 worker"
+        event = {
+            "name": name,
+            "worker": old,
+            "replacement": slot.worker_id,
+            "held_running": held["RUNNING"],
+            "held_leased": held["LEASED"],
+        }
+        seconds = self.wait_until(lambda: self.connected_after([slot.worker_id], killed_wall), timeout=30)
+        event["replacement_connected_s"] = None if seconds is None else round(seconds, 2)
+        if seconds is None:
+            self.violation(f"kill -9 worker: replacement {slot.worker_id} did not connect within 30 s")
+        return event
+
+    def kill_server(self, index: int) -> dict[str, Any]:
+        server = self.servers[index % len(self.servers)]
+        event: dict[str, Any] = {"name": f"kill -9 server {server.name}"}
+        server.stop(kill=True)
+        time.sleep(1.0)
+        restarted_wall = time.time()
+        event["listen_s"] = round(server.start(), 2)
+        seconds = self.wait_until(lambda: self.serving(server), timeout=30)
+        event["serving_s"] = None if seconds is None else round(seconds, 2)
+        if seconds is None:
+            self.violation(f"{event['name']}: restarted server did not answer 200 within 30 s")
+        ids = [slot.worker_id for slot in self.slots if slot.server is server]
+        seconds = self.wait_until(lambda: self.connected_after(ids, restarted_wall), timeout=30, interval=0.2)
+        event["workers_reconnected_s"] = None if seconds is None else round(seconds, 2)
+        if seconds is None:
+            self.violation(f"{event['name']}: its workers did not reconnect within 30 s")
+        return event
+
+    def submit_direct(self, name: str, payload: dict, key: str) -> str:
+        """One task outside the submitters' stream (still counted in every end check)."""
+        assert self.submitter is not None
+        idem = f"chaos-{self.run_id}-{name}"
+        body = {
+            "queue_id": self.queues[0],
+            "handler": "chaos.work",
+            "handler_version": "v1",
+            "payload_version": "v1",
+            "payload": {"idem": idem, **payload},
+            "concurrency_key": key,
+            "lease_seconds": self.cfg.lease_seconds,
+            "max_attempts": 1,
+        }
+        with httpx.Client(timeout=httpx.Timeout(PROBE_TIMEOUT + 3, connect=2.0)) as client:
+            data = self.submitter.post_until_answered(client, 0, idem, body)
+        if data is None:
+            raise RuntimeError(f"could not submit {name}")
+        with self.submitter.stats.lock:
+            self.submitter.stats.accepted[idem] = data["task"]["id"]
+            self.submitter.stats.bodies[idem] = body
+        return data["task"]["id"]
+
+    def ledger_end(self, attempt_id: str) -> dict | None:
+        for path in (self.work / "ledgers").glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                if attempt_id in line and '"event":"end"' in line:
+                    return json.loads(line)
+        return None
+
+    def fence(self, n: int) -> dict[str, Any]:
+        """A keyed handler outlives its lease while its server is down; the key's next holder (on
+        the other server) writes with a higher token, and the old handler's late write is refused."""
+        key = f"chaos/fence-{n}"
+        event: dict[str, Any] = {"name": "handler outlives its lease (server down > lease): fencing token"}
+        long_id = self.submit_direct(f"fence-{n}-long", {"sleep_ms": 60_000}, key)
+        rows: list = []
+
+        def running() -> bool:
+            rows[:] = self.query(
+                "SELECT id, worker_id, concurrency_token FROM orbit_attempt WHERE task_id=%s AND state='RUNNING'",
+                (long_id,),
+            )
+            return bool(rows)
+
+        if self.wait_until(running, timeout=30) is None:
+            self.violation(f"{event['name']}: the long task did not start within 30 s")
+            return event
+        attempt_id, worker_id, long_token = rows[0]
+        slot = next(s for s in self.slots if s.worker_id == worker_id)
+        server = slot.server
+        follow_id = self.submit_direct(f"fence-{n}-next", {"sleep_ms": 50}, key)
+        server.stop(kill=True)
+        killed = time.monotonic()
+        event["server"] = server.name
+
+        def follow_done() -> bool:
+            rows[:] = self.query(
+                "SELECT state, concurrency_token, leased_at FROM orbit_attempt WHERE task_id=%s AND state='SUCCEEDED'",
+                (follow_id,),
+            )
+            return bool(rows)
+
+        seconds = self.wait_until(follow_done, timeout=self.cfg.lease_seconds + 30, interval=0.2)
+        event["next_holder_done_after_kill_s"] = None if seconds is None else round(time.monotonic() - killed, 2)
+        event["listen_s"] = round(server.start(), 2)
+        if seconds is None:
+            self.violation(f"{event['name']}: the key's next task did not succeed while the old holder was cut off")
+            return event
+        follow_token = rows[0][1]
+        end = None
+        if self.wait_until(lambda: self.ledger_end(attempt_id) is not None, timeout=30, interval=0.2) is not None:
+            end = self.ledger_end(attempt_id)
+        state = self.query("SELECT state FROM orbit_attempt WHERE id=%s", (attempt_id,))[0][0]
+        event.update(
+            {
+                "old_token": long_token,
+                "new_token": follow_token,
+                "old_attempt": state,
+                "old_write": None if end is None else end["write"],
+            }
+        )
+        if follow_token <= long_token:
+            self.violation(f"{event['name']}: next holder's token {follow_token} not above {long_token}")
+        if state != "UNKNOWN":
+            self.violation(f"{event['name']}: the cut-off attempt ended {state}, not UNKNOWN")
+        if end is None or end["write"] != "stale":
+            self.violation(f"{event['name']}: the old holder's late write was not refused: {end}")
+        return event
+
+    def kill_all_servers(self) -> dict[str, Any]:
+        event: dict[str, Any] = {"name": "kill -9 every server at once"}
+        for server in self.every_server:
+            server.stop(kill=True)
+        time.sleep(1.0)
+        restarted_wall = time.time()
+        for server in self.every_server:
+            event[f"server_{server.name}_listen_s"] = round(server.start(), 2)
+        ids = [slot.worker_id for slot in self.slots]
+        seconds = self.wait_until(lambda: self.connected_after(ids, restarted_wall), timeout=30, interval=0.2)
+        event["workers_reconnected_s"] = None if seconds is None else round(seconds, 2)
+        if seconds is None:
+            self.violation("kill -9 both servers: workers did not reconnect within 30 s")
+        seconds = self.wait_until(lambda: self.succeeded_after(restarted_wall), timeout=45, interval=0.2)
+        event["work_resumed_s"] = None if seconds is None else round(seconds, 2)
+        if seconds is None:
+            self.violation("kill -9 both servers: no attempt succeeded within 45 s of the restart")
+        return event
+
+    def db_outage(
+        self, kill: bool, restart_server: Server | None = None, down_seconds: float | None = None
+    ) -> dict[str, Any]:
+        name = "kill -9 MariaDB" if kill else "SIGTERM restart of MariaDB"
+        down = self.cfg.db_down_seconds if down_seconds is None else down_seconds
+        if down_seconds is not None:
+            name += f" held down {down:.0f} s (longer than a lease)"
+        if restart_server is not None:
+            name += f" + server {restart_server.name} restarted while it is down"
+        event: dict[str, Any] = {"name": name}
+        began = time.monotonic()
+        self.db.stop(kill=kill)
+        event["stop_s"] = round(time.monotonic() - began, 2)
+        if restart_server is not None:
+            restart_server.stop(kill=True)
+            event["server_listen_without_db_s"] = round(restart_server.start(), 2)
+        self.probe_outage(time.monotonic() + down, event)
+        event["db_start_s"] = round(self.db.start(), 2)
+        db_up_wall = time.time()
+        self.wait_recovery(event, db_up_wall)
+        if restart_server is not None:
+            ids = [slot.worker_id for slot in self.slots if slot.server is restart_server]
+            seconds = self.wait_until(lambda: self.connected_after(ids, db_up_wall - 60), timeout=30, interval=0.2)
+            event["workers_reconnected_s"] = None if seconds is None else round(seconds, 2)
+            if seconds is None:
+                self.violation(f"{name}: workers of server {restart_server.name} did not reconnect within 30 s")
+        return event
+
+    def db_freeze(self) -> dict[str, Any]:
+        event: dict[str, Any] = {"name": "MariaDB frozen (SIGSTOP: connections accepted, never answered)"}
+        self.db.freeze()
+        try:
+            self.probe_outage(time.monotonic() + self.cfg.db_down_seconds, event)
+        finally:
+            self.db.thaw()
+        self.wait_recovery(event, time.time())
+        return event
+
+    def schedule(self) -> list[Any]:
+        events = [
+            lambda n: self.kill_worker(n),
+            lambda n: self.kill_server(n),
+            lambda n: self.db_outage(kill=True),
+            lambda n: self.db_outage(kill=False),
+        ]
+        if not self.cfg.short:
+            events += [
+                lambda n: self.kill_worker(n, same_id=True),
+                lambda n: self.db_outage(kill=True, restart_server=self.servers[n % 2]),
+                lambda n: self.kill_all_servers(),
+                lambda n: self.db_outage(kill=True, down_seconds=self.cfg.lease_seconds + 3),
+                lambda n: self.fence(n),
+            ]
+        if self.cfg.freeze:
+            events.append(lambda n: self.db_freeze())
+        return events
+
+    def chaos(self) -> None:
+        """Short: each event once. Full: the events in turn until the time is up."""
+        cfg = self.cfg
+        assert self.submitter is not None
+        self.submitter.start()
+        time.sleep(cfg.warmup_seconds)
+        events = self.schedule()
+        began = time.monotonic()
+        gap = 3.0 if cfg.short else 6.0
+        for n in itertools.count():
+            if cfg.short and n >= len(events):
+                break
+            if not cfg.short and n > 0 and time.monotonic() - began + 10 > cfg.seconds:
+                break
+            t0 = time.monotonic()
+            event = events[n % len(events)](n)
+            event["at_s"] = round(t0 - self.began, 1)
+            event["took_s"] = round(time.monotonic() - t0, 2)
+            self.events.append(event)
+            log(f"event {n + 1}: {json.dumps(event)}")
+            self.snapshot_check(event["name"])
+            self.rows_check(event["name"])
+            time.sleep(gap)
+        remaining = cfg.seconds - (time.monotonic() - began)
+        if remaining > 0:
+            log(f"load continues for {remaining:.0f} s")
+            time.sleep(remaining)
+
+    # -- the end ---------------------------------------------------------------
+
+    def settle(self) -> None:
+        assert self.submitter is not None
+        log("stopping submitters")
+        self.submitter.finish(timeout=30)
+        unsettled_sql = "SELECT COUNT(*) FROM orbit_task WHERE state IN ('WAITING','LEASED','RUNNING')"
+        seconds = self.wait_until(lambda: self.query(unsettled_sql)[0][0] == 0, self.cfg.settle_seconds, 0.5)
+        self.figures["settle_s"] = None if seconds is None else round(seconds, 1)
+        if seconds is None:
+            rows = self.query(
+                "SELECT id, state, concurrency_key, available_at FROM orbit_task "
+                "WHERE state IN ('WAITING','LEASED','RUNNING') LIMIT 10"
+            )
+            self.violation(
+                f"{self.query(unsettled_sql)[0][0]} tasks not settled {self.cfg.settle_seconds:.0f} s after the "
+                f"load stopped (sample: {rows})"
+            )
+        log("draining workers")
+        for slot in self.slots:
+            if not slot.drain(timeout=20):
+                self.notes.append(f"worker {slot.worker_id} did not drain within 20 s; killed")
+        for server in self.every_server:
+            server.stop()
+
+    def run_orbit_check(self) -> None:
+        result = self.manage("orbit_check")
+        self.figures["orbit_check_exit"] = result.returncode
+        self.figures["plain_orbit_check_under_load_failures"] = self.plain_check_noise
+        output = (result.stdout + result.stderr).strip()
+        if result.returncode != 0:
+            self.violation(f"manage.py orbit_check exit {result.returncode}: {output[:3000]}")
+        else:
+            log(output.splitlines()[-1] if output else "orbit_check: ok")
+
+    def check(self) -> None:
+        assert self.submitter is not None
+        stats = self.submitter.stats
+        tasks = {
+            row[0]: {"id": row[0], "state": row[1], "key": row[2], "attempts": row[3], "idem": row[4]}
+            for row in self.query(
+                "SELECT id, state, concurrency_key, attempts, "
+                "JSON_UNQUOTE(JSON_EXTRACT(payload, '$.idem')) FROM orbit_task WHERE namespace_id=%s",
+                (self.namespace_id,),
+            )
+        }
+        attempts = [
+            {
+                "id": r[0],
+                "task_id": r[1],
+                "state": r[2],
+                "epoch": r[3],
+                "key": r[4],
+                "token": r[5],
+                "leased_at": utc_ts(r[6]),
+                "started_at": utc_ts(r[7]),
+                "finished_at": utc_ts(r[8]),
+                "worker_id": r[9],
+                "number": r[10],
+                "late": r[11] is not None,
+            }
+            for r in self.query(
+                "SELECT id, task_id, state, epoch, concurrency_key, concurrency_token, leased_at, started_at, "
+                "finished_at, worker_id, number, late_outcome FROM orbit_attempt WHERE namespace_id=%s",
+                (self.namespace_id,),
+            )
+        ]
+        records = {
+            row[0]: row[1]
+            for row in self.query(
+                "SELECT `key`, response_data FROM orbit_idempotency_record "
+                "WHERE namespace_id=%s AND operation='task.submit'",
+                (self.namespace_id,),
+            )
+        }
+
+        # 1. No accepted task lost.
+        lost = [key for key, task_id in stats.accepted.items() if task_id not in tasks]
+        for key in lost[:20]:
+            self.violation(f"accepted task lost: {key} -> {stats.accepted[key]} is not in orbit_task")
+
+        # 2. Exactly one task per idempotency key.
+        by_idem = collections.defaultdict(list)
+        for task in tasks.values():
+            by_idem[task["idem"]].append(task["id"])
+        for idem, ids in by_idem.items():
+            if len(ids) > 1:
+                self.violation(f"idempotency key {idem}: {len(ids)} tasks {ids}")
+        for key, raw in records.items():
+            data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
+            task_id = (data.get("task") or {}).get("id")
+            if task_id not in tasks:
+                self.violation(f"idempotency record {key}: task {task_id} not in orbit_task")
+            elif tasks[task_id]["idem"] != key:
+                self.violation(f"idempotency record {key}: points at task {task_id} of key {tasks[task_id]['idem']}")
+            if key in stats.accepted and stats.accepted[key] != task_id:
+                self.violation(f"idempotency key {key}: client got {stats.accepted[key]}, record says {task_id}")
+        orphans = [t["id"] for t in tasks.values() if t["idem"] not in records]
+        for task_id in orphans[:20]:
+            self.violation(f"task {task_id} has no idempotency record")
+        unknown_to_client = [key for key in records if key not in stats.accepted]
+        if unknown_to_client:
+            # The client gave up on these (run ended mid-retry): accepted by the server, never acknowledged.
+            self.notes.append(f"{len(unknown_to_client)} tasks accepted by the server but never acknowledged")
+
+        # 3. Attempts agree with their tasks: counters recomputed, one success, no work after it.
+        by_task = collections.defaultdict(list)
+        for attempt in attempts:
+            by_task[attempt["task_id"]].append(attempt)
+        for task_id, task in tasks.items():
+            own = sorted(by_task.get(task_id, []), key=lambda a: a["epoch"])
+            started = [a for a in own if a["started_at"] is not None]
+            if task["attempts"] != len(started):
+                self.violation(f"task {task_id}: attempts={task['attempts']} but {len(started)} attempts started")
+            numbers = sorted(a["number"] for a in started)
+            if numbers != list(range(1, len(started) + 1)):
+                self.violation(f"task {task_id}: attempt numbers {numbers}")
+            if len({a["epoch"] for a in own}) != len(own):
+                self.violation(f"task {task_id}: two attempts share an epoch")
+            successes = [a for a in own if a["state"] == "SUCCEEDED"]
+            if task["state"] == "SUCCEEDED" and len(successes) != 1:
+                self.violation(f"task {task_id}: SUCCEEDED with {len(successes)} succeeded attempts")
+            if task["state"] != "SUCCEEDED" and successes:
+                self.violation(f"task {task_id}: {task['state']} but has a succeeded attempt")
+            if successes and own[-1]["id"] != successes[0]["id"]:
+                self.violation(f"task {task_id}: an attempt was leased after the succeeded one")
+
+        # 4. Per key: permits never overlap, tokens strictly increase in lease order.
+        by_key = collections.defaultdict(list)
+        for attempt in attempts:
+            if attempt["key"]:
+                by_key[attempt["key"]].append(attempt)
+        for key, own in by_key.items():
+            own.sort(key=lambda a: (a["leased_at"], a["token"] or 0))
+            for previous, current in itertools.pairwise(own):
+                if previous["token"] is None or current["token"] is None or current["token"] <= previous["token"]:
+                    self.violation(
+                        f"key {key}: token {current['token']} ({current['id']}) after {previous['token']} "
+                        f"({previous['id']}) in lease order"
+                    )
+                if previous["finished_at"] is None or previous["finished_at"] > current["leased_at"]:
+                    self.violation(
+                        f"key {key}: attempt {current['id']} leased at {current['leased_at']:.6f} while "
+                        f"{previous['id']} held the permit (until {previous['finished_at']})"
+                    )
+
+        # How long the attempts of a killed worker process stayed held: until the lease ran out
+        # and a server's sweep (or, for a same-id restart, the new process) ended them.
+        delays = []
+        for worker_id, killed_wall in self.killed_workers:
+            for attempt in attempts:
+                if attempt["worker_id"] != worker_id or attempt["leased_at"] > killed_wall:
+                    continue
+                if attempt["finished_at"] is not None and attempt["finished_at"] > killed_wall:
+                    delays.append(attempt["finished_at"] - killed_wall)
+        self.figures["killed_worker_attempts_recovered"] = len(delays)
+        self.figures["killed_worker_recovery_max_s"] = round(max(delays), 2) if delays else None
+
+        # 5. The workers' ledgers.
+        self.check_ledgers(tasks, {a["id"]: a for a in attempts})
+
+        states = collections.Counter(task["state"] for task in tasks.values())
+        attempt_states = collections.Counter(a["state"] for a in attempts)
+        self.figures.update(
+            {
+                "tasks_accepted": len(stats.accepted),
+                "tasks_in_db": len(tasks),
+                "task_states": dict(sorted(states.items())),
+                "attempts": len(attempts),
+                "attempt_states": dict(sorted(attempt_states.items())),
+                "late_results": sum(a["late"] for a in attempts),
+                "keyed_tasks": sum(1 for t in tasks.values() if t["key"]),
+                "keys": len(by_key),
+                "submit_deduplicated_replays": stats.deduplicated,
+                "submit_concurrent_twins": stats.twins,
+                "submit_late_replays": stats.replays,
+                "submit_retries": stats.retries,
+                "submit_statuses": dict(sorted(stats.statuses.items())),
+                "submit_keys_given_up": len(stats.given_up),
+            }
+        )
+        for message in stats.unexpected[:20]:
+            self.violation(f"unexpected answer: {message}")
+        for message in stats.slow[:20]:
+            self.violation(f"slow answer: {message}")
+
+    def check_ledgers(self, tasks: dict[str, dict], attempts: dict[str, dict]) -> None:
+        killed: dict[tuple[str, int], float] = {}
+        for slot in self.slots:
+            killed.update(slot.killed_at)
+        executions: dict[str, dict[str, Any]] = {}
+        for path in sorted((self.work / "ledgers").glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by kill -9
+                entry = executions.setdefault(record["attempt_id"], {"attempt_id": record["attempt_id"]})
+                entry.update({k: record[k] for k in ("task_id", "key", "token", "worker_id", "idem", "pid")})
+                if record["event"] == "start":
+                    if "start" in entry:
+                        self.violation(f"attempt {record['attempt_id']}: handler ran twice")
+                    entry["start"] = record["t"]
+                else:
+                    entry["end"] = record["t"]
+                    entry["write"] = record.get("write")
+                    entry["lease_lost"] = record.get("lease_lost")
+        open_ended = 0
+        fenced_overlaps = 0
+        stale_writes = 0
+        by_key = collections.defaultdict(list)
+        for entry in executions.values():
+            attempt = attempts.get(entry["attempt_id"])
+            if "start" not in entry:
+                continue
+            if attempt is None:
+                self.violation(f"ledger attempt {entry['attempt_id']} is not in orbit_attempt")
+                continue
+            token = int(entry["token"]) if entry["token"] is not None else None
+            if attempt["task_id"] != entry["task_id"] or (attempt["key"] or None) != entry["key"]:
+                self.violation(f"ledger attempt {entry['attempt_id']}: task/key differ from the database")
+            if attempt["token"] != token:
+                self.violation(f"ledger attempt {entry['attempt_id']}: token {token} but database {attempt['token']}")
+            if attempt["started_at"] is None or entry["start"] < attempt["started_at"] - 0.001:
+                self.violation(
+                    f"attempt {entry['attempt_id']}: handler began at {entry['start']:.6f} before Start was "
+                    f"approved ({attempt['started_at']})"
+                )
+            if "end" not in entry:
+                open_ended += 1
+                entry["end"] = killed.get((entry["worker_id"], entry["pid"]), float("inf"))
+                if entry["end"] == float("inf"):
+                    self.violation(f"attempt {entry['attempt_id']}: handler never ended and its worker was not killed")
+            if entry.get("write") == "stale":
+                stale_writes += 1
+                if attempt["state"] != "UNKNOWN":
+                    self.violation(
+                        f"attempt {entry['attempt_id']}: its write was refused as stale, yet it ended "
+                        f"{attempt['state']} (it held the permit while a newer token wrote)"
+                    )
+            if entry["key"]:
+                by_key[entry["key"]].append({**entry, "token_int": token})
+        for key, runs in by_key.items():
+            runs.sort(key=lambda e: e["start"])
+            for i, first in enumerate(runs):
+                for second in runs[i + 1 :]:
+                    if second["start"] >= first["end"]:
+                        break
+                    a1, a2 = attempts[first["attempt_id"]], attempts[second["attempt_id"]]
+                    lost_in_time = (
+                        a1["state"] == "UNKNOWN"
+                        and a1["finished_at"] is not None
+                        and a1["finished_at"] <= a2["leased_at"]
+                    )
+                    if lost_in_time:
+                        fenced_overlaps += 1  # the first lost its lease first: the token fences it
+                    else:
+                        self.violation(
+                            f"key {key}: executions of {first['attempt_id']} ({a1['state']}) and "
+                            f"{second['attempt_id']} overlapped while both held the permit"
+                        )
+            for first, second in itertools.pairwise(runs):
+                if second["token_int"] <= first["token_int"]:
+                    self.violation(
+                        f"key {key}: execution with token {second['token_int']} began after token {first['token_int']}"
+                    )
+        self.figures.update(
+            {
+                "executions": len(executions),
+                "executions_cut_by_kill": open_ended,
+                "fenced_overlaps": fenced_overlaps,
+                "stale_writes_refused": stale_writes,
+            }
+        )
+
+    def inject_faults(self) -> None:
+        """--inject-faults: corrupt the quiet database and a ledger the way the bugs this harness
+        hunts would, so a run shows that every check can fail (the run must then exit 1)."""
+        assert self.submitter is not None
+        log("injecting faults (checking the checks)")
+        conn = self.db.connect(DB_NAME)
+        try:
+            cursor = conn.cursor()
+            cursor.execute("UPDATE orbit_queue_state SET unfinished_tasks = unfinished_tasks + 1 LIMIT 1")
+            keys = sorted(self.submitter.stats.accepted)
+            lost = self.submitter.stats.accepted[keys[0]]
+            cursor.execute("DELETE FROM orbit_task WHERE id=%s", (lost,))
+            cursor.execute(
+                "CREATE TEMPORARY TABLE twin AS SELECT * FROM orbit_task WHERE id=%s",
+                (self.submitter.stats.accepted[keys[1]],),
+            )
+            cursor.execute("UPDATE twin SET id=%s", (uuid.uuid4().hex,))
+            cursor.execute("INSERT INTO orbit_task SELECT * FROM twin")
+            cursor.execute(
+                "SELECT id, concurrency_key, leased_at FROM orbit_attempt WHERE concurrency_key<>'' "
+                "ORDER BY leased_at DESC LIMIT 1"
+            )
+            attempt_id, key, leased_at = cursor.fetchone()
+            cursor.execute("UPDATE orbit_attempt SET concurrency_token=1 WHERE id=%s", (attempt_id,))
+            cursor.execute(
+                "SELECT id FROM orbit_attempt WHERE concurrency_key=%s AND leased_at<%s "
+                "ORDER BY leased_at DESC LIMIT 1",
+                (key, leased_at),
+            )
+            previous = cursor.fetchone()[0]
+            cursor.execute(
+                "UPDATE orbit_attempt SET finished_at=%s + INTERVAL 1 SECOND WHERE id=%s", (leased_at, previous)
+            )
+            conn.commit()
+        finally:
+            conn.close()
+        cursor_rows = self.query("SELECT id, task_id FROM orbit_attempt WHERE started_at IS NOT NULL LIMIT 1")
+        with open(self.work / "ledgers" / "zz-injected.jsonl", "w") as ledger:
+            ledger.write(
+                json.dumps(
+                    {
+                        "worker_id": "injected",
+                        "pid": 0,
+                        "event": "start",
+                        "t": 0.0,
+                        "task_id": cursor_rows[0][1],
+                        "attempt_id": cursor_rows[0][0],
+                        "key": None,
+                        "token": None,
+                        "idem": None,
+                    }
+                )
+                + "\n"
+            )
+
+    def scan_logs(self) -> None:
+        unhandled = []
+        for server in self.every_server:
+            text = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+            for line in text.splitlines():
+                if (
+                    "unhandled error" in line
+                    or "submit group failed" in line
+                    or ("worker message" in line and "failed" in line)
+                ):
+                    unhandled.append(f"server {server.name}: {line.strip()[:300]}")
+        for line in unhandled[:20]:
+            self.violation(f"INTERNAL error logged: {line}")
+        self.figures["server_internal_errors"] = len(unhandled)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self.setup()
+            log(f"chaos for {self.cfg.seconds:.0f} s")
+            self.chaos()
+            self.settle()
+            if self.cfg.inject_faults:
+                self.inject_faults()
+            self.run_orbit_check()
+            self.check()
+            self.scan_logs()
+        except (SystemExit, KeyboardInterrupt):
+            self.violation("interrupted before the end: not a verdict")
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as a failed run
+            self.violation(f"harness error: {type(exc).__name__}: {exc}")
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            self.figures["wall_s"] = round(time.monotonic() - self.began, 1)
+            self.summary()
+            self.cleanup()
+        return 1 if self.violations else 0
+
+    def summary(self) -> None:
+        summary = {
+            "ok": not self.violations,
+            "mode": "short" if self.cfg.short else "full",
+            "chaos_seconds": self.cfg.seconds,
+            "figures": self.figures,
+            "events": self.events,
+            "violations": self.violations,
+            "notes": self.notes,
+        }
+        (self.work / "summary.json").write_text(json.dumps(summary, indent=2))
+        if self.summary_path is not None:
+            self.summary_path.write_text(json.dumps(summary, indent=2))
+        print("\n==== chaos summary ====", flush=True)
+        for event in self.events:
+            details = ", ".join(f"{k}={v}" for k, v in event.items() if k != "name")
+            print(f"  event: {event['name']}: {details}")
+        for name, value in self.figures.items():
+            print(f"  {name}: {value}")
+        for note in self.notes:
+            print(f"  note: {note}")
+        for message in self.violations:
+            print(f"  VIOLATION: {message}")
+        verdict = "OK" if not self.violations else f"FAILED ({len(self.violations)} violations)"
+        print(
+            f"chaos: {verdict} events={len(self.events)} accepted={self.figures.get('tasks_accepted')} "
+            f"orbit_check_exit={self.figures.get('orbit_check_exit')}",
+            flush=True,
+        )
+
+    def cleanup(self) -> None:
+        if self._cleaned:
+            return
+        self._cleaned = True
+        self.procs.kill_all()
+        try:
+            self.db.stop(kill=True)
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            if LOG_KEEP.exists():
+                shutil.rmtree(LOG_KEEP)
+            LOG_KEEP.mkdir(parents=True)
+            for sub in ("logs", "ledgers"):
+                shutil.copytree(self.work / sub, LOG_KEEP / sub)
+            for name in ("summary.json",):
+                if (self.work / name).exists():
+                    shutil.copy(self.work / name, LOG_KEEP / name)
+            if self.db.log_path.exists():
+                shutil.copy(self.db.log_path, LOG_KEEP / "mariadb.log")
+        except OSError as exc:
+            print(f"chaos: could not keep logs: {exc}", file=sys.stderr)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--short", action="store_true", help="CI form: one round of events, lighter load")
+    parser.add_argument("--seconds", type=float, help="chaos duration (default 40 short, 180 full)")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=None, help="tasks submitted per second")
+    parser.add_argument("--summary", type=Path, help="also write the JSON summary here")
+    parser.add_argument(
+        "--freeze",
+        action="store_true",
+        help="add an event that freezes MariaDB (SIGSTOP); today requests then hang (see README)",
+    )
+    parser.add_argument(
+        "--inject-faults", action="store_true", help="corrupt the rows at the end: every check must then fire"
+    )
+    args = parser.parse_args()
+    reason = available()
+    if reason is not None:
+        print(f"chaos: cannot start a private MariaDB: {reason}", file=sys.stderr)
+        return 2
+    seconds = args.seconds if args.seconds is not None else (40.0 if args.short else 180.0)
+    cfg = Config(
+        short=args.short,
+        seconds=seconds,
+        workers=args.workers,
+        rate=args.rate if args.rate is not None else (10.0 if args.short else 16.0),
+        settle_seconds=75.0 if args.short else 120.0,
+        seed=args.seed if args.seed is not None else random.randrange(1 << 30),
+        inject_faults=args.inject_faults,
+        freeze=args.freeze,
+    )
+    harness = Harness(cfg)
+    harness.summary_path = args.summary
+    log(f"run {harness.run_id} ({'short' if cfg.short else 'full'}), seed {cfg.seed}, workdir {harness.work}")
+    atexit.register(harness.cleanup)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # Hard bound on the whole run, whatever hangs.
+    limit = seconds + cfg.settle_seconds + 300
+
+    def expire() -> None:
+        print(f"chaos: hard deadline of {limit:.0f} s passed; cleaning up", file=sys.stderr, flush=True)
+        harness.cleanup()
+        os._exit(3)
+
+    timer = threading.Timer(limit, expire)
+    timer.daemon = True
+    timer.start()
+    return harness.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The reliability harness (bench/chaos/harness.py) in its short form.
+
+It starts its own private MariaDB (never the shared one on 127.0.0.1:3306), two Orbit
+servers and an API-only one, four SDK workers and HTTP submitters, then kills a worker, a
+server and MariaDB (kill -9, then a clean restart) under load, and checks the rows
+afterwards. The full run: `.venv/bin/python bench/chaos/harness.py`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.chaos.mariadb import available
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+TIMEOUT = 240
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(TIMEOUT + 30)]
+
+
+@pytest.mark.skipif(available() is not None, reason=f"no private MariaDB: {available()}")
+def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ORBIT_")}
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "chaos" / "harness.py"),
+            "--short",
+            "--summary",
+            str(tmp_path / "s.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # one process group: a timeout takes every child down with it
+    )
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGTERM)  # the harness cleans up on SIGTERM
+        try:
+            output, _ = process.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        pytest.fail(f"chaos harness did not finish within {TIMEOUT} s:\n{output[-6000:]}")
+    assert process.returncode == 0, output[-8000:]
+    assert "chaos: OK" in output, output[-8000:]
+
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["ok"] and not summary["violations"]
+    names = [event["name"] for event in summary["events"]]
+    assert names == ["kill -9 worker", "kill -9 server B", "kill -9 MariaDB", "SIGTERM restart of MariaDB"]
+    figures = summary["figures"]
+    assert figures["orbit_check_exit"] == 0
+    assert figures["tasks_accepted"] > 0 and figures["tasks_in_db"] == figures["tasks_accepted"]
+    assert figures["submit_deduplicated_replays"] > 0  # the idempotency paths were exercised
+    for event in summary["events"]:
+        if "MariaDB" in event["name"]:
+            assert event["outage_probes"] > 0
+            assert event["outage_probe_worst_s"] < 5
+            for server in ("A", "B", "C"):
+                assert event[f"server_{server}_recovered_s"] is not None
