@@ -56,13 +56,15 @@ def setup(database: str) -> tuple[MySQLdb.Connection, dict]:
     )
     c.execute(
         "INSERT INTO orbit_queue_state (queue_id,application_id,unfinished_tasks,active_permits,reserved_starts,"
-        "window_count) VALUES (%s,%s,0,0,0,0)",
+        "window_count,accepting) VALUES (%s,%s,0,0,0,0,1)",
         (ids["queue"], ids["app"]),
     )
     return db, ids
 
 
 def submit(c, ids: dict, n: int) -> None:
+    """tasks.actions.submit.admit_tasks via the idempotency runner: configuration
+    and the task row before the locks, counters and the event under them."""
     key = f"w0-{n}"
     c.execute("SELECT id FROM orbit_idempotency_record WHERE namespace_id=%s AND `key`=%s", (ids["ns"], key))
     c.fetchall()
@@ -73,10 +75,8 @@ def submit(c, ids: dict, n: int) -> None:
         (ids["ns"], key, "d" * 64, hexid()),
     )
     record_id = c.lastrowid
-    c.execute("SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE", (ids["app"],))
-    c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
     c.execute(
-        "SELECT id,retired_at,max_unfinished_tasks FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s",
+        "SELECT id,max_unfinished_tasks FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s",
         (ids["queue"], ids["ns"]),
     )
     c.execute("SELECT max_unfinished_tasks FROM orbit_application WHERE id=%s", (ids["app"],))
@@ -89,6 +89,8 @@ def submit(c, ids: dict, n: int) -> None:
         "'WAITING',0,3,0,NOW(6),1,2,300,30,0,NOW(6),NOW(6))",
         (task_id, ids["ns"], ids["app"], ids["queue"]),
     )
+    c.execute("SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE", (ids["app"],))
+    c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
     c.execute(
         "UPDATE orbit_application_state SET unfinished_tasks=unfinished_tasks+1 WHERE application_id=%s", (ids["app"],)
     )
@@ -149,8 +151,8 @@ def lease(c, ids: dict) -> list[tuple[str, str, int]]:
 
 
 def start(c, ids: dict, task_id: str, attempt_id: str) -> None:
+    """tasks.actions.dispatch.approve_start: queue_state → task → attempt."""
     c.execute("SELECT * FROM orbit_attempt WHERE id=%s AND namespace_id=%s", (attempt_id, ids["ns"]))
-    c.execute("SELECT deadline_at, start_deadline_at, attempts FROM orbit_task WHERE id=%s", (task_id,))
     c.execute("BEGIN")
     c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
     c.execute("SELECT * FROM orbit_task WHERE id=%s FOR UPDATE", (task_id,))
@@ -172,29 +174,37 @@ def start(c, ids: dict, task_id: str, attempt_id: str) -> None:
 
 
 def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
-    c.execute("SELECT worker_id, epoch FROM orbit_attempt WHERE id=%s AND namespace_id=%s", (attempt_id, ids["ns"]))
+    """tasks.actions.endings.record_result: one peek, the lock chain, settle()
+    with one UPDATE per counter row."""
+    c.execute(
+        "SELECT task_id, application_id, queue_id, namespace_id, concurrency_key, worker_id, epoch "
+        "FROM orbit_attempt WHERE id=%s",
+        (attempt_id,),
+    )
     c.execute("BEGIN")
-    c.execute("SELECT task_id, application_id, queue_id FROM orbit_attempt WHERE id=%s", (attempt_id,))
     c.execute("SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE", (ids["app"],))
     c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
     c.execute("SELECT * FROM orbit_task WHERE id=%s FOR UPDATE", (task_id,))
     c.execute("SELECT * FROM orbit_attempt WHERE id=%s FOR UPDATE", (attempt_id,))
     c.execute(
-        "UPDATE orbit_application_state SET active_attempts=active_attempts-1 WHERE application_id=%s", (ids["app"],)
+        "UPDATE orbit_attempt SET state='SUCCEEDED', finished_at=NOW(6), outcome='SUCCEEDED' WHERE id=%s",
+        (attempt_id,),
     )
-    c.execute("UPDATE orbit_queue_state SET active_permits=active_permits-1 WHERE queue_id=%s", (ids["queue"],))
-    c.execute(
-        "UPDATE orbit_attempt SET state='SUCCEEDED', finished_at=NOW(6), outcome='SUCCEEDED' WHERE id=%s", (attempt_id,)
-    )
-    c.execute(
-        "UPDATE orbit_application_state SET unfinished_tasks=unfinished_tasks-1 WHERE application_id=%s", (ids["app"],)
-    )
-    c.execute("UPDATE orbit_queue_state SET unfinished_tasks=unfinished_tasks-1 WHERE queue_id=%s", (ids["queue"],))
     c.execute("UPDATE orbit_task SET state='SUCCEEDED', updated_at=NOW(6), finished_at=NOW(6) WHERE id=%s", (task_id,))
     c.execute(
         "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
         "(%s,'task.state_changed',%s,'{}',NOW(6))",
         (ids["ns"], task_id),
+    )
+    c.execute(
+        "UPDATE orbit_application_state SET active_attempts=active_attempts-1, unfinished_tasks=unfinished_tasks-1 "
+        "WHERE application_id=%s",
+        (ids["app"],),
+    )
+    c.execute(
+        "UPDATE orbit_queue_state SET active_permits=active_permits-1, unfinished_tasks=unfinished_tasks-1 "
+        "WHERE queue_id=%s",
+        (ids["queue"],),
     )
     c.execute("COMMIT")
 
