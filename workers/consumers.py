@@ -301,6 +301,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert self.worker is not None
         while True:
             try:
+                wait = POLL_INTERVAL_SECONDS
                 if self.draining:
                     if not self.held:
                         await self.close(code=1000)
@@ -311,7 +312,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                         async with self.lease_lock:
                             assignments = []
                             if not self.draining:
-                                assignments = await run_db(dispatch.lease_tasks, worker=self.worker, limit=free)
+                                outcome = await run_db(dispatch.lease_for_worker, worker=self.worker, limit=free)
+                                assignments = outcome.assignments
+                                if outcome.rate_reopens_in is not None:
+                                    # Come back when the start window reopens, not a poll later.
+                                    wait = min(wait, max(outcome.rate_reopens_in, 0.001))
                             for entry in assignments:
                                 self.held.add(entry["attempt_id"])
                                 await self.send_json({"type": "task.assign", "id": entry["attempt_id"], **entry})
@@ -319,7 +324,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                             continue  # a full batch: there may be more right now
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), POLL_INTERVAL_SECONDS)
+                    await asyncio.wait_for(self.wake.wait(), wait)
                     if self.held and self.capacity - len(self.held) < min(self.capacity, dispatch.LEASE_BATCH_MAX) // 2:
                         # Busy worker, one slot freed: let a few more results land
                         # so one lease transaction fills several slots.

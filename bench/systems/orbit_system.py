@@ -355,12 +355,6 @@ async def w4(scale: dict, deadline: float) -> dict:
         t_kill = common.now()
         common.kill9(victim)
         procs = server.workers([queue_id], 1, 16, events, role="survivor", ledger=ledger)
-        held = server.query(
-            "SELECT a.task_id, a.state, a.started_at IS NOT NULL FROM orbit_attempt a "
-            "WHERE a.queue_id=%s AND a.worker_id LIKE 'victim-%%' AND a.leased_at <= FROM_UNIXTIME(%s) "
-            "AND (a.finished_at IS NULL OR a.finished_at > FROM_UNIXTIME(%s))",
-            (queue_id, t_kill, t_kill),
-        )
         while True:
             states = dict(
                 server.query("SELECT state, COUNT(*) FROM orbit_task WHERE queue_id=%s GROUP BY state", (queue_id,))
@@ -370,15 +364,21 @@ async def w4(scale: dict, deadline: float) -> dict:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"tasks not settled: {states}")
             time.sleep(0.1)
-        held_unstarted = [task_id for task_id, _, started in held if not started]
+        # What the victim held at the kill, judged by how each attempt ended:
+        # EXPIRED = leased but not started (re-leased), UNKNOWN = running (review).
+        held = server.query(
+            "SELECT task_id, state, finished_at FROM orbit_attempt WHERE queue_id=%s AND worker_id LIKE 'victim-%%' "
+            "AND state IN ('EXPIRED', 'UNKNOWN')",
+            (queue_id,),
+        )
+        expired = {task_id for task_id, state, _ in held if state == "EXPIRED"}
+        recovered_at = [finished.timestamp() - t_kill for _, _, finished in held if finished is not None]
         releases = server.query(
             "SELECT task_id, MIN(leased_at) FROM orbit_attempt WHERE queue_id=%s AND worker_id LIKE 'survivor-%%' "
             "GROUP BY task_id",
             (queue_id,),
         )
-        re_leased = {
-            task_id: leased.timestamp() - t_kill for task_id, leased in releases if task_id in set(held_unstarted)
-        }
+        re_leased = {task_id: leased.timestamp() - t_kill for task_id, leased in releases if task_id in expired}
         succeeded_twice = server.query(
             "SELECT COUNT(*) FROM (SELECT task_id FROM orbit_attempt WHERE queue_id=%s AND state='SUCCEEDED' "
             "GROUP BY task_id HAVING COUNT(*) > 1) twice",
@@ -389,12 +389,11 @@ async def w4(scale: dict, deadline: float) -> dict:
         return {
             "tasks": len(labels),
             "held_total": len(held),
-            "held_running": len(held) - len(held_unstarted),
+            "held_running": len(held) - len(expired),
             "needs_review": states.get("NEEDS_REVIEW", 0),
+            "recovered_s": round(max(recovered_at), 3) if recovered_at else None,
             "first_rerun_s": round(min(re_leased.values()), 3) if re_leased else None,
-            "relapse_s": round(max(re_leased.values()), 3)
-            if len(re_leased) == len(held_unstarted) and re_leased
-            else None,
+            "relapse_s": round(max(re_leased.values()), 3) if re_leased and len(re_leased) == len(expired) else None,
             "lost": len(labels) - sum(count for state, count in states.items() if state in FINAL),
             "duplicates": succeeded_twice,
             "extra_executions": executions - len(labels),

@@ -54,11 +54,25 @@ def lease_expiry(task: Task, now: datetime) -> datetime:
     return min(expires, task.deadline_at) if task.deadline_at else expires
 
 
+@dataclass(frozen=True)
+class LeaseOutcome:
+    assignments: list[dict[str, Any]]
+    # Seconds until a queue's full start window closes and leasing may resume
+    # (None when no queue was held back by its start rate).
+    rate_reopens_in: float | None = None
+
+
 def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
     """Leases up to `limit` tasks for a worker in one transaction; returns task.assign bodies."""
+    return lease_for_worker(worker=worker, limit=limit).assignments
+
+
+def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
+    """lease_tasks, plus when a queue held back by its start window reopens, so
+    a dispatcher can come back exactly then instead of at its next poll."""
     limit = min(limit, LEASE_BATCH_MAX)
     if limit <= 0:
-        return []
+        return LeaseOutcome([])
     return run_retrying(lambda: _lease(worker, limit))
 
 
@@ -82,7 +96,7 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
 
 
 @transaction.atomic
-def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
+def _lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
     app_state = lock_application_state(worker.application_id)
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
@@ -90,10 +104,11 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
     max_active = Application.objects.values_list("max_active_attempts", flat=True).get(id=worker.application_id)
     want = min(limit, max_active - app_state.active_attempts)
     if want <= 0:
-        return []
+        return LeaseOutcome([])
     states = lock_queue_states(worker.queue_ids)
     queues = Queue.objects.filter(id__in=list(states), namespace_id=worker.namespace_id)
     headroom: dict[str, int] = {}
+    rate_reopens_in: float | None = None
     for queue in queues:
         if queue.paused or queue.retired_at is not None:
             continue
@@ -101,14 +116,15 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
         used = state.window_count if window_open(state, now) else 0
         # Leases reserve window room for attempts not yet started, so a lease
         # never creates an attempt its queue could not let start.
-        room = min(
-            queue.max_concurrency - state.active_permits,
-            queue.rate_per_second - used - state.reserved_starts,
-        )
+        rate_room = queue.rate_per_second - used - state.reserved_starts
+        room = min(queue.max_concurrency - state.active_permits, rate_room)
         if room > 0:
             headroom[queue.id] = room
+        elif rate_room <= 0 and used and state.window_started_at is not None:
+            reopens = (state.window_started_at + RATE_WINDOW - now).total_seconds()
+            rate_reopens_in = reopens if rate_reopens_in is None else min(rate_reopens_in, reopens)
     if not headroom:
-        return []
+        return LeaseOutcome([], rate_reopens_in)
     candidates: list[Task] = []
     for queue_id, room in sorted(headroom.items()):
         candidates.extend(_candidates(worker, queue_id, now, min(want, room)))
@@ -158,7 +174,7 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
         chosen.append((task, attempt))
         taken_per_queue[task.queue_id] = taken_per_queue.get(task.queue_id, 0) + 1
     if not chosen:
-        return []
+        return LeaseOutcome([], rate_reopens_in)
 
     Attempt.objects.bulk_create([attempt for _, attempt in chosen])
     Task.objects.bulk_update([task for task, _ in chosen], ["state", "epoch", "updated_at"])
@@ -185,7 +201,7 @@ def _lease(worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
         ]
     )
     ATTEMPTS_LEASED.inc(len(chosen))
-    return [assignment(task, attempt) for task, attempt in chosen]
+    return LeaseOutcome([assignment(task, attempt) for task, attempt in chosen], rate_reopens_in)
 
 
 def _peek_own_attempt(worker: WorkerContext, attempt_id: str) -> Attempt:

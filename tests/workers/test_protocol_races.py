@@ -29,18 +29,18 @@ async def frames_until_quiet(client: ProtocolClient, quiet: float) -> list[dict]
 async def test_no_assignment_follows_drain_ok_even_with_a_lease_in_flight(tenant, monkeypatch):
     # given a lease transaction that has committed but not yet been sent to the worker
     queue = await sync_to_async(make_queue)(tenant.client)
-    real_lease = dispatch.lease_tasks
+    real_lease = dispatch.lease_for_worker
     leased = threading.Event()
     proceed = threading.Event()
 
     def paused_lease(*, worker, limit):
-        result = real_lease(worker=worker, limit=limit)
-        if result and not leased.is_set():
+        outcome = real_lease(worker=worker, limit=limit)
+        if outcome.assignments and not leased.is_set():
             leased.set()
             proceed.wait(timeout=5)
-        return result
+        return outcome
 
-    monkeypatch.setattr(dispatch, "lease_tasks", paused_lease)
+    monkeypatch.setattr(dispatch, "lease_for_worker", paused_lease)
     client = ProtocolClient(tenant.token)
     await client.connect()
     try:
