@@ -385,7 +385,8 @@ async def w4(scale: dict, deadline: float) -> dict:
             (queue_id,),
         )[0][0]
         ledger_state = json.loads(ledger.read_text() or "{}") if ledger.exists() else {}
-        executions = sum(len(records) for records in events.starts.values())
+        # Runs beyond a task's first (Orbit never re-runs an attempt whose effect is unknown).
+        reruns = sum(max(0, len(records) - 1) for records in events.starts.values())
         return {
             "tasks": len(labels),
             "held_total": len(held),
@@ -396,7 +397,7 @@ async def w4(scale: dict, deadline: float) -> dict:
             "relapse_s": round(max(re_leased.values()), 3) if re_leased and len(re_leased) == len(expired) else None,
             "lost": len(labels) - sum(count for state, count in states.items() if state in FINAL),
             "duplicates": succeeded_twice,
-            "extra_executions": executions - len(labels),
+            "extra_executions": reruns,
             "stale_writes_rejected": ledger_state.get("rejected", 0),
             "fenced_writes": ledger_state.get("writes", 0),
         }
