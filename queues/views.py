@@ -6,16 +6,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit.api.responses import ok, page
-from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
+from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
 from orbit.idempotency import Actor
 from queues import actions
 from queues.serializers import QueueConfigureInput, QueueCreateInput, QueueRetireInput
-
-
-def validated(serializer_class: type, body: dict[str, Any]) -> dict[str, Any]:
-    serializer = serializer_class(data=body)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 def limits_of(fields: dict[str, Any]) -> actions.QueueLimits:

@@ -7,18 +7,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit.api.responses import ok, page
-from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
+from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
 from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import Actor, validate_key
 from tasks.actions import batch, endings, reads, submit
 from tasks.coalesce import submit_coalesced
 from tasks.serializers import CancelTaskInput, SubmitTaskInput
-
-
-def validated(serializer_class: type, body: dict[str, Any]) -> dict[str, Any]:
-    serializer = serializer_class(data=body)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
 
 
 class TaskCollectionView(OrbitView):

@@ -65,6 +65,13 @@ class OrbitView(APIView):
         return ok(request, receipt.data, status=receipt.status)
 
 
+def validated(serializer_class: type, body: dict[str, Any]) -> dict[str, Any]:
+    """The serializer's validated data; its ValidationError becomes 400 naming the field."""
+    serializer = serializer_class(data=body)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data
+
+
 def page_size_of(request: Request) -> int:
     raw = request.query_params.get("page_size")
     if raw is None:
