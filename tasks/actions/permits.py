@@ -45,6 +45,15 @@ def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:
     return Attempt.objects.filter(id=attempt_id).values(*CHAIN_FIELDS, *extra).first()
 
 
+def _lock_parents(peek: dict[str, Any]) -> ConcurrencyKey | None:
+    """The first half of the global lock order for one task: application_state,
+    queue_state, then its key row (if keyed), which is returned."""
+    lock_application_state(peek["application_id"])
+    lock_queue_states([peek["queue_id"]])
+    key = peek["concurrency_key"]
+    return lock_concurrency_keys(peek["namespace_id"], [key])[key] if key else None
+
+
 def lock_attempt_chain(attempt_id: str, peek: dict[str, Any] | None = None) -> Held | None:
     """Locks application_state → queue_state → key → task → attempt for one attempt.
 
@@ -54,11 +63,7 @@ def lock_attempt_chain(attempt_id: str, peek: dict[str, Any] | None = None) -> H
     peek = peek or peek_attempt(attempt_id)
     if peek is None:
         return None
-    lock_application_state(peek["application_id"])
-    lock_queue_states([peek["queue_id"]])
-    key_row = None
-    if peek["concurrency_key"]:
-        key_row = lock_concurrency_keys(peek["namespace_id"], [peek["concurrency_key"]])[peek["concurrency_key"]]
+    key_row = _lock_parents(peek)
     task = lock_task(peek["task_id"])
     attempt = lock_attempt(attempt_id)
     if task is None or attempt is None:
@@ -73,11 +78,7 @@ def lock_task_chain(task_id: str) -> tuple[Task, Held | None] | None:
     )
     if peek is None:
         return None
-    lock_application_state(peek["application_id"])
-    lock_queue_states([peek["queue_id"]])
-    key_row = None
-    if peek["concurrency_key"]:
-        key_row = lock_concurrency_keys(peek["namespace_id"], [peek["concurrency_key"]])[peek["concurrency_key"]]
+    key_row = _lock_parents(peek)
     task = lock_task(task_id)
     if task is None:
         return None
