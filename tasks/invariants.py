@@ -32,14 +32,16 @@ def find_violations_in_snapshot() -> list[str]:
 
 def find_violations() -> list[str]:
     problems: list[str] = []
-    unfinished_by_queue = Counter(
-        dict(
-            Task.objects.filter(state__in=UNFINISHED_STATES)
-            .values_list("queue_id")
-            .annotate(n=Count("id"))
-            .values_list("queue_id", "n")
-        )
-    )
+    unfinished_by_queue: Counter[str] = Counter()
+    unfinished_by_app: Counter[str] = Counter()
+    for queue_id, application_id, count in (
+        Task.objects.filter(state__in=UNFINISHED_STATES)
+        .values_list("queue_id", "application_id")
+        .annotate(n=Count("id"))
+        .values_list("queue_id", "application_id", "n")
+    ):
+        unfinished_by_queue[queue_id] += count
+        unfinished_by_app[application_id] += count
     active = list(
         Attempt.objects.filter(state__in=list(ACTIVE_ATTEMPT_STATES)).values(
             "id", "task_id", "queue_id", "application_id", "state", "concurrency_key", "namespace_id", "epoch"
@@ -58,14 +60,6 @@ def find_violations() -> list[str]:
             if getattr(state, name) != value:
                 problems.append(f"queue {state.queue_id}: {name}={getattr(state, name)} but rows say {value}")
 
-    unfinished_by_app = Counter(
-        dict(
-            Task.objects.filter(state__in=UNFINISHED_STATES)
-            .values_list("application_id")
-            .annotate(n=Count("id"))
-            .values_list("application_id", "n")
-        )
-    )
     for state in ApplicationState.objects.all():
         if state.unfinished_tasks != unfinished_by_app.get(state.application_id, 0):
             problems.append(
