@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from orbit.idempotency import Actor
 from orbit.models import AuditEntry, Event
 
+_gathering = threading.local()
+
+
+@contextmanager
+def gathered_events() -> Iterator[None]:
+    """Inside a transaction: events emitted within are inserted together, in
+    order, as one statement on leaving the block (still inside the transaction)."""
+    if getattr(_gathering, "events", None) is not None:
+        yield  # an outer block writes them
+        return
+    _gathering.events = []
+    try:
+        yield
+        Event.objects.bulk_create(_gathering.events)
+    finally:
+        _gathering.events = None
+
 
 def emit_event(*, namespace_id: str, type: str, subject_id: str, data: dict[str, Any]) -> None:
-    Event.objects.create(namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
+    event = Event(namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
+    gathering = getattr(_gathering, "events", None)
+    if gathering is None:
+        event.save()
+    else:
+        gathering.append(event)
 
 
 def record_management_change(

@@ -50,3 +50,15 @@ def lock_task(task_id: str) -> Task | None:
 
 def lock_attempt(attempt_id: str) -> Attempt | None:
     return Attempt.objects.select_for_update().filter(id=attempt_id).first()
+
+
+def lock_tasks(task_ids: Iterable[str]) -> dict[str, Task]:
+    """Locks tasks in ascending id order (one statement)."""
+    ids = sorted(set(task_ids))
+    return {task.id: task for task in Task.objects.select_for_update().filter(id__in=ids).order_by("id")}
+
+
+def lock_attempts(attempt_ids: Iterable[str]) -> dict[str, Attempt]:
+    """Locks attempts in ascending id order (one statement)."""
+    ids = sorted(set(attempt_ids))
+    return {attempt.id: attempt for attempt in Attempt.objects.select_for_update().filter(id__in=ids).order_by("id")}

@@ -22,7 +22,9 @@ from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializ
 from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
 from orbit.fields import new_id
 from tasks.actions import dispatch, endings
-from tasks.actions.dispatch import WorkerContext
+from tasks.actions.dispatch import StartRequest, WorkerContext
+from tasks.actions.rounds import LeaseRequest
+from tasks.coalesce import ROUNDS
 from workers.actions import current_session, register_worker
 from workers.db import run_db
 from workers.wakeup import registry
@@ -217,7 +219,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def on_start(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
         try:
-            return await run_db(dispatch.approve_start, worker=self.worker, **ref)
+            assert self.worker is not None
+            return await ROUNDS.call_async(self.worker.application_id, StartRequest(self.worker, **ref))
         except (LeaseLost, TaskCancelled):
             await self.forget_if_gone(ref["attempt_id"])
             raise
@@ -254,8 +257,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         if outcome not in endings.OUTCOMES:
             raise InvalidArgument("outcome: must be SUCCEEDED, FAILED or UNKNOWN")
         retryable = field(message, "retryable", bool, optional=True) or False
-        reply = await run_db(
-            endings.record_result,
+        assert self.worker is not None
+        report = endings.ResultReport(
             worker=self.worker,
             outcome=outcome,
             retryable=retryable,
@@ -263,6 +266,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             error=message.get("error"),
             **ref,
         )
+        reply = await ROUNDS.call_async(self.worker.application_id, report)
         self.forget(ref["attempt_id"])
         return reply
 
@@ -312,7 +316,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                         async with self.lease_lock:
                             assignments = []
                             if not self.draining:
-                                outcome = await run_db(dispatch.lease_for_worker, worker=self.worker, limit=free)
+                                outcome = await ROUNDS.call_async(
+                                    self.worker.application_id, LeaseRequest(self.worker, free)
+                                )
                                 assignments = outcome.assignments
                                 if outcome.rate_reopens_in is not None:
                                     # Come back when the start window reopens, not a poll later.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import reduce
@@ -14,17 +15,17 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from orbit.audit import emit_event
-from orbit.errors import LeaseLost, QueuePaused, RateLimited, TaskCancelled
+from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
 from orbit.fields import UINT64_MAX
-from orbit.idempotency import run_retrying
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
-from orbit.models import Application, ApplicationState, Event
+from orbit.models import Application, ApplicationState
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import promote_next
 from tasks.actions.serialize import assignment
-from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys, lock_task
+from tasks.locks import lock_application_state, lock_attempt, lock_attempts, lock_concurrency_keys, lock_tasks
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
+from workers.groupcommit import unwrap
 
 # Most attempts one lease transaction creates: several workers on several
 # nodes share a hot queue instead of the fastest poller taking everything.
@@ -70,10 +71,9 @@ def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
 def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
     """lease_tasks, plus when a queue held back by its start window reopens, so
     a dispatcher can come back exactly then instead of at its next poll."""
-    limit = min(limit, LEASE_BATCH_MAX)
-    if limit <= 0:
-        return LeaseOutcome([])
-    return run_retrying(lambda: _lease(worker, limit))
+    from tasks.actions.rounds import LeaseRequest, run_round
+
+    return unwrap(run_round([LeaseRequest(worker, limit)])[0])
 
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
@@ -95,8 +95,11 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
     return list(tasks.order_by("-priority", "available_at", "id").select_for_update(skip_locked=True)[:count])
 
 
-@transaction.atomic
-def _lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
+def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
+    """Leases up to `limit` (at most LEASE_BATCH_MAX) tasks for a worker; caller holds the transaction."""
+    limit = min(limit, LEASE_BATCH_MAX)
+    if limit <= 0:
+        return LeaseOutcome([])
     app_state = lock_application_state(worker.application_id)
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
@@ -189,19 +192,20 @@ def _lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
         QueueState.objects.filter(queue_id=queue_id).update(
             active_permits=F("active_permits") + count, reserved_starts=F("reserved_starts") + count
         )
-    Event.objects.bulk_create(
-        [
-            Event(
-                namespace_id=task.namespace_id,
-                type="task.state_changed",
-                subject_id=task.id,
-                data={"queue_id": task.queue_id, "state": TaskState.LEASED, "previous": TaskState.WAITING},
-            )
-            for task, _ in chosen
-        ]
-    )
+    _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
     ATTEMPTS_LEASED.inc(len(chosen))
     return LeaseOutcome([assignment(task, attempt) for task, attempt in chosen], rate_reopens_in)
+
+
+def _emit_moves(tasks: list[Task], state: str, *, previous: str) -> None:
+    """One task.state_changed event per task (a round gathers them into one insert)."""
+    for task in tasks:
+        emit_event(
+            namespace_id=task.namespace_id,
+            type="task.state_changed",
+            subject_id=task.id,
+            data={"queue_id": task.queue_id, "state": state, "previous": previous},
+        )
 
 
 def _peek_own_attempt(worker: WorkerContext, attempt_id: str) -> Attempt:
@@ -217,27 +221,54 @@ def _start_receipt(attempt: Attempt) -> dict[str, Any]:
     return {"attempt_number": attempt.number, "lease_expires_at": format_time(attempt.lease_expires_at)}
 
 
+@dataclass(frozen=True)
+class StartRequest:
+    worker: WorkerContext
+    attempt_id: str
+    epoch: int
+
+
 def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
     """Grants the right to run: counts one Start in the queue's rate window.
 
     A replayed Start of a running attempt is answered from the record."""
+    from tasks.actions.rounds import run_round
+
+    return unwrap(run_round([StartRequest(worker, attempt_id, epoch)])[0])
+
+
+def peek_starts(requests: list[StartRequest]) -> tuple[list[dict[str, Any] | LeaseLost | None], dict[str, Attempt]]:
+    """The unlocked first reads of Starts: an answer for each request that needs
+    no transaction (not held, wrong epoch, replay of a running attempt), None
+    for the others; and the peeked attempts."""
+    peeks = Attempt.objects.in_bulk([request.attempt_id for request in requests])
+    answers: list[dict[str, Any] | LeaseLost | None] = []
+    for request in requests:
+        peek, worker = peeks.get(request.attempt_id), request.worker
+        if peek is None or peek.namespace_id != worker.namespace_id or peek.worker_id != worker.worker_id:
+            answers.append(LeaseLost("attempt is not held by this worker"))
+        elif peek.epoch != request.epoch:
+            answers.append(LeaseLost("epoch does not match the current lease"))
+        elif peek.state == AttemptState.RUNNING:
+            answers.append(_start_receipt(peek))
+        else:
+            answers.append(None)
+    return answers, peeks
+
+
+def finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | DeadlinePassed) -> dict[str, Any] | OrbitError:
+    """After the Start transaction: a task whose deadline passed is failed.
+    That moves application counters, whose lock comes first in the global
+    order, so it is a transaction of its own."""
     from tasks.actions.endings import fail_for_deadline
 
-    peek = _peek_own_attempt(worker, attempt_id)
-    if peek.epoch != epoch:
-        raise LeaseLost("epoch does not match the current lease")
-    if peek.state == AttemptState.RUNNING:
-        return _start_receipt(peek)
-    try:
-        return run_retrying(lambda: _start(worker, peek, epoch))
-    except _DeadlinePassed:
-        # Failing the task moves application counters, whose lock comes first
-        # in the global order: do it in a transaction of its own.
+    if isinstance(outcome, DeadlinePassed):
         fail_for_deadline(peek.task_id)
-        raise LeaseLost("task deadline passed before start") from None
+        return LeaseLost("task deadline passed before start")
+    return outcome
 
 
-class _DeadlinePassed(Exception):
+class DeadlinePassed(Exception):
     pass
 
 
@@ -249,16 +280,62 @@ def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
     return None
 
 
-@transaction.atomic
-def _start(worker: WorkerContext, peek: Attempt, epoch: int) -> dict[str, Any]:
-    state = lock_queue_states([peek.queue_id])[peek.queue_id]
-    task = lock_task(peek.task_id)
-    attempt = lock_attempt(peek.id)
-    assert task is not None and attempt is not None
+def apply_starts(
+    requests: list[StartRequest], peeks: dict[str, Attempt]
+) -> list[dict[str, Any] | OrbitError | DeadlinePassed]:
+    """Decides Starts (peeked by peek_starts) under their locks; caller holds the
+    transaction. One outcome per request."""
+    states = lock_queue_states(peeks[request.attempt_id].queue_id for request in requests)
+    tasks = lock_tasks(peeks[request.attempt_id].task_id for request in requests)
+    attempts = lock_attempts(request.attempt_id for request in requests)
     # Read the clock after the locks: a Start that waited on them must judge
     # its lease and the rate window by the time it is decided, not queued.
     now = timezone.now()
-    if attempt.epoch != epoch or attempt.worker_id != worker.worker_id:
+    queues = Queue.objects.only("paused", "retired_at", "rate_per_second").in_bulk(list(states))
+    started: list[tuple[Task, Attempt]] = []
+    outcomes: list[dict[str, Any] | OrbitError | DeadlinePassed] = []
+    for request in requests:
+        peek = peeks[request.attempt_id]
+        task, attempt = tasks.get(peek.task_id), attempts.get(peek.id)
+        try:
+            outcomes.append(
+                _start_one(request, task, attempt, states[peek.queue_id], queues[peek.queue_id], now, started)
+            )
+        except (OrbitError, DeadlinePassed) as refusal:  # raised before this request changed anything
+            outcomes.append(refusal)
+    if not started:
+        return outcomes
+    per_queue = Counter(task.queue_id for task, _ in started)
+    for queue_id, count in sorted(per_queue.items()):
+        state = states[queue_id]
+        QueueState.objects.filter(queue_id=queue_id).update(
+            window_started_at=state.window_started_at,
+            window_count=state.window_count,
+            reserved_starts=F("reserved_starts") - count,
+        )
+    Task.objects.bulk_update([task for task, _ in started], ["attempts", "state", "updated_at"])
+    Attempt.objects.bulk_update(
+        [attempt for _, attempt in started], ["state", "number", "started_at", "lease_expires_at"]
+    )
+    _emit_moves([task for task, _ in started], TaskState.RUNNING, previous=TaskState.LEASED)
+    ATTEMPTS_STARTED.inc(len(started))
+    return outcomes
+
+
+def _start_one(
+    request: StartRequest,
+    task: Task | None,
+    attempt: Attempt | None,
+    state: QueueState,
+    queue: Queue,
+    now: datetime,
+    started: list[tuple[Task, Attempt]],
+) -> dict[str, Any]:
+    """Decides one Start under the group's locks. The queue state is shared by
+    the group: each approval counts in the window the next one sees."""
+    if task is None or attempt is None:
+        raise LeaseLost("attempt is not held by this worker")
+    if attempt.epoch != request.epoch or attempt.worker_id != request.worker.worker_id:
         raise LeaseLost("epoch does not match the current lease")
     if attempt.state == AttemptState.RUNNING:
         return _start_receipt(attempt)
@@ -267,8 +344,7 @@ def _start(worker: WorkerContext, peek: Attempt, epoch: int) -> dict[str, Any]:
     if attempt.state != AttemptState.LEASED or attempt.lease_expires_at <= now:
         raise LeaseLost("lease is no longer valid")
     if deadline_failure(task, now) is not None:
-        raise _DeadlinePassed()
-    queue = Queue.objects.only("paused", "retired_at", "rate_per_second").get(id=peek.queue_id)
+        raise DeadlinePassed()
     if queue.paused or queue.retired_at is not None:
         raise QueuePaused("queue is paused")
     if not window_open(state, now):
@@ -277,27 +353,15 @@ def _start(worker: WorkerContext, peek: Attempt, epoch: int) -> dict[str, Any]:
     if state.window_count >= queue.rate_per_second:
         remaining = state.window_started_at + RATE_WINDOW - now
         raise RateLimited(max(1, math.ceil(remaining.total_seconds() * 1000)))
-    QueueState.objects.filter(queue_id=state.queue_id).update(
-        window_started_at=state.window_started_at,
-        window_count=state.window_count + 1,
-        reserved_starts=F("reserved_starts") - 1,
-    )
+    state.window_count += 1
     task.attempts += 1
     task.state = TaskState.RUNNING
     task.updated_at = now
-    task.save(update_fields=["attempts", "state", "updated_at"])
     attempt.state = AttemptState.RUNNING
     attempt.number = task.attempts
     attempt.started_at = now
     attempt.lease_expires_at = max(attempt.lease_expires_at, lease_expiry(task, now))
-    attempt.save(update_fields=["state", "number", "started_at", "lease_expires_at"])
-    emit_event(
-        namespace_id=task.namespace_id,
-        type="task.state_changed",
-        subject_id=task.id,
-        data={"queue_id": task.queue_id, "state": TaskState.RUNNING, "previous": TaskState.LEASED},
-    )
-    ATTEMPTS_STARTED.inc()
+    started.append((task, attempt))
     return _start_receipt(attempt)
 
 

@@ -4,6 +4,7 @@ re-checks under the locks, so a second arrival changes nothing."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,15 +12,25 @@ from django.db import transaction
 from django.utils import timezone
 
 from orbit.audit import record_management_change
-from orbit.errors import LeaseLost, NotFound, StateConflict
+from orbit.errors import LeaseLost, NotFound, OrbitError, StateConflict
 from orbit.idempotency import Actor, run_retrying
 from orbit.metrics import LEASES_RECOVERED
 from orbit.timefmt import format_time
 from tasks.actions.dispatch import WorkerContext, deadline_failure
-from tasks.actions.permits import Held, lock_attempt_chain, lock_task_chain, peek_attempt, settle
+from tasks.actions.permits import (
+    CounterBook,
+    Held,
+    lock_attempt_chain,
+    lock_attempt_chains,
+    lock_task_chain,
+    peek_attempt,
+    peek_attempts,
+    settle,
+)
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import notify_work_available
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, Task, TaskState
+from workers.groupcommit import unwrap
 
 OUTCOMES = ("SUCCEEDED", "FAILED", "UNKNOWN")
 RECOVERY_BATCH = 200
@@ -36,12 +47,16 @@ def _wake_after_commit(queue_id: str) -> None:
     transaction.on_commit(lambda: notify_work_available([queue_id]))
 
 
-def _recover_locked(held: Held, now: datetime) -> None:
+def _recover_locked(held: Held, now: datetime, counters: CounterBook | None = None) -> None:
     """An expired lease: unstarted → EXPIRED and the task waits again (no
     attempt consumed); running → UNKNOWN and the task needs review."""
     task, attempt = held.task, held.attempt
     if attempt.state == AttemptState.LEASED:
-        expired = {"attempt_state": AttemptState.EXPIRED, "attempt_fields": {"error": LEASE_EXPIRED}}
+        expired = {
+            "attempt_state": AttemptState.EXPIRED,
+            "attempt_fields": {"error": LEASE_EXPIRED},
+            "counters": counters,
+        }
         failure = deadline_failure(task, now)
         if failure:
             settle(task, held, now=now, task_state=TaskState.FAILED, last_error=failure, **expired)
@@ -56,12 +71,15 @@ def _recover_locked(held: Held, now: datetime) -> None:
             attempt_state=AttemptState.UNKNOWN,
             attempt_fields={"error": LEASE_EXPIRED},
             last_error=LEASE_EXPIRED,
+            counters=counters,
         )
     LEASES_RECOVERED.inc()
     _wake_after_commit(task.queue_id)
 
 
-def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error: Any, now: datetime) -> None:
+def _apply_outcome(
+    held: Held, outcome: str, retryable: bool, output: Any, error: Any, now: datetime, counters: CounterBook
+) -> None:
     task = held.task
     if outcome == "SUCCEEDED":
         settle(
@@ -72,6 +90,7 @@ def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error
             attempt_state=AttemptState.SUCCEEDED,
             attempt_fields={"outcome": outcome, "output": output},
             output=output,
+            counters=counters,
         )
     elif outcome == "UNKNOWN":
         settle(
@@ -82,11 +101,13 @@ def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error
             attempt_state=AttemptState.UNKNOWN,
             attempt_fields={"outcome": outcome, "error": error},
             last_error=error,
+            counters=counters,
         )
     else:
         failed = {
             "attempt_state": AttemptState.FAILED,
             "attempt_fields": {"outcome": outcome, "retryable": retryable, "error": error},
+            "counters": counters,
         }
         if task.cancel_requested:
             settle(task, held, now=now, task_state=TaskState.CANCELLED, last_error=error, **failed)
@@ -106,55 +127,100 @@ def _apply_outcome(held: Held, outcome: str, retryable: bool, output: Any, error
     _wake_after_commit(task.queue_id)
 
 
+def _holds(worker: WorkerContext, peek: dict[str, Any] | None, epoch: int) -> bool:
+    return (
+        peek is not None
+        and peek["namespace_id"] == worker.namespace_id
+        and peek["worker_id"] == worker.worker_id
+        and peek["epoch"] == epoch
+    )
+
+
 def _peek_held(worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
     """The unlocked first read of a worker's attempt; refuses one it does not hold."""
     peek = peek_attempt(attempt_id, "worker_id", "epoch")
-    if (
-        peek is None
-        or peek["namespace_id"] != worker.namespace_id
-        or peek["worker_id"] != worker.worker_id
-        or peek["epoch"] != epoch
-    ):
+    if not _holds(worker, peek, epoch):
         raise LeaseLost("attempt is not held by this worker")
+    assert peek is not None
     return peek
+
+
+@dataclass(frozen=True)
+class ResultReport:
+    worker: WorkerContext
+    attempt_id: str
+    epoch: int
+    outcome: str
+    retryable: bool
+    output: Any
+    error: Any
 
 
 def record_result(
     *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
 ) -> dict[str, Any]:
     """Applies a worker's result exactly once; replays and late evidence change nothing."""
-    peek = _peek_held(worker, attempt_id, epoch)
+    from tasks.actions.rounds import run_round
 
-    @transaction.atomic
-    def apply() -> dict[str, Any]:
-        held = lock_attempt_chain(attempt_id, peek)
-        assert held is not None
-        now = timezone.now()  # after the locks: the lease is judged as of now
-        attempt = held.attempt
-        if attempt.state in ACTIVE_ATTEMPT_STATES and attempt.lease_expires_at <= now:
-            _recover_locked(held, now)
-        if attempt.state == AttemptState.LEASED:
-            raise StateConflict("attempt has not started; send task.start or task.release")
-        if attempt.state == AttemptState.RUNNING:
-            _apply_outcome(held, outcome, retryable, output, error, now)
-            return {"task_state": held.task.state, "duplicate": False, "late": False}
-        if attempt.outcome:
-            return {"task_state": held.task.state, "duplicate": True, "late": False}
-        if attempt.late_outcome is not None:
-            return {"task_state": held.task.state, "duplicate": True, "late": True}
-        # The attempt already ended (expired, cancelled): keep the evidence on
-        # the attempt; no task state or counter moves.
-        attempt.late_outcome = {
-            "outcome": outcome,
-            "retryable": retryable,
-            "output": output,
-            "error": error,
-            "received_at": format_time(now),
-        }
-        attempt.save(update_fields=["late_outcome"])
-        return {"task_state": held.task.state, "duplicate": False, "late": True}
+    return unwrap(run_round([ResultReport(worker, attempt_id, epoch, outcome, retryable, output, error)])[0])
 
-    return run_retrying(apply)
+
+def peek_reports(reports: list[ResultReport]) -> tuple[list[LeaseLost | None], dict[str, dict[str, Any]]]:
+    """The unlocked first reads of reports: a refusal for each report whose
+    attempt the worker does not hold (None for the others), and the peeks."""
+    peeks = peek_attempts([report.attempt_id for report in reports], "worker_id", "epoch")
+    refusals = [
+        None
+        if _holds(report.worker, peeks.get(report.attempt_id), report.epoch)
+        else LeaseLost("attempt is not held by this worker")
+        for report in reports
+    ]
+    return refusals, peeks
+
+
+def apply_reports(
+    reports: list[ResultReport], peeks: dict[str, dict[str, Any]], counters: CounterBook
+) -> list[dict[str, Any] | OrbitError]:
+    """Applies held reports (peeked by peek_reports); caller holds the transaction
+    and writes `counters`. One outcome per report."""
+    chains = lock_attempt_chains({report.attempt_id: peeks[report.attempt_id] for report in reports})
+    now = timezone.now()  # after the locks: leases are judged as of now
+    outcomes: list[dict[str, Any] | OrbitError] = []
+    for report in reports:
+        held = chains.get(report.attempt_id)
+        try:
+            if held is None:
+                raise LeaseLost("attempt is not held by this worker")
+            outcomes.append(_apply_report(held, report, now, counters))
+        except OrbitError as error:  # raised before this report wrote anything
+            outcomes.append(error)
+    return outcomes
+
+
+def _apply_report(held: Held, report: ResultReport, now: datetime, counters: CounterBook) -> dict[str, Any]:
+    attempt = held.attempt
+    if attempt.state in ACTIVE_ATTEMPT_STATES and attempt.lease_expires_at <= now:
+        _recover_locked(held, now, counters)
+    if attempt.state == AttemptState.LEASED:
+        raise StateConflict("attempt has not started; send task.start or task.release")
+    if attempt.state == AttemptState.RUNNING:
+        _apply_outcome(held, report.outcome, report.retryable, report.output, report.error, now, counters)
+        return {"task_state": held.task.state, "duplicate": False, "late": False}
+    if attempt.outcome:
+        return {"task_state": held.task.state, "duplicate": True, "late": False}
+    if attempt.late_outcome is not None:
+        return {"task_state": held.task.state, "duplicate": True, "late": True}
+    # The attempt already ended (expired, cancelled): keep the evidence on
+    # the attempt; no task state or counter moves.
+    attempt.late_outcome = {
+        "outcome": report.outcome,
+        "retryable": report.retryable,
+        "output": report.output,
+        "error": report.error,
+        "received_at": format_time(now),
+    }
+    attempt.save(update_fields=["late_outcome"])
+    return {"task_state": held.task.state, "duplicate": False, "late": True}
 
 
 def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reason: str) -> dict[str, Any]:

@@ -6,7 +6,8 @@ makes each release happen exactly once."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +19,7 @@ from orbit.models import ApplicationState
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions.readiness import enter_waiting, promote_next
-from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys, lock_task
+from tasks.locks import lock_application_state, lock_attempts, lock_concurrency_keys, lock_task, lock_tasks
 from tasks.models import (
     ACTIVE_ATTEMPT_STATES,
     FINAL_TASK_STATES,
@@ -40,35 +41,62 @@ class Held:
 CHAIN_FIELDS = ("task_id", "application_id", "queue_id", "namespace_id", "concurrency_key")
 
 
+def peek_attempts(attempt_ids: list[str], *extra: str) -> dict[str, dict[str, Any]]:
+    """Unlocked reads of attempts: which rows their transitions must lock."""
+    rows = Attempt.objects.filter(id__in=attempt_ids).values("id", *CHAIN_FIELDS, *extra)
+    return {row["id"]: row for row in rows}
+
+
 def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:
-    """An unlocked read of an attempt: which rows its transitions must lock."""
-    return Attempt.objects.filter(id=attempt_id).values(*CHAIN_FIELDS, *extra).first()
+    return peek_attempts([attempt_id], *extra).get(attempt_id)
 
 
-def _lock_parents(peek: dict[str, Any]) -> ConcurrencyKey | None:
-    """The first half of the global lock order for one task: application_state,
-    queue_state, then its key row (if keyed), which is returned."""
-    lock_application_state(peek["application_id"])
-    lock_queue_states([peek["queue_id"]])
-    key = peek["concurrency_key"]
-    return lock_concurrency_keys(peek["namespace_id"], [key])[key] if key else None
+def _lock_parents(peeks: Iterable[dict[str, Any]]) -> dict[tuple[str, str], ConcurrencyKey]:
+    """The first half of the global lock order for a set of tasks:
+    application_state, queue_state, then their key rows, which are returned
+    by (namespace, key)."""
+    peeks = list(peeks)
+    for application_id in sorted({peek["application_id"] for peek in peeks}):
+        lock_application_state(application_id)
+    lock_queue_states(peek["queue_id"] for peek in peeks)
+    keys: dict[str, set[str]] = {}
+    for peek in peeks:
+        if peek["concurrency_key"]:
+            keys.setdefault(peek["namespace_id"], set()).add(peek["concurrency_key"])
+    key_rows: dict[tuple[str, str], ConcurrencyKey] = {}
+    for namespace_id in sorted(keys):
+        for key, row in lock_concurrency_keys(namespace_id, keys[namespace_id]).items():
+            key_rows[(namespace_id, key)] = row
+    return key_rows
+
+
+def lock_attempt_chains(peeks: dict[str, dict[str, Any]]) -> dict[str, Held]:
+    """Locks application_state → queue_state → keys → tasks → attempts for a
+    set of attempts (attempt id → its peek), each level in ascending order.
+
+    The peeks take no lock: they only say which rows to lock. Every decision is
+    made on the rows re-read under their locks. Attempts of one task share
+    one Task object, so a group sees its own earlier changes."""
+    if not peeks:
+        return {}
+    key_rows = _lock_parents(peeks.values())
+    tasks = lock_tasks(peek["task_id"] for peek in peeks.values())
+    attempts = lock_attempts(peeks)
+    chains: dict[str, Held] = {}
+    for attempt_id, peek in peeks.items():
+        task, attempt = tasks.get(peek["task_id"]), attempts.get(attempt_id)
+        if task is not None and attempt is not None:
+            key_row = key_rows.get((peek["namespace_id"], peek["concurrency_key"]))
+            chains[attempt_id] = Held(task=task, attempt=attempt, key_row=key_row)
+    return chains
 
 
 def lock_attempt_chain(attempt_id: str, peek: dict[str, Any] | None = None) -> Held | None:
-    """Locks application_state → queue_state → key → task → attempt for one attempt.
-
-    The first read (`peek`, when the caller has one already) takes no lock: it
-    only learns which rows to lock. Every decision is made on the rows re-read
-    under their locks."""
+    """lock_attempt_chains for one attempt (peeked here when the caller has no peek)."""
     peek = peek or peek_attempt(attempt_id)
     if peek is None:
         return None
-    key_row = _lock_parents(peek)
-    task = lock_task(peek["task_id"])
-    attempt = lock_attempt(attempt_id)
-    if task is None or attempt is None:
-        return None
-    return Held(task=task, attempt=attempt, key_row=key_row)
+    return lock_attempt_chains({attempt_id: peek}).get(attempt_id)
 
 
 def lock_task_chain(task_id: str) -> tuple[Task, Held | None] | None:
@@ -78,7 +106,7 @@ def lock_task_chain(task_id: str) -> tuple[Task, Held | None] | None:
     )
     if peek is None:
         return None
-    key_row = _lock_parents(peek)
+    key_row = _lock_parents([peek]).get((peek["namespace_id"], peek["concurrency_key"]))
     task = lock_task(task_id)
     if task is None:
         return None
@@ -118,6 +146,26 @@ class CounterDeltas:
         if queue:
             QueueState.objects.filter(queue_id=queue_id).update(**queue)
 
+    def add(self, other: CounterDeltas) -> None:
+        for name in ("active_attempts", "app_unfinished", "active_permits", "reserved_starts", "queue_unfinished"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass
+class CounterBook:
+    """The counter changes of a group of transitions in one transaction,
+    written once per row when the group is done (the rows are locked already)."""
+
+    deltas: dict[tuple[str, str], CounterDeltas] = field(default_factory=dict)
+
+    def add(self, *, application_id: str, queue_id: str, deltas: CounterDeltas) -> None:
+        self.deltas.setdefault((application_id, queue_id), CounterDeltas()).add(deltas)
+
+    def write(self) -> None:
+        for (application_id, queue_id), deltas in sorted(self.deltas.items()):
+            deltas.write(application_id=application_id, queue_id=queue_id)
+        self.deltas.clear()
+
 
 def settle(
     task: Task,
@@ -127,19 +175,25 @@ def settle(
     task_state: str,
     attempt_state: AttemptState | None = None,
     attempt_fields: dict[str, Any] | None = None,
+    counters: CounterBook | None = None,
     **task_fields: Any,
 ) -> None:
     """Ends the task's active attempt (if `held`) and moves the task to
     `task_state`; every permit and counter change of the transition, written once.
 
     Callers hold every row locked (global order) and checked under the lock that
-    the attempt is still active, which is what makes each release happen once."""
+    the attempt is still active, which is what makes each release happen once.
+    With `counters`, the counter changes are added to that book for the caller
+    to write once for its whole group."""
     deltas = CounterDeltas()
     if held is not None:
         assert attempt_state is not None
         _end_attempt(held, attempt_state, now, deltas, attempt_fields or {})
     left_ready_set = _move_task(task, task_state, now, deltas, task_fields)
-    deltas.write(application_id=task.application_id, queue_id=task.queue_id)
+    if counters is None:
+        deltas.write(application_id=task.application_id, queue_id=task.queue_id)
+    else:
+        counters.add(application_id=task.application_id, queue_id=task.queue_id, deltas=deltas)
     if left_ready_set:
         promote_next(
             namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now

@@ -9,7 +9,9 @@ import threading
 import pytest
 from asgiref.sync import sync_to_async
 
-from tasks.actions import dispatch
+from tasks.actions.dispatch import LeaseOutcome
+from tasks.actions.rounds import run_round
+from tasks.coalesce import ROUNDS
 from tasks.models import Task
 from tests.tasks.support import assert_invariants, make_queue, submit_ok
 from tests.workers.helpers import ProtocolClient
@@ -29,18 +31,17 @@ async def frames_until_quiet(client: ProtocolClient, quiet: float) -> list[dict]
 async def test_no_assignment_follows_drain_ok_even_with_a_lease_in_flight(tenant, monkeypatch):
     # given a lease transaction that has committed but not yet been sent to the worker
     queue = await sync_to_async(make_queue)(tenant.client)
-    real_lease = dispatch.lease_for_worker
     leased = threading.Event()
     proceed = threading.Event()
 
-    def paused_lease(*, worker, limit):
-        outcome = real_lease(worker=worker, limit=limit)
-        if outcome.assignments and not leased.is_set():
+    def paused_round(items):
+        answers = run_round(items)
+        if any(isinstance(a, LeaseOutcome) and a.assignments for a in answers) and not leased.is_set():
             leased.set()
             proceed.wait(timeout=5)
-        return outcome
+        return answers
 
-    monkeypatch.setattr(dispatch, "lease_for_worker", paused_lease)
+    monkeypatch.setattr(ROUNDS, "run_group", paused_round)
     client = ProtocolClient(tenant.token)
     await client.connect()
     try:
