@@ -35,6 +35,8 @@ class RequestIdMiddleware:
         request.orbit_request_id = new_id()  # type: ignore[attr-defined]
         response = await self.get_response(request)
         response["X-Request-Id"] = request.orbit_request_id  # type: ignore[attr-defined]
+        # SecurityMiddleware's header, for the API chain that runs without it.
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
 
 
