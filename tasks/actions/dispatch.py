@@ -180,7 +180,10 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
         return LeaseOutcome([], rate_reopens_in)
 
     Attempt.objects.bulk_create([attempt for _, attempt in chosen])
-    Task.objects.bulk_update([task for task, _ in chosen], ["state", "epoch", "updated_at"])
+    # Every chosen task was locked WAITING at its epoch: one statement moves them all.
+    Task.objects.filter(id__in=[task.id for task, _ in chosen]).update(
+        state=TaskState.LEASED, epoch=F("epoch") + 1, updated_at=now
+    )
     for task, _ in chosen:  # each was its key's ready task in its queue: hand the role on
         promote_next(
             namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
@@ -313,10 +316,18 @@ def apply_starts(
             window_count=state.window_count,
             reserved_starts=F("reserved_starts") - count,
         )
-    Task.objects.bulk_update([task for task, _ in started], ["attempts", "state", "updated_at"])
-    Attempt.objects.bulk_update(
-        [attempt for _, attempt in started], ["state", "number", "started_at", "lease_expires_at"]
+    # Started tasks were locked LEASED: one statement moves them all; attempts
+    # differ only in number and lease end, so one statement per distinct pair.
+    Task.objects.filter(id__in=[task.id for task, _ in started]).update(
+        state=TaskState.RUNNING, attempts=F("attempts") + 1, updated_at=now
     )
+    alike: dict[tuple[int | None, datetime], list[str]] = {}
+    for _, attempt in started:
+        alike.setdefault((attempt.number, attempt.lease_expires_at), []).append(attempt.id)
+    for (number, lease_expires_at), attempt_ids in alike.items():
+        Attempt.objects.filter(id__in=attempt_ids).update(
+            state=AttemptState.RUNNING, number=number, started_at=now, lease_expires_at=lease_expires_at
+        )
     _emit_moves([task for task, _ in started], TaskState.RUNNING, previous=TaskState.LEASED)
     ATTEMPTS_STARTED.inc(len(started))
     return outcomes

@@ -90,11 +90,24 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
                 outcomes = dispatch.apply_starts([s for _, s in starts], start_peeks)
                 decided.extend(zip([i for i, _ in starts], outcomes, strict=True))
             counters.write()
+            # A lease that got less than it asked for found every task its
+            # worker could take (or its quotas full): a later worker of the same
+            # kind in this round would find nothing, so it is not asked again.
+            exhausted: dict[tuple[Any, ...], LeaseOutcome] = {}
             for index, lease in leases:
+                worker = lease.worker
+                kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
+                if kind in exhausted:
+                    decided.append((index, LeaseOutcome([], exhausted[kind].rate_reopens_in)))
+                    continue
                 try:
-                    decided.append((index, dispatch.lease(lease.worker, lease.limit)))
+                    outcome = dispatch.lease(lease.worker, lease.limit)
                 except OrbitError as error:
                     decided.append((index, error))
+                    continue
+                if len(outcome.assignments) < min(lease.limit, dispatch.LEASE_BATCH_MAX):
+                    exhausted[kind] = outcome
+                decided.append((index, outcome))
         return decided
 
     for index, outcome in run_retrying(decide):
