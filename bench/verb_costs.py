@@ -24,6 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--database", default="orbit_verbs")
+    parser.add_argument("--round-size", type=int, default=4, help="results, starts and leases per pipelined round")
+    parser.add_argument("--show-sql", action="store_true", help="print the statements of one pipelined round")
     args = parser.parse_args()
     import MySQLdb
 
@@ -133,6 +135,47 @@ def main() -> None:
     timed("lease", lease_all, args.tasks)
     timed("start", start_all, args.tasks)
     timed("result", result_all, args.tasks)
+
+    # The server's steady state (tasks.actions.rounds): each round carries the
+    # results of the previous round's starts, the starts of its leases, and
+    # `size` lease requests of one task each, as several busy workers send them.
+    from django.db import transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from tasks.actions.endings import ResultReport
+    from tasks.actions.rounds import LeaseRequest, run_round
+
+    size = args.round_size
+    serializer = SubmitTaskInput(data=body)
+    serializer.is_valid(raise_exception=True)
+    for _ in range(args.tasks):
+        with transaction.atomic():
+            submit.submit_task(actor=actor, fields=serializer.validated_data)
+    leased: list[dict] = []
+    started: list[dict] = []
+    rounds = 0
+
+    def pipeline() -> None:
+        nonlocal leased, started, rounds
+        done = 0
+        while done < args.tasks:
+            items = [ResultReport(worker, a["attempt_id"], a["epoch"], "SUCCEEDED", False, None, None) for a in started]
+            items += [dispatch.StartRequest(worker, a["attempt_id"], a["epoch"]) for a in leased]
+            items += [LeaseRequest(worker, 1) for _ in range(size)]
+            if args.show_sql and rounds == 10:
+                with CaptureQueriesContext(connection) as captured:
+                    answers = run_round(items)
+                print(f"one round of {len(started)} results, {len(leased)} starts, {size} leases:")
+                for query in captured.captured_queries:
+                    print("   ", query["sql"][:160])
+            else:
+                answers = run_round(items)
+            done += len(started)
+            started, leased = leased, [a for answer in answers[len(items) - size :] for a in answer.assignments]
+            rounds += 1
+
+    timed("round", pipeline, args.tasks)
+    print(f"         {args.tasks / max(rounds, 1):7.1f} tasks/round")
 
 
 if __name__ == "__main__":

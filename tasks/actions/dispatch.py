@@ -95,19 +95,23 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
     return list(tasks.order_by("-priority", "available_at", "id").select_for_update(skip_locked=True)[:count])
 
 
-def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
-    """Leases up to `limit` (at most LEASE_BATCH_MAX) tasks for a worker; caller holds the transaction."""
-    limit = min(limit, LEASE_BATCH_MAX)
-    if limit <= 0:
-        return LeaseOutcome([])
+def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
+    """Leases for several workers of one kind (same namespace, queues, handlers
+    and key opt-in) at once: up to its limit (at most LEASE_BATCH_MAX) for each,
+    filled in request order. Caller holds the transaction. One candidate scan,
+    one set of counter writes, however many workers asked."""
+    worker = requests[0][0]  # what the kind shares
+    limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
+    if sum(limits) <= 0:
+        return [LeaseOutcome([]) for _ in requests]
     app_state = lock_application_state(worker.application_id)
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
     now = timezone.now()
     max_active = Application.objects.values_list("max_active_attempts", flat=True).get(id=worker.application_id)
-    want = min(limit, max_active - app_state.active_attempts)
+    want = min(sum(limits), max_active - app_state.active_attempts)
     if want <= 0:
-        return LeaseOutcome([])
+        return [LeaseOutcome([]) for _ in requests]
     states = lock_queue_states(worker.queue_ids)
     queues = Queue.objects.filter(id__in=list(states), namespace_id=worker.namespace_id)
     headroom: dict[str, int] = {}
@@ -127,7 +131,7 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
             reopens = (state.window_started_at + RATE_WINDOW - now).total_seconds()
             rate_reopens_in = reopens if rate_reopens_in is None else min(rate_reopens_in, reopens)
     if not headroom:
-        return LeaseOutcome([], rate_reopens_in)
+        return [LeaseOutcome([], rate_reopens_in) for _ in requests]
     candidates: list[Task] = []
     for queue_id, room in sorted(headroom.items()):
         candidates.extend(_candidates(worker, queue_id, now, min(want, room)))
@@ -136,6 +140,9 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
 
     chosen: list[tuple[Task, Attempt]] = []
     taken_per_queue: dict[str, int] = {}
+    # Which request the next attempt goes to: each is filled up to its limit in turn.
+    takers = iter([index for index, limit in enumerate(limits) for _ in range(limit)])
+    taker_of: dict[str, int] = {}
     for task in candidates:
         if len(chosen) >= want:
             break
@@ -152,6 +159,8 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
                 continue
             key_row.version += 1
             token = key_row.version
+        taker = next(takers)
+        holder = requests[taker][0]
         task.epoch += 1
         attempt = Attempt(
             task_id=task.id,
@@ -162,8 +171,8 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
             epoch=task.epoch,
             concurrency_key=task.concurrency_key,
             concurrency_token=token,
-            worker_id=worker.worker_id,
-            session_id=worker.session_id,
+            worker_id=holder.worker_id,
+            session_id=holder.session_id,
             leased_at=now,
             lease_expires_at=lease_expiry(task, now),
         )
@@ -175,9 +184,10 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
         task.state = TaskState.LEASED
         task.updated_at = now
         chosen.append((task, attempt))
+        taker_of[attempt.id] = taker
         taken_per_queue[task.queue_id] = taken_per_queue.get(task.queue_id, 0) + 1
     if not chosen:
-        return LeaseOutcome([], rate_reopens_in)
+        return [LeaseOutcome([], rate_reopens_in) for _ in requests]
 
     Attempt.objects.bulk_create([attempt for _, attempt in chosen])
     # Every chosen task was locked WAITING at its epoch: one statement moves them all.
@@ -197,7 +207,10 @@ def lease(worker: WorkerContext, limit: int) -> LeaseOutcome:
         )
     _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
     ATTEMPTS_LEASED.inc(len(chosen))
-    return LeaseOutcome([assignment(task, attempt) for task, attempt in chosen], rate_reopens_in)
+    assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
+    for task, attempt in chosen:
+        assignments[taker_of[attempt.id]].append(assignment(task, attempt))
+    return [LeaseOutcome(entries, rate_reopens_in) for entries in assignments]
 
 
 def _emit_moves(tasks: list[Task], state: str, *, previous: str) -> None:

@@ -18,8 +18,8 @@ from orbit.metrics import LEASES_RECOVERED
 from orbit.timefmt import format_time
 from tasks.actions.dispatch import WorkerContext, deadline_failure
 from tasks.actions.permits import (
-    CounterBook,
     Held,
+    WriteBook,
     lock_attempt_chain,
     lock_attempt_chains,
     lock_task_chain,
@@ -47,7 +47,7 @@ def _wake_after_commit(queue_id: str) -> None:
     transaction.on_commit(lambda: notify_work_available([queue_id]))
 
 
-def _recover_locked(held: Held, now: datetime, counters: CounterBook | None = None) -> None:
+def _recover_locked(held: Held, now: datetime, book: WriteBook | None = None) -> None:
     """An expired lease: unstarted → EXPIRED and the task waits again (no
     attempt consumed); running → UNKNOWN and the task needs review."""
     task, attempt = held.task, held.attempt
@@ -55,7 +55,7 @@ def _recover_locked(held: Held, now: datetime, counters: CounterBook | None = No
         expired = {
             "attempt_state": AttemptState.EXPIRED,
             "attempt_fields": {"error": LEASE_EXPIRED},
-            "counters": counters,
+            "book": book,
         }
         failure = deadline_failure(task, now)
         if failure:
@@ -71,14 +71,14 @@ def _recover_locked(held: Held, now: datetime, counters: CounterBook | None = No
             attempt_state=AttemptState.UNKNOWN,
             attempt_fields={"error": LEASE_EXPIRED},
             last_error=LEASE_EXPIRED,
-            counters=counters,
+            book=book,
         )
     LEASES_RECOVERED.inc()
     _wake_after_commit(task.queue_id)
 
 
 def _apply_outcome(
-    held: Held, outcome: str, retryable: bool, output: Any, error: Any, now: datetime, counters: CounterBook
+    held: Held, outcome: str, retryable: bool, output: Any, error: Any, now: datetime, book: WriteBook
 ) -> None:
     task = held.task
     if outcome == "SUCCEEDED":
@@ -90,7 +90,7 @@ def _apply_outcome(
             attempt_state=AttemptState.SUCCEEDED,
             attempt_fields={"outcome": outcome, "output": output},
             output=output,
-            counters=counters,
+            book=book,
         )
     elif outcome == "UNKNOWN":
         settle(
@@ -101,13 +101,13 @@ def _apply_outcome(
             attempt_state=AttemptState.UNKNOWN,
             attempt_fields={"outcome": outcome, "error": error},
             last_error=error,
-            counters=counters,
+            book=book,
         )
     else:
         failed = {
             "attempt_state": AttemptState.FAILED,
             "attempt_fields": {"outcome": outcome, "retryable": retryable, "error": error},
-            "counters": counters,
+            "book": book,
         }
         if task.cancel_requested:
             settle(task, held, now=now, task_state=TaskState.CANCELLED, last_error=error, **failed)
@@ -179,10 +179,10 @@ def peek_reports(reports: list[ResultReport]) -> tuple[list[LeaseLost | None], d
 
 
 def apply_reports(
-    reports: list[ResultReport], peeks: dict[str, dict[str, Any]], counters: CounterBook
+    reports: list[ResultReport], peeks: dict[str, dict[str, Any]], book: WriteBook
 ) -> list[dict[str, Any] | OrbitError]:
     """Applies held reports (peeked by peek_reports); caller holds the transaction
-    and writes `counters`. One outcome per report."""
+    and writes `book`. One outcome per report."""
     chains = lock_attempt_chains({report.attempt_id: peeks[report.attempt_id] for report in reports})
     now = timezone.now()  # after the locks: leases are judged as of now
     outcomes: list[dict[str, Any] | OrbitError] = []
@@ -191,20 +191,20 @@ def apply_reports(
         try:
             if held is None:
                 raise LeaseLost("attempt is not held by this worker")
-            outcomes.append(_apply_report(held, report, now, counters))
+            outcomes.append(_apply_report(held, report, now, book))
         except OrbitError as error:  # raised before this report wrote anything
             outcomes.append(error)
     return outcomes
 
 
-def _apply_report(held: Held, report: ResultReport, now: datetime, counters: CounterBook) -> dict[str, Any]:
+def _apply_report(held: Held, report: ResultReport, now: datetime, book: WriteBook) -> dict[str, Any]:
     attempt = held.attempt
     if attempt.state in ACTIVE_ATTEMPT_STATES and attempt.lease_expires_at <= now:
-        _recover_locked(held, now, counters)
+        _recover_locked(held, now, book)
     if attempt.state == AttemptState.LEASED:
         raise StateConflict("attempt has not started; send task.start or task.release")
     if attempt.state == AttemptState.RUNNING:
-        _apply_outcome(held, report.outcome, report.retryable, report.output, report.error, now, counters)
+        _apply_outcome(held, report.outcome, report.retryable, report.output, report.error, now, book)
         return {"task_state": held.task.state, "duplicate": False, "late": False}
     if attempt.outcome:
         return {"task_state": held.task.state, "duplicate": True, "late": False}

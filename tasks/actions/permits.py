@@ -6,12 +6,13 @@ makes each release happen exactly once."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F
+from django.db.models import F, Model
 
 from orbit.audit import emit_event
 from orbit.metrics import ATTEMPTS_FINISHED
@@ -152,19 +153,42 @@ class CounterDeltas:
 
 
 @dataclass
-class CounterBook:
-    """The counter changes of a group of transitions in one transaction,
-    written once per row when the group is done (the rows are locked already)."""
+class WriteBook:
+    """The writes of a group of transitions in one transaction (a round),
+    made once at `write()`: counter changes summed per row, and row updates
+    merged into one UPDATE per table and set of equal values. Every row in it
+    is locked already; the caller writes the book before anything reads
+    those rows again."""
 
     deltas: dict[tuple[str, str], CounterDeltas] = field(default_factory=dict)
+    rows: dict[int, tuple[Model, set[str]]] = field(default_factory=dict)
 
     def add(self, *, application_id: str, queue_id: str, deltas: CounterDeltas) -> None:
         self.deltas.setdefault((application_id, queue_id), CounterDeltas()).add(deltas)
 
+    def save(self, row: Model, fields: list[str]) -> None:
+        """Like row.save(update_fields=fields), at write(); the row's values then are written."""
+        self.rows.setdefault(id(row), (row, set()))[1].update(fields)
+
     def write(self) -> None:
+        alike: dict[tuple[type[Model], str], tuple[dict[str, Any], list[Any]]] = {}
+        for row, fields in self.rows.values():
+            values = {name: getattr(row, name) for name in sorted(fields)}
+            signature = json.dumps(values, sort_keys=True, default=str)
+            alike.setdefault((type(row), signature), (values, []))[1].append(row.pk)
+        for (model, _), (values, pks) in alike.items():
+            model.objects.filter(pk__in=pks).update(**values)
         for (application_id, queue_id), deltas in sorted(self.deltas.items()):
             deltas.write(application_id=application_id, queue_id=queue_id)
+        self.rows.clear()
         self.deltas.clear()
+
+
+def _save(row: Model, fields: list[str], book: WriteBook | None) -> None:
+    if book is None:
+        row.save(update_fields=fields)
+    else:
+        book.save(row, fields)
 
 
 def settle(
@@ -175,7 +199,7 @@ def settle(
     task_state: str,
     attempt_state: AttemptState | None = None,
     attempt_fields: dict[str, Any] | None = None,
-    counters: CounterBook | None = None,
+    book: WriteBook | None = None,
     **task_fields: Any,
 ) -> None:
     """Ends the task's active attempt (if `held`) and moves the task to
@@ -183,24 +207,32 @@ def settle(
 
     Callers hold every row locked (global order) and checked under the lock that
     the attempt is still active, which is what makes each release happen once.
-    With `counters`, the counter changes are added to that book for the caller
-    to write once for its whole group."""
+    With a `book`, counters and the rows' updates go into it, for the caller to
+    write once for its whole group; a task entering or leaving WAITING is
+    written at once, as the ready set's queries read WAITING rows."""
     deltas = CounterDeltas()
     if held is not None:
         assert attempt_state is not None
-        _end_attempt(held, attempt_state, now, deltas, attempt_fields or {})
-    left_ready_set = _move_task(task, task_state, now, deltas, task_fields)
-    if counters is None:
+        _end_attempt(held, attempt_state, now, deltas, attempt_fields or {}, book)
+    left_ready_set = _move_task(task, task_state, now, deltas, task_fields, book)
+    if book is None:
         deltas.write(application_id=task.application_id, queue_id=task.queue_id)
     else:
-        counters.add(application_id=task.application_id, queue_id=task.queue_id, deltas=deltas)
+        book.add(application_id=task.application_id, queue_id=task.queue_id, deltas=deltas)
     if left_ready_set:
         promote_next(
             namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
         )
 
 
-def _end_attempt(held: Held, state: AttemptState, now: datetime, deltas: CounterDeltas, fields: dict[str, Any]) -> None:
+def _end_attempt(
+    held: Held,
+    state: AttemptState,
+    now: datetime,
+    deltas: CounterDeltas,
+    fields: dict[str, Any],
+    book: WriteBook | None,
+) -> None:
     """Ends an active attempt and releases its application, queue and key permits."""
     attempt = held.attempt
     assert attempt.state in ACTIVE_ATTEMPT_STATES, "callers check the attempt is active under lock"
@@ -216,16 +248,18 @@ def _end_attempt(held: Held, state: AttemptState, now: datetime, deltas: Counter
         key_row.holder_attempt_id = ""
         key_row.holder_task_id = ""
         key_row.updated_at = now
-        key_row.save(update_fields=["version", "holder_attempt_id", "holder_task_id", "updated_at"])
+        _save(key_row, ["version", "holder_attempt_id", "holder_task_id", "updated_at"], book)
     attempt.state = state
     attempt.finished_at = now
     for name, value in fields.items():
         setattr(attempt, name, value)
-    attempt.save(update_fields=["state", "finished_at", *fields])
+    _save(attempt, ["state", "finished_at", *fields], book)
     ATTEMPTS_FINISHED.labels(state=str(state)).inc()
 
 
-def _move_task(task: Task, state: str, now: datetime, deltas: CounterDeltas, fields: dict[str, Any]) -> bool:
+def _move_task(
+    task: Task, state: str, now: datetime, deltas: CounterDeltas, fields: dict[str, Any], book: WriteBook | None
+) -> bool:
     """Sets a task's state; the first entry into a final state frees its backlog
     slot. Returns whether the task left its key's ready set."""
     previous = task.state
@@ -243,7 +277,7 @@ def _move_task(task: Task, state: str, now: datetime, deltas: CounterDeltas, fie
         changed.append("finished_at")
         deltas.app_unfinished -= 1
         deltas.queue_unfinished -= 1
-    task.save(update_fields=changed)
+    _save(task, changed, None if TaskState.WAITING in (previous, state) else book)
     emit_event(
         namespace_id=task.namespace_id,
         type="task.state_changed",

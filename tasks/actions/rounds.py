@@ -29,7 +29,7 @@ from queues.locks import lock_queue_states
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import LeaseOutcome, StartRequest, WorkerContext
 from tasks.actions.endings import ResultReport
-from tasks.actions.permits import CounterBook
+from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
 
 
@@ -81,33 +81,27 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
             lock_application_state(application_id)
         lock_queue_states(queue_ids)
         decided: list[tuple[int, Any]] = []
-        counters = CounterBook()
         with gathered_events():
             if reports:
-                outcomes = endings.apply_reports([r for _, r in reports], report_peeks, counters)
+                book = WriteBook()
+                outcomes = endings.apply_reports([r for _, r in reports], report_peeks, book)
                 decided.extend(zip([i for i, _ in reports], outcomes, strict=True))
+                book.write()  # before the starts and leases read those rows
             if starts:
                 outcomes = dispatch.apply_starts([s for _, s in starts], start_peeks)
                 decided.extend(zip([i for i, _ in starts], outcomes, strict=True))
-            counters.write()
-            # A lease that got less than it asked for found every task its
-            # worker could take (or its quotas full): a later worker of the same
-            # kind in this round would find nothing, so it is not asked again.
-            exhausted: dict[tuple[Any, ...], LeaseOutcome] = {}
+            # Workers of one kind lease together: one candidate scan for all.
+            kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
             for index, lease in leases:
                 worker = lease.worker
                 kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
-                if kind in exhausted:
-                    decided.append((index, LeaseOutcome([], exhausted[kind].rate_reopens_in)))
-                    continue
+                kinds.setdefault(kind, []).append((index, lease))
+            for group in kinds.values():
                 try:
-                    outcome = dispatch.lease(lease.worker, lease.limit)
+                    leased: list[Any] = dispatch.lease([(lease.worker, lease.limit) for _, lease in group])
                 except OrbitError as error:
-                    decided.append((index, error))
-                    continue
-                if len(outcome.assignments) < min(lease.limit, dispatch.LEASE_BATCH_MAX):
-                    exhausted[kind] = outcome
-                decided.append((index, outcome))
+                    leased = [error] * len(group)
+                decided.extend(zip([index for index, _ in group], leased, strict=True))
         return decided
 
     for index, outcome in run_retrying(decide):
