@@ -62,6 +62,11 @@ class _Lane(Generic[I, R]):
                     group.append(self.inbox.get_nowait())
                 except Empty:
                     break
+            # A caller that went away (its connection closed) cancelled its
+            # future: its item is skipped; the others are now bound to run.
+            group = [request for request in group if request.future.set_running_or_notify_cancel()]
+            if not group:
+                continue
             try:
                 self._settle(group)
             except BaseException as exc:  # never leave a caller waiting

@@ -1,0 +1,68 @@
+"""The group commit engine (workers.groupcommit) on its own: every caller gets
+exactly its own outcome, whatever happens to the rest of its group."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from workers.groupcommit import GroupCommit
+
+
+def gated(seen: list[list[str]], gate: threading.Event, fail_on: str | None = None):
+    def run_group(items: list[str]) -> list[object]:
+        if items == ["first"]:
+            gate.wait(5)
+        seen.append(list(items))
+        if fail_on in items and len(items) > 1:
+            raise RuntimeError("the whole group fails")
+        return [ValueError(item) if item == "refused" else f"done {item}" for item in items]
+
+    return run_group
+
+
+def held_lane(settings, run_group) -> GroupCommit:
+    settings.ORBIT_INLINE_DB = False  # a real lane thread
+    return GroupCommit("test", run_group)
+
+
+def test_a_cancelled_request_is_skipped_and_its_neighbours_are_answered(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    first = commit._enqueue("lane", "first")
+    time.sleep(0.1)  # the lane is inside the first group now
+    gone, kept = commit._enqueue("lane", "gone"), commit._enqueue("lane", "kept")
+    assert gone.cancel()
+    gate.set()
+    assert first.result(5) == "done first"
+    assert kept.result(5) == "done kept"
+    assert seen == [["first"], ["kept"]]
+
+
+def test_one_refused_item_does_not_refuse_its_group(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    first = commit._enqueue("lane", "first")
+    time.sleep(0.1)
+    refused, kept = commit._enqueue("lane", "refused"), commit._enqueue("lane", "kept")
+    gate.set()
+    assert first.result(5) == "done first"
+    assert isinstance(refused.exception(5), ValueError)
+    assert kept.result(5) == "done kept"
+    assert seen == [["first"], ["refused", "kept"]]
+
+
+def test_a_failing_group_is_retried_item_by_item(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate, fail_on="poison"))
+    first = commit._enqueue("lane", "first")
+    time.sleep(0.1)
+    poison, kept = commit._enqueue("lane", "poison"), commit._enqueue("lane", "kept")
+    gate.set()
+    assert first.result(5) == "done first"
+    assert poison.result(5) == "done poison"  # alone, it goes through
+    assert kept.result(5) == "done kept"
+    assert seen == [["first"], ["poison", "kept"], ["poison"], ["kept"]]
