@@ -1042,9 +1042,7 @@ class Worker:
     async def _renew_loop(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(
-                    self._renew_kick.wait(), timeout=min(RENEW_TICK_SECONDS, self._renew_seconds)
-                )
+                await asyncio.wait_for(self._renew_kick.wait(), timeout=min(RENEW_TICK_SECONDS, self._renew_seconds))
                 self._renew_kick.clear()
             except TimeoutError:
                 pass
