@@ -1,0 +1,89 @@
+"""Orbit's server memory over a long run (issue 5: "memory flat").
+
+Starts a daphne server on a fresh MariaDB database and 4 SDK workers
+(capacity 32), keeps a backlog of about --backlog tasks topped up with
+POST /v1/tasks:batch until --tasks have been submitted, and samples the
+server's resident memory (VmRSS) once a second until every task is done.
+Prints RSS at each tenth of the run and the drift from the first tenth.
+
+    bench/.venv/bin/python bench/systems/orbit_memory.py --tasks 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import common  # noqa: E402
+from orbit_system import Server, stop_all, task_body, wait_ready  # noqa: E402
+
+BATCH = 500
+PREFIX = "m"
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+async def run(total: int, backlog: int) -> None:
+    server = Server(f"bench_orbit_memory_{int(time.time())}")
+    procs = []
+    try:
+        queue_id = await server.create_queue("memory")
+        events = common.EventLog(common.work_dir(f"orbit-memory-{time.time_ns()}"))
+        procs = server.workers([queue_id], 4, 32, events)
+        wait_ready(events, 4, time.monotonic() + 60)
+        submitted = 0
+        samples: list[tuple[float, int, float]] = []  # (seconds, done, rss MiB)
+        began = time.monotonic()
+        next_sample = began
+        while True:
+            done = events.poll().done_by_prefix(PREFIX)
+            if submitted < total and submitted - done < backlog:
+                labels = [f"{PREFIX}-{n}" for n in range(submitted, min(submitted + BATCH, total))]
+                items = [{"idempotency_key": label, "task": task_body(queue_id, label)} for label in labels]
+                response = await server.http.post("/v1/tasks:batch", json={"tasks": items})
+                response.raise_for_status()
+                submitted += len(labels)
+                continue
+            now = time.monotonic()
+            if now >= next_sample:
+                samples.append((now - began, done, rss_mib(server.proc.pid)))
+                next_sample += 1.0
+            if done >= total:
+                break
+            await asyncio.sleep(0.05)
+        seconds = time.monotonic() - began
+        print(f"{total} tasks in {seconds:.0f} s ({total / seconds:.0f} tasks/s), backlog kept near {backlog}")
+        print("done      RSS MiB")
+        marks = [total * tenth // 10 for tenth in range(1, 11)]
+        shown = []
+        for mark in marks:
+            sample = next((s for s in samples if s[1] >= mark), samples[-1])
+            shown.append(sample)
+            print(f"{sample[1]:>9,} {sample[2]:8.1f}")
+        print(f"RSS first tenth -> end: {shown[0][2]:.1f} -> {shown[-1][2]:.1f} MiB; peak {max(s[2] for s in samples):.1f}")
+    finally:
+        stop_all(procs)
+        await server.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=100_000)
+    parser.add_argument("--backlog", type=int, default=5_000)
+    args = parser.parse_args()
+    asyncio.run(run(args.tasks, args.backlog))
+
+
+if __name__ == "__main__":
+    main()
