@@ -71,7 +71,8 @@ async def run(total: int, backlog: int) -> None:
             sample = next((s for s in samples if s[1] >= mark), samples[-1])
             shown.append(sample)
             print(f"{sample[1]:>9,} {sample[2]:8.1f}")
-        print(f"RSS first tenth -> end: {shown[0][2]:.1f} -> {shown[-1][2]:.1f} MiB; peak {max(s[2] for s in samples):.1f}")
+        peak = max(sample[2] for sample in samples)
+        print(f"RSS first tenth -> end: {shown[0][2]:.1f} -> {shown[-1][2]:.1f} MiB; peak {peak:.1f}")
     finally:
         stop_all(procs)
         await server.close()

@@ -1,10 +1,30 @@
 """W0: the physical ceiling. Orbit's transaction shapes as raw SQL on MariaDB,
-without Django, one connection, the same statements and row locks the verbs
-issue (tasks/actions): submit, lease (batch of 16), start, result.
+without Django, one connection, the same statements and row locks the server
+issues (tasks/actions), in two forms.
 
-Prints one JSON line: commits_per_s_<shape>, transactions_per_task and
+Single verbs, one transaction each: submit, lease (batch of 16), start,
+result. Prints commits_per_s_<verb>, transactions_per_task and
 ceiling_tasks_per_s = tasks / (time to push them through all four shapes).
-Run with Orbit's interpreter (it migrates a fresh database first):
+
+Grouped, as the server commits them now (tasks.coalesce), with a group size K
+(--group, default 16):
+- submit_group: K submits of one application in one transaction
+  (tasks.actions.batch._apply + submit.admit_tasks): idempotency placeholders,
+  task rows, the two counter locks and updates, K events, the records' answers
+  in one CASE update.
+- round: the results, starts and leases of one application in one transaction
+  (tasks.actions.rounds.run_round): after two unlocked peeks, results of K
+  running attempts (endings.apply_reports with a WriteBook), starts of K leased
+  attempts (dispatch.apply_starts), a lease of K (dispatch.lease), and the
+  round's 3K events in one insert.
+Prints commits_per_s_submit_group, commits_per_s_round (rounds that carry K
+results, K starts and K leases), transactions_per_task_grouped = 2/K and
+ceiling_tasks_per_s_grouped = tasks / (time to push them through submit groups,
+then pipelined rounds: each round finishes the previous round's started tasks,
+starts its leases and leases K more; filling and draining the pipeline count).
+
+Each of the two parts is sized to take about --seconds. Run with Orbit's
+interpreter (it migrates a fresh database first):
 
     .venv/bin/python bench/systems/orbit_shapes.py --seconds 20
 """
@@ -24,10 +44,49 @@ import MySQLdb
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 LEASE_BATCH = 16
+GROUP = 16
+
+LOCK_APPLICATION_STATE = "SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE"
+LOCK_QUEUE_STATES = "SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE"
+IDEMPOTENCY_INSERT = (
+    "INSERT INTO orbit_idempotency_record (namespace_id,`key`,operation,digest,response_status,"
+    "response_data,request_id,created_at) VALUES "
+)
+IDEMPOTENCY_ROW = "(%s,%s,'task.submit',%s,0,'{}',%s,NOW(6))"
+TASK_INSERT = (
+    "INSERT INTO orbit_task (id,namespace_id,application_id,queue_id,handler,handler_version,"
+    "payload_version,payload,business_key,concurrency_key,key_ready,priority,state,attempts,max_attempts,"
+    "epoch,available_at,retry_initial_seconds,retry_multiplier,retry_max_seconds,lease_seconds,"
+    "cancel_requested,created_at,updated_at) VALUES "
+)
+TASK_ROW = "(%s,%s,%s,%s,'noop','v1','v1','{}','','',1,5,'WAITING',0,3,0,NOW(6),1,2,300,30,0,NOW(6),NOW(6))"
+ATTEMPT_INSERT = (
+    "INSERT INTO orbit_attempt (id,task_id,namespace_id,application_id,queue_id,state,epoch,"
+    "concurrency_key,worker_id,session_id,leased_at,lease_expires_at,outcome,retryable) VALUES "
+)
+ATTEMPT_ROW = "(%s,%s,%s,%s,%s,'LEASED',%s,'','w0',%s,NOW(6),NOW(6)+INTERVAL 30 SECOND,'',0)"
+EVENT_INSERT = "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
+EVENT_ROW = "(%s,'task.state_changed',%s,'{}',NOW(6))"
+CANDIDATES = (
+    "FROM orbit_task WHERE queue_id=%s AND state='WAITING' AND available_at<=NOW(6) "
+    "AND key_ready=1 AND (deadline_at IS NULL OR deadline_at>NOW(6)) AND concurrency_key='' "
+    "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
 
 
 def hexid() -> str:
     return uuid.uuid4().hex
+
+
+def marks(n: int) -> str:
+    """Placeholders of an IN list of n values."""
+    return ",".join(["%s"] * n)
+
+
+def insert_rows(c, head: str, row: str, rows: list[tuple]) -> None:
+    """One multi-row INSERT, as Django's bulk_create issues. (MySQLdb's
+    executemany sends one statement per row when a row holds literals.)"""
+    c.execute(head + ",".join([row] * len(rows)), [value for values in rows for value in values])
 
 
 def setup(database: str) -> tuple[MySQLdb.Connection, dict]:
@@ -69,11 +128,7 @@ def submit(c, ids: dict, n: int) -> None:
     c.execute("SELECT id FROM orbit_idempotency_record WHERE namespace_id=%s AND `key`=%s", (ids["ns"], key))
     c.fetchall()
     c.execute("BEGIN")
-    c.execute(
-        "INSERT INTO orbit_idempotency_record (namespace_id,`key`,operation,digest,response_status,"
-        "response_data,request_id,created_at) VALUES (%s,%s,'task.submit',%s,0,'{}',%s,NOW(6))",
-        (ids["ns"], key, "d" * 64, hexid()),
-    )
+    c.execute(IDEMPOTENCY_INSERT + IDEMPOTENCY_ROW, (ids["ns"], key, "d" * 64, hexid()))
     record_id = c.lastrowid
     c.execute(
         "SELECT id,max_unfinished_tasks FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s",
@@ -81,50 +136,32 @@ def submit(c, ids: dict, n: int) -> None:
     )
     c.execute("SELECT max_unfinished_tasks FROM orbit_application WHERE id=%s", (ids["app"],))
     task_id = hexid()
-    c.execute(
-        "INSERT INTO orbit_task (id,namespace_id,application_id,queue_id,handler,handler_version,"
-        "payload_version,payload,business_key,concurrency_key,key_ready,priority,state,attempts,max_attempts,"
-        "epoch,available_at,retry_initial_seconds,retry_multiplier,retry_max_seconds,lease_seconds,"
-        "cancel_requested,created_at,updated_at) VALUES (%s,%s,%s,%s,'noop','v1','v1','{}','','',1,5,"
-        "'WAITING',0,3,0,NOW(6),1,2,300,30,0,NOW(6),NOW(6))",
-        (task_id, ids["ns"], ids["app"], ids["queue"]),
-    )
-    c.execute("SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE", (ids["app"],))
-    c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
+    c.execute(TASK_INSERT + TASK_ROW, (task_id, ids["ns"], ids["app"], ids["queue"]))
+    c.execute(LOCK_APPLICATION_STATE, (ids["app"],))
+    c.execute(LOCK_QUEUE_STATES, (ids["queue"],))
     c.execute(
         "UPDATE orbit_application_state SET unfinished_tasks=unfinished_tasks+1 WHERE application_id=%s", (ids["app"],)
     )
     c.execute("UPDATE orbit_queue_state SET unfinished_tasks=unfinished_tasks+1 WHERE queue_id=%s", (ids["queue"],))
-    c.execute(
-        "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
-        "(%s,'task.state_changed',%s,'{}',NOW(6))",
-        (ids["ns"], task_id),
-    )
+    c.execute(EVENT_INSERT + EVENT_ROW, (ids["ns"], task_id))
     c.execute("UPDATE orbit_idempotency_record SET response_status=201, response_data='{}' WHERE id=%s", (record_id,))
     c.execute("COMMIT")
 
 
 def lease(c, ids: dict) -> list[tuple[str, str, int]]:
     c.execute("BEGIN")
-    c.execute("SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE", (ids["app"],))
+    c.execute(LOCK_APPLICATION_STATE, (ids["app"],))
     c.execute("SELECT max_active_attempts FROM orbit_application WHERE id=%s", (ids["app"],))
-    c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
+    c.execute(LOCK_QUEUE_STATES, (ids["queue"],))
     c.execute("SELECT * FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s", (ids["queue"], ids["ns"]))
-    c.execute(
-        "SELECT id, epoch FROM orbit_task WHERE queue_id=%s AND state='WAITING' AND available_at<=NOW(6) "
-        "AND key_ready=1 AND (deadline_at IS NULL OR deadline_at>NOW(6)) AND concurrency_key='' "
-        "ORDER BY priority DESC, available_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
-        (ids["queue"], LEASE_BATCH),
-    )
+    c.execute("SELECT id, epoch " + CANDIDATES, (ids["queue"], LEASE_BATCH))
     tasks = c.fetchall()
     if not tasks:
         c.execute("COMMIT")
         return []
     leased = [(task_id, hexid(), epoch + 1) for task_id, epoch in tasks]
     c.executemany(
-        "INSERT INTO orbit_attempt (id,task_id,namespace_id,application_id,queue_id,state,epoch,"
-        "concurrency_key,worker_id,session_id,leased_at,lease_expires_at,outcome,retryable) VALUES "
-        "(%s,%s,%s,%s,%s,'LEASED',%s,'','w0',%s,NOW(6),NOW(6)+INTERVAL 30 SECOND,'',0)",
+        ATTEMPT_INSERT + ATTEMPT_ROW,
         [(a, t, ids["ns"], ids["app"], ids["queue"], e, "s" * 32) for t, a, e in leased],
     )
     cases = " ".join(f"WHEN '{t}' THEN {e}" for t, _, e in leased)
@@ -141,11 +178,7 @@ def lease(c, ids: dict) -> list[tuple[str, str, int]]:
         "WHERE queue_id=%s",
         (len(leased), len(leased), ids["queue"]),
     )
-    c.executemany(
-        "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
-        "(%s,'task.state_changed',%s,'{}',NOW(6))",
-        [(ids["ns"], t) for t, _, _ in leased],
-    )
+    c.executemany(EVENT_INSERT + EVENT_ROW, [(ids["ns"], t) for t, _, _ in leased])
     c.execute("COMMIT")
     return leased
 
@@ -154,7 +187,7 @@ def start(c, ids: dict, task_id: str, attempt_id: str) -> None:
     """tasks.actions.dispatch.approve_start: queue_state → task → attempt."""
     c.execute("SELECT * FROM orbit_attempt WHERE id=%s AND namespace_id=%s", (attempt_id, ids["ns"]))
     c.execute("BEGIN")
-    c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
+    c.execute(LOCK_QUEUE_STATES, (ids["queue"],))
     c.execute("SELECT * FROM orbit_task WHERE id=%s FOR UPDATE", (task_id,))
     c.execute("SELECT * FROM orbit_attempt WHERE id=%s FOR UPDATE", (attempt_id,))
     c.execute("SELECT paused, retired_at, rate_per_second FROM orbit_queue WHERE id=%s", (ids["queue"],))
@@ -165,11 +198,7 @@ def start(c, ids: dict, task_id: str, attempt_id: str) -> None:
     )
     c.execute("UPDATE orbit_task SET attempts=attempts+1, state='RUNNING', updated_at=NOW(6) WHERE id=%s", (task_id,))
     c.execute("UPDATE orbit_attempt SET state='RUNNING', number=1, started_at=NOW(6) WHERE id=%s", (attempt_id,))
-    c.execute(
-        "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
-        "(%s,'task.state_changed',%s,'{}',NOW(6))",
-        (ids["ns"], task_id),
-    )
+    c.execute(EVENT_INSERT + EVENT_ROW, (ids["ns"], task_id))
     c.execute("COMMIT")
 
 
@@ -182,8 +211,8 @@ def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
         (attempt_id,),
     )
     c.execute("BEGIN")
-    c.execute("SELECT * FROM orbit_application_state WHERE application_id=%s FOR UPDATE", (ids["app"],))
-    c.execute("SELECT * FROM orbit_queue_state WHERE queue_id IN (%s) ORDER BY queue_id FOR UPDATE", (ids["queue"],))
+    c.execute(LOCK_APPLICATION_STATE, (ids["app"],))
+    c.execute(LOCK_QUEUE_STATES, (ids["queue"],))
     c.execute("SELECT * FROM orbit_task WHERE id=%s FOR UPDATE", (task_id,))
     c.execute("SELECT * FROM orbit_attempt WHERE id=%s FOR UPDATE", (attempt_id,))
     c.execute(
@@ -191,11 +220,7 @@ def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
         (attempt_id,),
     )
     c.execute("UPDATE orbit_task SET state='SUCCEEDED', updated_at=NOW(6), finished_at=NOW(6) WHERE id=%s", (task_id,))
-    c.execute(
-        "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
-        "(%s,'task.state_changed',%s,'{}',NOW(6))",
-        (ids["ns"], task_id),
-    )
+    c.execute(EVENT_INSERT + EVENT_ROW, (ids["ns"], task_id))
     c.execute(
         "UPDATE orbit_application_state SET active_attempts=active_attempts-1, unfinished_tasks=unfinished_tasks-1 "
         "WHERE application_id=%s",
@@ -209,11 +234,204 @@ def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
     c.execute("COMMIT")
 
 
+def submit_group(c, ids: dict, numbers: range) -> None:
+    """tasks.actions.batch.submit_batch → _apply (+ submit.admit_tasks): the
+    group's submits, each with its own Idempotency-Key, in one transaction."""
+    keys = sorted(f"w0g-{n}" for n in numbers)
+    select_records = f"SELECT * FROM orbit_idempotency_record WHERE `key` IN ({marks(len(keys))}) AND namespace_id=%s"
+    c.execute(select_records, (*keys, ids["ns"]))  # replays are answered before the transaction
+    c.fetchall()
+    c.execute("BEGIN")
+    # Placeholders first (key order), then what needs no lock, then the counters.
+    insert_rows(c, IDEMPOTENCY_INSERT, IDEMPOTENCY_ROW, [(ids["ns"], key, "d" * 64, hexid()) for key in keys])
+    c.execute(
+        "SELECT id,max_unfinished_tasks FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s",
+        (ids["queue"], ids["ns"]),
+    )
+    c.execute("SELECT max_unfinished_tasks FROM orbit_application WHERE id=%s", (ids["app"],))
+    task_ids = [hexid() for _ in keys]
+    insert_rows(c, TASK_INSERT, TASK_ROW, [(t, ids["ns"], ids["app"], ids["queue"]) for t in task_ids])
+    c.execute(LOCK_APPLICATION_STATE, (ids["app"],))
+    c.execute(LOCK_QUEUE_STATES, (ids["queue"],))
+    c.execute(
+        "UPDATE orbit_application_state SET unfinished_tasks=unfinished_tasks+%s WHERE application_id=%s",
+        (len(task_ids), ids["app"]),
+    )
+    c.execute(
+        "UPDATE orbit_queue_state SET unfinished_tasks=unfinished_tasks+%s WHERE queue_id=%s",
+        (len(task_ids), ids["queue"]),
+    )
+    insert_rows(c, EVENT_INSERT, EVENT_ROW, [(ids["ns"], t) for t in task_ids])
+    # The receipts: re-read the records, then Django's bulk_update (one UPDATE, CASE per field).
+    c.execute(select_records, (*keys, ids["ns"]))
+    record_ids = [row[0] for row in c.fetchall()]
+    when = " ".join(["WHEN (id=%s) THEN %s"] * len(record_ids))
+    c.execute(
+        f"UPDATE orbit_idempotency_record SET response_status=CASE {when} ELSE NULL END, "
+        f"response_data=CASE {when} ELSE NULL END WHERE id IN ({marks(len(record_ids))})",
+        [
+            *(v for record_id in record_ids for v in (record_id, 201)),
+            *(v for record_id in record_ids for v in (record_id, "{}")),
+            *record_ids,
+        ],
+    )
+    c.execute("COMMIT")
+
+
+def dispatch_round(
+    c, ids: dict, finishing: list[tuple[str, str]], starting: list[tuple[str, str]], want: int
+) -> list[tuple[str, str]]:
+    """tasks.actions.rounds.run_round: results of `finishing`, starts of
+    `starting` (task id, attempt id) and a lease of up to `want`, in one
+    transaction. Returns the leased (task id, attempt id) pairs."""
+    ns, app, queue = ids["ns"], ids["app"], ids["queue"]
+    # Unlocked peeks: endings.peek_reports, dispatch.peek_starts.
+    if finishing:
+        c.execute(
+            "SELECT id, task_id, application_id, queue_id, namespace_id, concurrency_key, worker_id, epoch "
+            f"FROM orbit_attempt WHERE id IN ({marks(len(finishing))})",
+            [a for _, a in finishing],
+        )
+    if starting:
+        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(starting))})", [a for _, a in starting])
+    c.execute("BEGIN")
+    c.execute(LOCK_APPLICATION_STATE, (app,))
+    c.execute(LOCK_QUEUE_STATES, (queue,))
+    events = []
+    if finishing:
+        # endings.apply_reports: the attempt chains (parents re-locked), then the
+        # WriteBook: one UPDATE per table (equal values), one per counter row.
+        tasks, attempts = sorted(t for t, _ in finishing), sorted(a for _, a in finishing)
+        n = len(finishing)
+        c.execute(LOCK_APPLICATION_STATE, (app,))
+        c.execute(LOCK_QUEUE_STATES, (queue,))
+        c.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
+        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
+        c.execute(
+            "UPDATE orbit_attempt SET finished_at=NOW(6), outcome='SUCCEEDED', output=NULL, state='SUCCEEDED' "
+            f"WHERE id IN ({marks(n)})",
+            attempts,
+        )
+        c.execute(
+            "UPDATE orbit_task SET finished_at=NOW(6), output=NULL, state='SUCCEEDED', updated_at=NOW(6) "
+            f"WHERE id IN ({marks(n)})",
+            tasks,
+        )
+        c.execute(
+            "UPDATE orbit_application_state SET active_attempts=active_attempts-%s, "
+            "unfinished_tasks=unfinished_tasks-%s WHERE application_id=%s",
+            (n, n, app),
+        )
+        c.execute(
+            "UPDATE orbit_queue_state SET active_permits=active_permits-%s, unfinished_tasks=unfinished_tasks-%s "
+            "WHERE queue_id=%s",
+            (n, n, queue),
+        )
+        events += [(ns, t) for t, _ in finishing]
+    if starting:
+        # dispatch.apply_starts: queue_state → tasks → attempts, one UPDATE each.
+        tasks, attempts = sorted(t for t, _ in starting), sorted(a for _, a in starting)
+        n = len(starting)
+        c.execute(LOCK_QUEUE_STATES, (queue,))
+        c.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
+        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
+        c.execute("SELECT id, paused, rate_per_second, retired_at FROM orbit_queue WHERE id IN (%s)", (queue,))
+        c.execute(
+            "UPDATE orbit_queue_state SET window_started_at=NOW(6), window_count=window_count+%s, "
+            "reserved_starts=reserved_starts-%s WHERE queue_id=%s",
+            (n, n, queue),
+        )
+        c.execute(
+            f"UPDATE orbit_task SET state='RUNNING', attempts=attempts+1, updated_at=NOW(6) WHERE id IN ({marks(n)})",
+            tasks,
+        )
+        c.execute(
+            "UPDATE orbit_attempt SET state='RUNNING', number=1, started_at=NOW(6), "
+            f"lease_expires_at=NOW(6)+INTERVAL 30 SECOND WHERE id IN ({marks(n)})",
+            attempts,
+        )
+        events += [(ns, t) for t, _ in starting]
+    leased: list[tuple[str, str]] = []
+    if want > 0:
+        # dispatch.lease: one candidate scan, then one statement per table.
+        c.execute(LOCK_APPLICATION_STATE, (app,))
+        c.execute("SELECT max_active_attempts FROM orbit_application WHERE id=%s", (app,))
+        c.execute(LOCK_QUEUE_STATES, (queue,))
+        c.execute("SELECT * FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s", (queue, ns))
+        c.execute("SELECT id, epoch, orbit_task.* " + CANDIDATES, (queue, want))
+        candidates = [(row[0], row[1], hexid()) for row in c.fetchall()]
+        if candidates:
+            leased = [(task_id, attempt_id) for task_id, _, attempt_id in candidates]
+            insert_rows(
+                c,
+                ATTEMPT_INSERT,
+                ATTEMPT_ROW,
+                [(a, t, ns, app, queue, epoch + 1, "s" * 32) for t, epoch, a in candidates],
+            )
+            n = len(leased)
+            c.execute(
+                f"UPDATE orbit_task SET state='LEASED', epoch=epoch+1, updated_at=NOW(6) WHERE id IN ({marks(n)})",
+                [t for t, _ in leased],
+            )
+            c.execute(
+                "UPDATE orbit_application_state SET active_attempts=active_attempts+%s WHERE application_id=%s",
+                (n, app),
+            )
+            c.execute(
+                "UPDATE orbit_queue_state SET active_permits=active_permits+%s, reserved_starts=reserved_starts+%s "
+                "WHERE queue_id=%s",
+                (n, n, queue),
+            )
+            events += [(ns, t) for t, _ in leased]
+    if events:  # orbit.audit.gathered_events: the round's events in one insert
+        insert_rows(c, EVENT_INSERT, EVENT_ROW, events)
+    c.execute("COMMIT")
+    return leased
+
+
+def push_grouped(c, ids: dict, first: int, tasks: int, group: int) -> dict:
+    """Submits `tasks` in groups, then runs pipelined rounds until all finished.
+    Returns the seconds and transactions of each part, and of the steady rounds."""
+    began = time.perf_counter()
+    groups = 0
+    for low in range(first, first + tasks, group):
+        submit_group(c, ids, range(low, min(low + group, first + tasks)))
+        groups += 1
+    submit_seconds = time.perf_counter() - began
+    leased: list[tuple[str, str]] = []
+    started: list[tuple[str, str]] = []
+    rounds = steady = finished = 0
+    round_seconds = steady_seconds = 0.0
+    while True:
+        began = time.perf_counter()
+        new = dispatch_round(c, ids, started, leased, group)
+        seconds = time.perf_counter() - began
+        rounds += 1
+        round_seconds += seconds
+        if len(started) == len(leased) == len(new) == group:
+            steady += 1
+            steady_seconds += seconds
+        finished += len(started)
+        started, leased = leased, new
+        if not (started or leased):
+            break
+    assert finished == tasks, (finished, tasks)
+    return {
+        "submit": (submit_seconds, groups),
+        "rounds": (round_seconds, rounds),
+        "steady": (steady_seconds, steady),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--seconds", type=float, default=20, help="about this long for each part (single, grouped)")
+    parser.add_argument(
+        "--group", type=int, default=GROUP, help="submits per submit group; results, starts, leases per round"
+    )
     parser.add_argument("--run", type=int, default=0)
     args = parser.parse_args()
+    group = max(1, args.group)
     database = f"bench_orbit_w0_{args.run}"
     db, ids = setup(database)
     c = db.cursor()
@@ -254,6 +472,28 @@ def main() -> None:
             transactions_per_task=round(1 + 1 / LEASE_BATCH + 1 + 1, 3),
             ceiling_tasks_per_s=round(len(leased) / total, 1),
             commits_per_s=round(sum(count for _, count in timings.values()) / total, 1),
+        )
+
+        # Grouped: a small pass through the whole pipeline sizes the measured one.
+        probe_tasks = 8 * group
+        probe = push_grouped(c, ids, 0, probe_tasks, group)
+        per_task = (probe["submit"][0] + probe["rounds"][0]) / probe_tasks
+        grouped_tasks = max(20 * group, int(args.seconds / per_task) // group * group)
+        parts = push_grouped(c, ids, probe_tasks, grouped_tasks, group)
+        (submit_seconds, groups), (round_seconds, rounds), (steady_seconds, steady) = (
+            parts["submit"],
+            parts["rounds"],
+            parts["steady"],
+        )
+        if not steady:  # too few tasks for a full round: every round counts
+            steady_seconds, steady = round_seconds, rounds
+        out.update(
+            group=group,
+            tasks_grouped=grouped_tasks,
+            commits_per_s_submit_group=round(groups / submit_seconds, 1),
+            commits_per_s_round=round(steady / steady_seconds, 1),
+            transactions_per_task_grouped=round(1 / group + 1 / group, 3),
+            ceiling_tasks_per_s_grouped=round(grouped_tasks / (submit_seconds + round_seconds), 1),
         )
         print(json.dumps(out))
     finally:
