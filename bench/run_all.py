@@ -73,7 +73,8 @@ PACKAGES = [
 ]  # fmt: skip
 PREFERRED_ORDER = [
     # W0
-    "commits_per_s", "transactions_per_task", "ceiling_tasks_per_s",
+    "commits_per_s", "transactions_per_task", "ceiling_tasks_per_s", "transactions_per_task_grouped",
+    "ceiling_tasks_per_s_grouped",
     # W1
     "tasks", "seconds", "tasks_per_s", "submit_per_s", "latency_p50_ms", "latency_p95_ms",
     "latency_p99_ms", "server_cpu_s_per_1k", "db_cpu_s_per_1k", "client_cpu_s_per_1k",
