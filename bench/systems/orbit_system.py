@@ -21,7 +21,8 @@ import httpx
 NAME = "orbit"
 DURABILITY = (
     "a submit is answered after its MariaDB transaction commits (innodb_flush_log_at_trx_commit=1, "
-    "redo fsynced per commit); every lease, start and result is its own committed transaction; a crash "
+    "redo fsynced per commit; concurrent submits of an application share one commit); leases, starts and "
+    "results are committed in per-application rounds before any of them is answered or sent; a crash "
     "of any process loses nothing acknowledged"
 )
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
