@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from orbit.rows import lock_by_pk
 from queues.models import Queue, QueueState
 
 
@@ -17,8 +18,4 @@ def lock_queue(queue_id: str) -> Queue | None:
 
 
 def lock_queue_states(queue_ids: Iterable[str]) -> dict[str, QueueState]:
-    ids = sorted(set(queue_ids))
-    return {
-        state.queue_id: state
-        for state in QueueState.objects.select_for_update().filter(queue_id__in=ids).order_by("queue_id")
-    }
+    return lock_by_pk(QueueState, queue_ids)

@@ -11,11 +11,15 @@ from collections.abc import Iterable
 from django.utils import timezone
 
 from orbit.models import ApplicationState
+from orbit.rows import lock_by_pk
 from tasks.models import Attempt, ConcurrencyKey, Task
 
 
 def lock_application_state(application_id: str) -> ApplicationState:
-    return ApplicationState.objects.select_for_update().get(application_id=application_id)
+    state = lock_by_pk(ApplicationState, [application_id]).get(application_id)
+    if state is None:
+        raise ApplicationState.DoesNotExist(application_id)
+    return state
 
 
 def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, ConcurrencyKey]:
@@ -54,11 +58,9 @@ def lock_attempt(attempt_id: str) -> Attempt | None:
 
 def lock_tasks(task_ids: Iterable[str]) -> dict[str, Task]:
     """Locks tasks in ascending id order (one statement)."""
-    ids = sorted(set(task_ids))
-    return {task.id: task for task in Task.objects.select_for_update().filter(id__in=ids).order_by("id")}
+    return lock_by_pk(Task, task_ids)
 
 
 def lock_attempts(attempt_ids: Iterable[str]) -> dict[str, Attempt]:
     """Locks attempts in ascending id order (one statement)."""
-    ids = sorted(set(attempt_ids))
-    return {attempt.id: attempt for attempt in Attempt.objects.select_for_update().filter(id__in=ids).order_by("id")}
+    return lock_by_pk(Attempt, attempt_ids)

@@ -19,6 +19,7 @@ from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCa
 from orbit.fields import UINT64_MAX
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import Application, ApplicationState
+from orbit.rows import add_to_row
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import promote_next
@@ -198,13 +199,9 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
         promote_next(
             namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
         )
-    ApplicationState.objects.filter(application_id=worker.application_id).update(
-        active_attempts=F("active_attempts") + len(chosen)
-    )
-    for queue_id, count in taken_per_queue.items():
-        QueueState.objects.filter(queue_id=queue_id).update(
-            active_permits=F("active_permits") + count, reserved_starts=F("reserved_starts") + count
-        )
+    add_to_row(ApplicationState, worker.application_id, {"active_attempts": len(chosen)})
+    for queue_id, count in sorted(taken_per_queue.items()):
+        add_to_row(QueueState, queue_id, {"active_permits": count, "reserved_starts": count})
     _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
     ATTEMPTS_LEASED.inc(len(chosen))
     assignments: list[list[dict[str, Any]]] = [[] for _ in requests]

@@ -182,8 +182,11 @@ def apply_reports(
     reports: list[ResultReport], peeks: dict[str, dict[str, Any]], book: WriteBook
 ) -> list[dict[str, Any] | OrbitError]:
     """Applies held reports (peeked by peek_reports); caller holds the transaction
-    and writes `book`. One outcome per report."""
-    chains = lock_attempt_chains({report.attempt_id: peeks[report.attempt_id] for report in reports})
+    and the reports' application_state and queue_state locks, and writes `book`.
+    One outcome per report."""
+    chains = lock_attempt_chains(
+        {report.attempt_id: peeks[report.attempt_id] for report in reports}, counters_held=True
+    )
     now = timezone.now()  # after the locks: leases are judged as of now
     outcomes: list[dict[str, Any] | OrbitError] = []
     for report in reports:

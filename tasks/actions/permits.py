@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F, Model
+from django.db.models import Model
 
 from orbit.audit import emit_event
 from orbit.metrics import ATTEMPTS_FINISHED
 from orbit.models import ApplicationState
+from orbit.rows import add_to_row
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions.readiness import enter_waiting, promote_next
@@ -52,14 +53,17 @@ def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:
     return peek_attempts([attempt_id], *extra).get(attempt_id)
 
 
-def _lock_parents(peeks: Iterable[dict[str, Any]]) -> dict[tuple[str, str], ConcurrencyKey]:
+def _lock_parents(
+    peeks: Iterable[dict[str, Any]], *, counters_held: bool = False
+) -> dict[tuple[str, str], ConcurrencyKey]:
     """The first half of the global lock order for a set of tasks:
-    application_state, queue_state, then their key rows, which are returned
-    by (namespace, key)."""
+    application_state, queue_state (unless the caller holds them already),
+    then their key rows, which are returned by (namespace, key)."""
     peeks = list(peeks)
-    for application_id in sorted({peek["application_id"] for peek in peeks}):
-        lock_application_state(application_id)
-    lock_queue_states(peek["queue_id"] for peek in peeks)
+    if not counters_held:
+        for application_id in sorted({peek["application_id"] for peek in peeks}):
+            lock_application_state(application_id)
+        lock_queue_states(peek["queue_id"] for peek in peeks)
     keys: dict[str, set[str]] = {}
     for peek in peeks:
         if peek["concurrency_key"]:
@@ -71,16 +75,18 @@ def _lock_parents(peeks: Iterable[dict[str, Any]]) -> dict[tuple[str, str], Conc
     return key_rows
 
 
-def lock_attempt_chains(peeks: dict[str, dict[str, Any]]) -> dict[str, Held]:
+def lock_attempt_chains(peeks: dict[str, dict[str, Any]], *, counters_held: bool = False) -> dict[str, Held]:
     """Locks application_state → queue_state → keys → tasks → attempts for a
-    set of attempts (attempt id → its peek), each level in ascending order.
+    set of attempts (attempt id → its peek), each level in ascending order;
+    with `counters_held`, the caller holds their application_state and
+    queue_state rows already and the chain starts at the keys.
 
     The peeks take no lock: they only say which rows to lock. Every decision is
     made on the rows re-read under their locks. Attempts of one task share
     one Task object, so a group sees its own earlier changes."""
     if not peeks:
         return {}
-    key_rows = _lock_parents(peeks.values())
+    key_rows = _lock_parents(peeks.values(), counters_held=counters_held)
     tasks = lock_tasks(peek["task_id"] for peek in peeks.values())
     attempts = lock_attempts(peeks)
     chains: dict[str, Held] = {}
@@ -130,22 +136,14 @@ class CounterDeltas:
     queue_unfinished: int = 0
 
     def write(self, *, application_id: str, queue_id: str) -> None:
-        app: dict[str, Any] = {}
-        if self.active_attempts:
-            app["active_attempts"] = F("active_attempts") + self.active_attempts
-        if self.app_unfinished:
-            app["unfinished_tasks"] = F("unfinished_tasks") + self.app_unfinished
-        if app:
-            ApplicationState.objects.filter(application_id=application_id).update(**app)
-        queue: dict[str, Any] = {}
-        if self.active_permits:
-            queue["active_permits"] = F("active_permits") + self.active_permits
-        if self.reserved_starts:
-            queue["reserved_starts"] = F("reserved_starts") + self.reserved_starts
-        if self.queue_unfinished:
-            queue["unfinished_tasks"] = F("unfinished_tasks") + self.queue_unfinished
-        if queue:
-            QueueState.objects.filter(queue_id=queue_id).update(**queue)
+        app = {"active_attempts": self.active_attempts, "unfinished_tasks": self.app_unfinished}
+        queue = {
+            "active_permits": self.active_permits,
+            "reserved_starts": self.reserved_starts,
+            "unfinished_tasks": self.queue_unfinished,
+        }
+        add_to_row(ApplicationState, application_id, {name: n for name, n in app.items() if n})
+        add_to_row(QueueState, queue_id, {name: n for name, n in queue.items() if n})
 
     def add(self, other: CounterDeltas) -> None:
         for name in ("active_attempts", "app_unfinished", "active_permits", "reserved_starts", "queue_unfinished"):

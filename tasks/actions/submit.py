@@ -7,13 +7,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import Application, ApplicationState, Event
+from orbit.rows import add_to_row
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import admit_readiness
@@ -133,12 +133,10 @@ def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> 
     ready = admit_readiness([task for task in accepted if task.concurrency_key], now)
     if ready:
         Task.objects.filter(id__in=ready).update(key_ready=True)
-    ApplicationState.objects.filter(application_id=application_id).update(
-        unfinished_tasks=F("unfinished_tasks") + len(accepted)
-    )
+    add_to_row(ApplicationState, application_id, {"unfinished_tasks": len(accepted)})
     per_queue = Counter(task.queue_id for task in accepted)
     for queue_id, count in sorted(per_queue.items()):
-        QueueState.objects.filter(queue_id=queue_id).update(unfinished_tasks=F("unfinished_tasks") + count)
+        add_to_row(QueueState, queue_id, {"unfinished_tasks": count})
     Event.objects.bulk_create(
         [
             Event(
