@@ -28,8 +28,8 @@ from tasks.locks import lock_application_state, lock_attempt, lock_attempts, loc
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from workers.groupcommit import unwrap
 
-# Most attempts one lease transaction creates: several workers on several
-# nodes share a hot queue instead of the fastest poller taking everything.
+# Most attempts one lease gives one worker: several workers on several nodes
+# share a hot queue instead of the fastest poller taking everything.
 LEASE_BATCH_MAX = 16
 RATE_WINDOW = timedelta(seconds=1)
 # A key row must be able to advance twice more (this lease, then its release).
