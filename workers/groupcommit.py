@@ -24,6 +24,7 @@ from queue import Empty, SimpleQueue
 from typing import Generic, TypeVar
 
 from django.conf import settings
+from django.db import connection
 
 from workers.db import call_guarded, run_db
 
@@ -48,36 +49,45 @@ class _Request(Generic[I, R]):
 
 
 class _Lane(Generic[I, R]):
-    def __init__(self, name: str, run_group: GroupFunction, max_group: int) -> None:
-        self.run_group = run_group
-        self.max_group = max_group
+    def __init__(self, owner: GroupCommit[I, R], lane_id: str) -> None:
+        self.owner = owner
+        self.lane_id = lane_id
         self.inbox: SimpleQueue[_Request[I, R]] = SimpleQueue()
+        name = f"orbit-{owner.name}-{lane_id[:8]}"
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def _run(self) -> None:
-        while True:
-            group = [self.inbox.get()]
-            while len(group) < self.max_group:
+        try:
+            while True:
                 try:
-                    group.append(self.inbox.get_nowait())
+                    group = [self.inbox.get(timeout=self.owner.idle_seconds)]
                 except Empty:
-                    break
-            # A caller that went away (its connection closed) cancelled its
-            # future: its item is skipped; the others are now bound to run.
-            group = [request for request in group if request.future.set_running_or_notify_cancel()]
-            if not group:
-                continue
-            try:
-                self._settle(group)
-            except BaseException as exc:  # never leave a caller waiting
-                logger.exception("group commit failed")
-                for request in group:
-                    if not request.future.done():
-                        request.future.set_exception(exc)
+                    if self.owner._retire(self):
+                        return
+                    continue
+                while len(group) < self.owner.max_group:
+                    try:
+                        group.append(self.inbox.get_nowait())
+                    except Empty:
+                        break
+                # A caller that went away (its connection closed) cancelled its
+                # future: its item is skipped; the others are now bound to run.
+                group = [request for request in group if request.future.set_running_or_notify_cancel()]
+                if not group:
+                    continue
+                try:
+                    self._settle(group)
+                except BaseException as exc:  # never leave a caller waiting
+                    logger.exception("group commit failed")
+                    for request in group:
+                        if not request.future.done():
+                            request.future.set_exception(exc)
+        finally:
+            connection.close()  # an idle lane gives its database connection back
 
     def _settle(self, group: list[_Request[I, R]]) -> None:
         try:
-            outcomes = call_guarded(self.run_group, [request.item for request in group])
+            outcomes = call_guarded(self.owner.run_group, [request.item for request in group])
         except Exception as exc:
             if len(group) == 1:
                 group[0].future.set_exception(exc)
@@ -94,26 +104,33 @@ class _Lane(Generic[I, R]):
 
 
 class GroupCommit(Generic[I, R]):
-    """Applies items through `run_group`, gathering concurrent items of one lane."""
+    """Applies items through `run_group`, gathering concurrent items of one lane.
+    A lane's thread (and its database connection) ends after `idle_seconds`
+    without work and is started again by the next item."""
 
-    def __init__(self, name: str, run_group: GroupFunction, *, max_group: int = 200) -> None:
+    def __init__(self, name: str, run_group: GroupFunction, *, max_group: int = 200, idle_seconds: float = 60) -> None:
         self.name = name
         self.run_group = run_group
         self.max_group = max_group
+        self.idle_seconds = idle_seconds
         self._lanes: dict[str, _Lane[I, R]] = {}
         self._lock = threading.Lock()
 
     def _enqueue(self, lane_id: str, item: I) -> Future[R]:
-        lane = self._lanes.get(lane_id)
-        if lane is None:
-            with self._lock:
-                lane = self._lanes.get(lane_id)
-                if lane is None:
-                    lane = _Lane(f"orbit-{self.name}-{lane_id[:8]}", self.run_group, self.max_group)
-                    self._lanes[lane_id] = lane
         request: _Request[I, R] = _Request(item)
-        lane.inbox.put(request)
+        with self._lock:  # a lane retires under this lock, only with an empty inbox
+            lane = self._lanes.get(lane_id)
+            if lane is None:
+                lane = self._lanes[lane_id] = _Lane(self, lane_id)
+            lane.inbox.put(request)
         return request.future
+
+    def _retire(self, lane: _Lane[I, R]) -> bool:
+        with self._lock:
+            if not lane.inbox.empty():
+                return False
+            del self._lanes[lane.lane_id]
+            return True
 
     def call(self, lane_id: str, item: I) -> R:
         """From a thread: waits for the item's outcome."""

@@ -66,3 +66,22 @@ def test_a_failing_group_is_retried_item_by_item(settings):
     assert poison.result(5) == "done poison"  # alone, it goes through
     assert kept.result(5) == "done kept"
     assert seen == [["first"], ["poison", "kept"], ["poison"], ["kept"]]
+
+
+def test_an_idle_lane_ends_and_the_next_item_starts_it_again(settings):
+    settings.ORBIT_INLINE_DB = False
+    threads: list[str] = []
+
+    def run_group(items: list[str]) -> list[object]:
+        threads.append(threading.current_thread().name)
+        return [f"done {item}" for item in items]
+
+    commit = GroupCommit("idle", run_group, idle_seconds=0.2)
+    assert commit._enqueue("lane", "a").result(5) == "done a"
+    deadline = time.monotonic() + 5
+    while "lane" in commit._lanes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "lane" not in commit._lanes
+    assert not [t for t in threading.enumerate() if t.name == threads[0]]
+    assert commit._enqueue("lane", "b").result(5) == "done b"
+    assert len(threads) == 2
