@@ -43,7 +43,8 @@ add workload-specific ones freely; numbers, booleans or short strings only; a ne
 ``"config"`` or ``"notes"`` value is kept verbatim and not aggregated):
 
 W0 ceiling     commits_per_s (raw MariaDB, per transaction shape: commits_per_s_<shape>),
-               transactions_per_task, ceiling_tasks_per_s
+               transactions_per_task, ceiling_tasks_per_s; for the grouped shapes
+               transactions_per_task_grouped, ceiling_tasks_per_s_grouped
 W1 throughput  tasks, seconds, tasks_per_s, submit_per_s,
                latency_p50_ms, latency_p95_ms, latency_p99_ms   (submit -> start)
                server_cpu_s_per_1k, db_cpu_s_per_1k, client_cpu_s_per_1k
