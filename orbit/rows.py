@@ -10,7 +10,7 @@ read into model instances, with the ORM's own converters."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import connection, models
 
@@ -45,3 +45,32 @@ def add_to_row(model: type[models.Model], pk: str, increments: dict[str, int]) -
     sets = ", ".join(f"{quote(column)} = {quote(column)} + %s" for column in columns)
     with connection.cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET {sets} WHERE {pk_column} = %s", [*increments.values(), pk])
+
+
+def set_each(
+    model: type[models.Model], *, match: str, values: dict[Any, Any], field: str, where: dict[str, Any], **same: Any
+) -> None:
+    """One UPDATE giving each row (picked by its `match` value, among the rows
+    equal to `where`) its own value of `field`, and `same` to all of them:
+    SET field = CASE match WHEN … THEN … END. bulk_update issues the same
+    statement, but builds it through ORM expressions row by row."""
+    if not values:
+        return
+    quote = connection.ops.quote_name
+    table, _ = _quoted(model)
+    meta = model._meta
+    target, matched = meta.get_field(field), quote(meta.get_field(match).column)
+    params: list[Any] = []
+    for key, value in values.items():
+        params += [key, target.get_db_prep_save(value, connection)]
+    sets = [f"{quote(target.column)} = CASE {matched} {' '.join(['WHEN %s THEN %s'] * len(values))} END"]
+    for name, value in same.items():
+        column = meta.get_field(name)
+        sets.append(f"{quote(column.column)} = %s")
+        params.append(column.get_db_prep_save(value, connection))
+    conditions = [f"{quote(meta.get_field(name).column)} = %s" for name in where]
+    params += list(where.values())
+    conditions.append(f"{matched} IN ({', '.join(['%s'] * len(values))})")
+    params += list(values)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}", params)

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from orbit.api.auth import Principal
+from orbit.api.fields import StrictSerializer
 from orbit.api.middleware import request_id_of
 from orbit.api.responses import ok
 from orbit.errors import InvalidArgument
@@ -67,6 +68,8 @@ class OrbitView(APIView):
 
 def validated(serializer_class: type, body: dict[str, Any]) -> dict[str, Any]:
     """The serializer's validated data; its ValidationError becomes 400 naming the field."""
+    if issubclass(serializer_class, StrictSerializer):
+        return serializer_class.validated(body)
     serializer = serializer_class(data=body)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data

@@ -17,6 +17,7 @@ from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
+from orbit.rows import set_each
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import admit_tasks, check_times
 from tasks.models import Task
@@ -42,12 +43,10 @@ def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
     queue_id = body.get("queue_id")
     if isinstance(queue_id, str):
         actor.principal.require_queue(queue_id)
-    serializer = SubmitTaskInput(data=body)
     try:
-        serializer.is_valid(raise_exception=True)
+        return SubmitTaskInput.validated(body)
     except ValidationError as exc:
         raise translate(exc) from exc
-    return serializer.validated_data
 
 
 def submit_batch(*, actor: Actor, items: list[Submission]) -> list[Outcome]:
@@ -133,10 +132,12 @@ def _apply(
             results[index] = outcome
     if refused_keys:  # a refused item stores no record
         IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=refused_keys).delete()
-    if receipts:
-        records = list(IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=list(receipts)))
-        for record in records:
-            record.response_status = 201
-            record.response_data = receipts[record.key]
-        IdempotencyRecord.objects.bulk_update(records, ["response_status", "response_data"])
+    set_each(
+        IdempotencyRecord,
+        match="key",
+        values=receipts,
+        field="response_data",
+        where={"namespace_id": actor.namespace_id},
+        response_status=201,
+    )
     return results

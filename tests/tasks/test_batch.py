@@ -125,3 +125,18 @@ def test_concurrent_batches_sharing_keys_create_each_task_once(tenant):
     assert sum(s.count(201) for s in statuses) == 40
     assert Task.objects.filter(queue_id=queue["id"]).count() == 40
     assert find_violations() == []
+
+
+@pytest.mark.django_db
+def test_keys_differing_only_in_case_or_spaces_keep_their_own_receipts(tenant):
+    # each record's receipt is written by its key: the keys compare byte for byte
+    queue = make_queue(tenant, "bytes")
+    keys = ["k", "k ", "K", " k"]
+    items = [{"idempotency_key": key, "task": task_body(queue["id"], n)} for n, key in enumerate(keys)]
+    results = post_batch(tenant.client, items).json()["data"]["results"]
+    assert [r["status"] for r in results] == [201] * len(keys)
+    replays = post_batch(tenant.client, items).json()["data"]["results"]
+    assert [r["status"] for r in replays] == [200] * len(keys)
+    for n, (first, replay) in enumerate(zip(results, replays, strict=True)):
+        assert replay["task"] == first["task"] and replay["task"]["payload"] == {"n": n}
+    assert len({r["task"]["id"] for r in results}) == len(keys)
