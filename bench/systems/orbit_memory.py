@@ -46,6 +46,7 @@ async def run(total: int, backlog: int) -> None:
         samples: list[tuple[float, int, float]] = []  # (seconds, done, rss MiB)
         began = time.monotonic()
         next_sample = began
+        next_report = 0
         while True:
             done = events.poll().done_by_prefix(PREFIX)
             if submitted < total and submitted - done < backlog:
@@ -59,6 +60,9 @@ async def run(total: int, backlog: int) -> None:
             if now >= next_sample:
                 samples.append((now - began, done, rss_mib(server.proc.pid)))
                 next_sample += 1.0
+                if done >= next_report:  # progress, so a run cut short still tells
+                    print(f"progress {done:>9,} done {samples[-1][2]:8.1f} MiB {now - began:6.0f} s", flush=True)
+                    next_report += max(total // 20, 1)
             if done >= total:
                 break
             await asyncio.sleep(0.05)
