@@ -35,8 +35,11 @@ class RequestIdMiddleware:
         request.orbit_request_id = new_id()  # type: ignore[attr-defined]
         response = await self.get_response(request)
         response["X-Request-Id"] = request.orbit_request_id  # type: ignore[attr-defined]
-        # SecurityMiddleware's header, for the API chain that runs without it.
+        # What SecurityMiddleware and CommonMiddleware add, for the API chain
+        # that runs without them (orbit/api/handler.py).
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        if not response.streaming and "Content-Length" not in response:
+            response["Content-Length"] = str(len(response.content))
         return response
 
 

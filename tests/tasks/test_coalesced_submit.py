@@ -89,3 +89,20 @@ def test_concurrent_single_submits_each_get_their_own_outcome(tenant, orbit_serv
     assert not IdempotencyRecord.objects.filter(key__startswith="bad").exists()
     assert find_violations() == []
     assert any(h.get("Retry-After") == "1" for _, s, _, h in [v for vs in by_key.values() for v in vs] if s == 429)
+
+
+def test_the_api_handler_answers_with_the_usual_headers(tenant, orbit_server):
+    # /v1/ runs through its own ASGI handler (orbit/api/handler.py); the admin keeps Django's
+    http = httpx.Client(base_url=orbit_server.url, headers={"Authorization": f"Bearer {tenant.token}"}, timeout=30)
+    response = http.post(
+        "/v1/queues",
+        json={"name": "headers", "max_concurrency": 1, "rate_per_second": 1},
+        headers={"Idempotency-Key": "headers"},
+    )
+    assert response.status_code == 201
+    assert response.headers["Content-Length"] == str(len(response.content))
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert response.headers["X-Request-Id"] == response.json()["request_id"]
+    assert http.get("/v1/no-such-endpoint").json()["error"]["code"] == "NOT_FOUND"
+    admin = httpx.get(f"{orbit_server.url}/admin/login/", timeout=30)
+    assert admin.status_code == 200 and "csrftoken" in admin.cookies
