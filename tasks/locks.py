@@ -49,11 +49,11 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
 
 
 def lock_task(task_id: str) -> Task | None:
-    return Task.objects.select_for_update().filter(id=task_id).first()
+    return lock_by_pk(Task, [task_id]).get(task_id)
 
 
 def lock_attempt(attempt_id: str) -> Attempt | None:
-    return Attempt.objects.select_for_update().filter(id=attempt_id).first()
+    return lock_by_pk(Attempt, [attempt_id]).get(attempt_id)
 
 
 def lock_tasks(task_ids: Iterable[str]) -> dict[str, Task]:
