@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -18,7 +19,7 @@ from rest_framework import serializers
 
 from orbit.api.auth import Principal, authenticate_token, token_from_header
 from orbit.api.errors import translate
-from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, uint32_field
+from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, is_valid_utf8, uint32_field
 from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
 from orbit.fields import new_id
 from tasks.actions import dispatch, endings
@@ -39,6 +40,9 @@ POLL_INTERVAL_SECONDS = 0.25
 LEASE_GATHER_SECONDS = 0.01
 # How often a connection re-checks that its credential is still valid.
 CREDENTIAL_RECHECK_SECONDS = 5.0
+
+# A JSON escape of a UTF-16 surrogate (pairs are fine; a lone one is not UTF-8).
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -118,12 +122,20 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         if self.principal is None:
             return
         try:
-            message = json.loads(text_data if text_data is not None else (bytes_data or b"").decode("utf-8"))
+            text = text_data if text_data is not None else (bytes_data or b"").decode("utf-8")
+            message = json.loads(text)
         except (ValueError, UnicodeDecodeError):
             await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
             return
         if not isinstance(message, dict):
             await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
+            return
+        if SURROGATE_ESCAPE.search(text) and not is_valid_utf8(json.dumps(message, ensure_ascii=False)):
+            # A \ud800 escape decodes to a lone surrogate, which no column can store.
+            request_id = message.get("id")
+            readable = not isinstance(request_id, str) or is_valid_utf8(request_id)
+            error = InvalidArgument("frame: must be valid UTF-8 (no lone surrogates)")
+            await self.send_error(request_id if readable else None, error)
             return
         if message.get("type") == "hello" or self.worker is None:
             await self.handle(message)

@@ -162,6 +162,36 @@ def test_unknown_type_and_bad_frames_are_invalid_argument(queue, connect):
     assert worker.request("drain")["type"] == "drain.ok"
 
 
+def test_a_lone_surrogate_in_a_frame_is_invalid_argument_not_internal(tenant, queue, connect):
+    # given a started task
+    task = submit_ok(tenant.client, queue["id"], "t-surrogate")
+    worker = connect()
+    worker.hello_as([queue["id"]])
+    assign = worker.assignment()
+    worker.start_ok(assign)
+    # when its result's output holds a \ud800 escape (valid JSON, not valid UTF-8)
+    frame = json.dumps(
+        {
+            "id": "bad-1",
+            "type": "task.result",
+            "attempt_id": assign["attempt_id"],
+            "epoch": assign["epoch"],
+            "outcome": "SUCCEEDED",
+            "output": {"text": "\ud800"},
+        }
+    )
+    worker.ws.send(frame)
+    # then that frame is refused by name and the attempt is untouched
+    reply = worker.recv_frame(timeout=5)
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["reply_to"] == "bad-1" and "surrogate" in reply["message"]
+    assert Attempt.objects.get(id=assign["attempt_id"]).state == "RUNNING"
+    # and a valid surrogate pair (one emoji) is fine, on the same connection
+    done = worker.result(assign, output={"text": "\U0001F600"})
+    assert done["type"] == "task.result.ok", done
+    assert get_task(tenant.client, task["id"])["output"] == {"text": "\U0001F600"}
+
+
 def test_changing_concurrency_keys_for_a_worker_id_is_refused(queue, connect):
     connect().hello_as([queue["id"]], worker_id="fixed", concurrency_keys=True)
     worker = connect()
