@@ -187,9 +187,9 @@ def test_a_lone_surrogate_in_a_frame_is_invalid_argument_not_internal(tenant, qu
     assert reply["reply_to"] == "bad-1" and "surrogate" in reply["message"]
     assert Attempt.objects.get(id=assign["attempt_id"]).state == "RUNNING"
     # and a valid surrogate pair (one emoji) is fine, on the same connection
-    done = worker.result(assign, output={"text": "\U0001F600"})
+    done = worker.result(assign, output={"text": "\U0001f600"})
     assert done["type"] == "task.result.ok", done
-    assert get_task(tenant.client, task["id"])["output"] == {"text": "\U0001F600"}
+    assert get_task(tenant.client, task["id"])["output"] == {"text": "\U0001f600"}
 
 
 def test_changing_concurrency_keys_for_a_worker_id_is_refused(queue, connect):
