@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView
 
+from orbit.api import schema  # noqa: F401 - registers the bearer credential with the OpenAPI generator
 from orbit.api.errors import json_error_view
 from orbit.metrics import metrics_view
 

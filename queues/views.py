@@ -6,6 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit.api.responses import ok, page
+from orbit.api.schema import documented
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
 from orbit.idempotency import Actor
 from queues import actions
@@ -21,6 +22,7 @@ def limits_of(fields: dict[str, Any]) -> actions.QueueLimits:
 
 
 class QueueCollectionView(OrbitView):
+    @documented(operation_id="queues_list")
     def get(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("queues:read")
@@ -29,6 +31,7 @@ class QueueCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
+    @documented(QueueCreateInput)
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("queues:manage")
@@ -48,6 +51,7 @@ class QueueCollectionView(OrbitView):
 
 
 class QueueDetailView(OrbitView):
+    @documented()
     def get(self, request: Request, queue_id: str) -> Response:
         principal = self.principal(request)
         principal.require("queues:read")
@@ -55,6 +59,7 @@ class QueueDetailView(OrbitView):
 
 
 class QueueConfigureView(OrbitView):
+    @documented(QueueConfigureInput)
     def post(self, request: Request, queue_id: str) -> Response:
         principal = self.principal(request)
         principal.require("queues:manage")
@@ -81,6 +86,7 @@ class QueueConfigureView(OrbitView):
 
 
 class QueueRetireView(OrbitView):
+    @documented(QueueRetireInput)
     def post(self, request: Request, queue_id: str) -> Response:
         principal = self.principal(request)
         principal.require("queues:manage")

@@ -7,6 +7,8 @@ import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orbit.api.fields import (
@@ -103,6 +105,7 @@ class RetryInput(StrictSerializer):
         return attrs
 
 
+@extend_schema_field(OpenApiTypes.ANY)
 class PayloadField(serializers.Field):
     default_error_messages = {"null": "must not be null", "utf8": "must be valid UTF-8 (no lone surrogates)"}
 

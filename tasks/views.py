@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit.api.responses import ok, page
+from orbit.api.schema import documented
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
 from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import Actor, validate_key
@@ -16,6 +17,7 @@ from tasks.serializers import CancelTaskInput, SubmitTaskInput
 
 
 class TaskCollectionView(OrbitView):
+    @documented(operation_id="tasks_list")
     def get(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -29,6 +31,7 @@ class TaskCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
+    @documented(SubmitTaskInput)
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:submit")
@@ -57,6 +60,7 @@ class TaskCollectionView(OrbitView):
 
 
 class TaskDetailView(OrbitView):
+    @documented()
     def get(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -64,6 +68,7 @@ class TaskDetailView(OrbitView):
 
 
 class TaskAttemptsView(OrbitView):
+    @documented()
     def get(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -71,6 +76,7 @@ class TaskAttemptsView(OrbitView):
 
 
 class AttemptDetailView(OrbitView):
+    @documented()
     def get(self, request: Request, attempt_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -78,6 +84,7 @@ class AttemptDetailView(OrbitView):
 
 
 class TaskCancelView(OrbitView):
+    @documented(CancelTaskInput)
     def post(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:cancel")
@@ -99,6 +106,7 @@ class TaskBatchView(OrbitView):
     """POST /v1/tasks:batch — each item carries its own Idempotency-Key and gets
     its own result; the request as a whole is not idempotent and needs no header."""
 
+    @documented()
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:submit")

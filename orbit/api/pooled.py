@@ -9,6 +9,7 @@ nothing left to do in a thread of its own."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,9 @@ def _render(view: Callable[..., Any], request: HttpRequest, *args: Any, **kwargs
 
 
 def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
+    # wraps() keeps the DRF view's attributes (cls, initkwargs): the OpenAPI
+    # generator finds the API's views through them.
+    @functools.wraps(view)
     async def pooled_view(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         # Read the body now: if the client hangs up while the view waits for a
         # pool thread, the request's body file is closed by then.

@@ -104,5 +104,8 @@ def test_the_api_handler_answers_with_the_usual_headers(tenant, orbit_server):
     assert response.headers["X-Content-Type-Options"] == "nosniff"
     assert response.headers["X-Request-Id"] == response.json()["request_id"]
     assert http.get("/v1/no-such-endpoint").json()["error"]["code"] == "NOT_FOUND"
+    schema = http.get("/v1/openapi.json")  # a sync DRF view without the per-request thread
+    assert schema.status_code == 200 and "/v1/tasks" in schema.text
     admin = httpx.get(f"{orbit_server.url}/admin/login/", timeout=30)
     assert admin.status_code == 200 and "csrftoken" in admin.cookies
+    assert httpx.get(f"{orbit_server.url}/metrics", timeout=30).status_code == 200
