@@ -115,6 +115,11 @@ def task_body(queue_id: str, **overrides: Any) -> dict[str, Any]:
     return body
 
 
+def numbered_task(queue_id: str, n: int, **overrides: Any) -> dict[str, Any]:
+    """A task body told apart by its payload {"n": n}."""
+    return task_body(queue_id, payload={"n": n}, **overrides)
+
+
 def submit(client: Any, queue_id: str, key: str, **overrides: Any) -> Any:
     return post_json(client, "/v1/tasks", task_body(queue_id, **overrides), key=key)
 

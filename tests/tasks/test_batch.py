@@ -10,6 +10,7 @@ from queues.models import QueueState
 from tasks.invariants import find_violations
 from tasks.models import Task
 from tests.conftest import api_client, post_json
+from tests.tasks.support import numbered_task
 
 
 def make_queue(tenant, name="batch", **limits):
@@ -19,17 +20,6 @@ def make_queue(tenant, name="batch", **limits):
     return response.json()["data"]["queue"]
 
 
-def task_body(queue_id, n, **extra):
-    return {
-        "queue_id": queue_id,
-        "handler": "h",
-        "handler_version": "v1",
-        "payload_version": "v1",
-        "payload": {"n": n},
-        **extra,
-    }
-
-
 def post_batch(client, items):
     return post_json(client, "/v1/tasks:batch", {"tasks": items})
 
@@ -37,7 +27,7 @@ def post_batch(client, items):
 @pytest.mark.django_db
 def test_batch_accepts_each_item_with_its_own_receipt(tenant):
     queue = make_queue(tenant)
-    items = [{"idempotency_key": f"b-{n}", "task": task_body(queue["id"], n)} for n in range(5)]
+    items = [{"idempotency_key": f"b-{n}", "task": numbered_task(queue["id"], n)} for n in range(5)]
     response = post_batch(tenant.client, items)
     assert response.status_code == 200, response.content
     results = response.json()["data"]["results"]
@@ -46,7 +36,7 @@ def test_batch_accepts_each_item_with_its_own_receipt(tenant):
     assert Task.objects.filter(queue_id=queue["id"]).count() == 5
     assert QueueState.objects.get(queue_id=queue["id"]).unfinished_tasks == 5
     # a key of the batch replays through the single endpoint, and the reverse
-    single = post_json(tenant.client, "/v1/tasks", task_body(queue["id"], 2), key="b-2")
+    single = post_json(tenant.client, "/v1/tasks", numbered_task(queue["id"], 2), key="b-2")
     assert single.status_code == 200 and single.json()["data"]["task"] == results[2]["task"]
     again = post_batch(tenant.client, items)
     assert all(r["status"] == 200 and r["deduplicated"] is True for r in again.json()["data"]["results"])
@@ -56,13 +46,13 @@ def test_batch_accepts_each_item_with_its_own_receipt(tenant):
 @pytest.mark.django_db
 def test_batch_items_fail_alone_and_refused_items_store_nothing(tenant):
     queue = make_queue(tenant, max_unfinished_tasks=2)
-    post_json(tenant.client, "/v1/tasks", task_body(queue["id"], 0), key="first")
+    post_json(tenant.client, "/v1/tasks", numbered_task(queue["id"], 0), key="first")
     items = [
-        {"idempotency_key": "ok", "task": task_body(queue["id"], 1)},
-        {"idempotency_key": "bad", "task": task_body(queue["id"], 2, priority=10)},
-        {"idempotency_key": "full", "task": task_body(queue["id"], 3)},
-        {"idempotency_key": "first", "task": task_body(queue["id"], 99)},
-        {"idempotency_key": "nowhere", "task": task_body("0" * 32, 4)},
+        {"idempotency_key": "ok", "task": numbered_task(queue["id"], 1)},
+        {"idempotency_key": "bad", "task": numbered_task(queue["id"], 2, priority=10)},
+        {"idempotency_key": "full", "task": numbered_task(queue["id"], 3)},
+        {"idempotency_key": "first", "task": numbered_task(queue["id"], 99)},
+        {"idempotency_key": "nowhere", "task": numbered_task("0" * 32, 4)},
     ]
     results = post_batch(tenant.client, items).json()["data"]["results"]
     assert [r["status"] for r in results] == [201, 400, 429, 409, 404]
@@ -103,7 +93,7 @@ def test_malformed_batches_are_refused_whole(tenant, body, field):
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_batches_sharing_keys_create_each_task_once(tenant):
     queue = make_queue(tenant)
-    items = [{"idempotency_key": f"shared-{n}", "task": task_body(queue["id"], n)} for n in range(40)]
+    items = [{"idempotency_key": f"shared-{n}", "task": numbered_task(queue["id"], n)} for n in range(40)]
     statuses: list[list[int]] = []
     barrier = threading.Barrier(6)
 
@@ -132,7 +122,7 @@ def test_keys_differing_only_in_case_or_spaces_keep_their_own_receipts(tenant):
     # each record's receipt is written by its key: the keys compare byte for byte
     queue = make_queue(tenant, "bytes")
     keys = ["k", "k ", "K", " k"]
-    items = [{"idempotency_key": key, "task": task_body(queue["id"], n)} for n, key in enumerate(keys)]
+    items = [{"idempotency_key": key, "task": numbered_task(queue["id"], n)} for n, key in enumerate(keys)]
     results = post_batch(tenant.client, items).json()["data"]["results"]
     assert [r["status"] for r in results] == [201] * len(keys)
     replays = post_batch(tenant.client, items).json()["data"]["results"]

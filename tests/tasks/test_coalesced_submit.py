@@ -9,21 +9,11 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.invariants import find_violations
 from tasks.models import Task
+from tests.tasks.support import numbered_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 QUEUE_FULL_MESSAGE = "queue unfinished task limit reached; retry later using the original identity"
-
-
-def body(queue_id, n, **extra):
-    return {
-        "queue_id": queue_id,
-        "handler": "h",
-        "handler_version": "v1",
-        "payload_version": "v1",
-        "payload": {"n": n},
-        **extra,
-    }
 
 
 def test_concurrent_single_submits_each_get_their_own_outcome(tenant, orbit_server):
@@ -35,9 +25,9 @@ def test_concurrent_single_submits_each_get_their_own_outcome(tenant, orbit_serv
     )
     queue_id = queue.json()["data"]["queue"]["id"]
     # 40 distinct valid keys (only 30 fit), each sent twice at once; 5 invalid; one key sent with two bodies.
-    requests = [(f"k{n}", body(queue_id, n)) for n in range(40) for _ in range(2)]
-    requests += [(f"bad{n}", body(queue_id, n, priority=42)) for n in range(5)]
-    requests += [("x", body(queue_id, 1000)), ("x", body(queue_id, 1001))]
+    requests = [(f"k{n}", numbered_task(queue_id, n)) for n in range(40) for _ in range(2)]
+    requests += [(f"bad{n}", numbered_task(queue_id, n, priority=42)) for n in range(5)]
+    requests += [("x", numbered_task(queue_id, 1000)), ("x", numbered_task(queue_id, 1001))]
     answers = {}
     barrier = threading.Barrier(len(requests))
 
