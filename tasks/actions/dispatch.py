@@ -143,7 +143,7 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
     taken_per_queue: dict[str, int] = {}
     # Which request the next attempt goes to: each is filled up to its limit in turn.
     takers = iter([index for index, limit in enumerate(limits) for _ in range(limit)])
-    taker_of: dict[str, int] = {}
+    assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
     for task in candidates:
         if len(chosen) >= want:
             break
@@ -185,7 +185,7 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
         task.state = TaskState.LEASED
         task.updated_at = now
         chosen.append((task, attempt))
-        taker_of[attempt.id] = taker
+        assignments[taker].append(assignment(task, attempt))
         taken_per_queue[task.queue_id] = taken_per_queue.get(task.queue_id, 0) + 1
     if not chosen:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests]
@@ -204,9 +204,6 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
         add_to_row(QueueState, queue_id, {"active_permits": count, "reserved_starts": count})
     _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
     ATTEMPTS_LEASED.inc(len(chosen))
-    assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
-    for task, attempt in chosen:
-        assignments[taker_of[attempt.id]].append(assignment(task, attempt))
     return [LeaseOutcome(entries, rate_reopens_in) for entries in assignments]
 
 

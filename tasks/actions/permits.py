@@ -6,6 +6,7 @@ makes each release happen exactly once."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -146,8 +147,8 @@ class CounterDeltas:
         add_to_row(QueueState, queue_id, {name: n for name, n in queue.items() if n})
 
     def add(self, other: CounterDeltas) -> None:
-        for name in ("active_attempts", "app_unfinished", "active_permits", "reserved_starts", "queue_unfinished"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for counter in dataclasses.fields(self):
+            setattr(self, counter.name, getattr(self, counter.name) + getattr(other, counter.name))
 
 
 @dataclass
