@@ -9,6 +9,7 @@ from typing import Any
 
 from orbit.idempotency import Actor
 from orbit.models import AuditEntry, Event
+from orbit.rows import insert_rows
 
 _gathering = threading.local()
 
@@ -23,7 +24,7 @@ def gathered_events() -> Iterator[None]:
     _gathering.events = []
     try:
         yield
-        Event.objects.bulk_create(_gathering.events)
+        insert_rows(_gathering.events)
     finally:
         _gathering.events = None
 

@@ -17,7 +17,7 @@ from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
-from orbit.rows import set_each
+from orbit.rows import insert_rows, set_each
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import admit_tasks, check_times
 from tasks.models import Task
@@ -104,7 +104,7 @@ def _apply(
     # Placeholders first, as for a single submit: a twin waits on the unique
     # index holding no other lock. Key order makes overlapping batches queue
     # behind each other instead of deadlocking.
-    IdempotencyRecord.objects.bulk_create(
+    insert_rows(
         [
             IdempotencyRecord(
                 namespace_id=actor.namespace_id,

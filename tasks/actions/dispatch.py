@@ -11,7 +11,7 @@ from operator import or_
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from orbit.audit import emit_event
@@ -19,7 +19,7 @@ from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCa
 from orbit.fields import UINT64_MAX
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import Application, ApplicationState
-from orbit.rows import add_to_row
+from orbit.rows import Add, add_to_row, insert_rows, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import promote_next
@@ -190,11 +190,9 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
     if not chosen:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests]
 
-    Attempt.objects.bulk_create([attempt for _, attempt in chosen])
+    insert_rows([attempt for _, attempt in chosen])
     # Every chosen task was locked WAITING at its epoch: one statement moves them all.
-    Task.objects.filter(id__in=[task.id for task, _ in chosen]).update(
-        state=TaskState.LEASED, epoch=F("epoch") + 1, updated_at=now
-    )
+    update_by_pk(Task, [task.id for task, _ in chosen], {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now})
     for task, _ in chosen:  # each was its key's ready task in its queue: hand the role on
         promote_next(
             namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
@@ -251,7 +249,7 @@ def peek_starts(requests: list[StartRequest]) -> tuple[list[dict[str, Any] | Lea
     """The unlocked first reads of Starts: an answer for each request that needs
     no transaction (not held, wrong epoch, replay of a running attempt), None
     for the others; and the peeked attempts."""
-    peeks = Attempt.objects.in_bulk([request.attempt_id for request in requests])
+    peeks = read_by_pk(Attempt, [request.attempt_id for request in requests])
     answers: list[dict[str, Any] | LeaseLost | None] = []
     for request in requests:
         peek, worker = peeks.get(request.attempt_id), request.worker
@@ -318,22 +316,33 @@ def apply_starts(
     per_queue = Counter(task.queue_id for task, _ in started)
     for queue_id, count in sorted(per_queue.items()):
         state = states[queue_id]
-        QueueState.objects.filter(queue_id=queue_id).update(
-            window_started_at=state.window_started_at,
-            window_count=state.window_count,
-            reserved_starts=F("reserved_starts") - count,
+        update_by_pk(
+            QueueState,
+            [queue_id],
+            {
+                "window_started_at": state.window_started_at,
+                "window_count": state.window_count,
+                "reserved_starts": Add(-count),
+            },
         )
     # Started tasks were locked LEASED: one statement moves them all; attempts
     # differ only in number and lease end, so one statement per distinct pair.
-    Task.objects.filter(id__in=[task.id for task, _ in started]).update(
-        state=TaskState.RUNNING, attempts=F("attempts") + 1, updated_at=now
+    update_by_pk(
+        Task, [task.id for task, _ in started], {"state": TaskState.RUNNING, "attempts": Add(1), "updated_at": now}
     )
     alike: dict[tuple[int | None, datetime], list[str]] = {}
     for _, attempt in started:
         alike.setdefault((attempt.number, attempt.lease_expires_at), []).append(attempt.id)
     for (number, lease_expires_at), attempt_ids in alike.items():
-        Attempt.objects.filter(id__in=attempt_ids).update(
-            state=AttemptState.RUNNING, number=number, started_at=now, lease_expires_at=lease_expires_at
+        update_by_pk(
+            Attempt,
+            attempt_ids,
+            {
+                "state": AttemptState.RUNNING,
+                "number": number,
+                "started_at": now,
+                "lease_expires_at": lease_expires_at,
+            },
         )
     _emit_moves([task for task, _ in started], TaskState.RUNNING, previous=TaskState.LEASED)
     ATTEMPTS_STARTED.inc(len(started))

@@ -18,7 +18,7 @@ from django.db.models import Model
 from orbit.audit import emit_event
 from orbit.metrics import ATTEMPTS_FINISHED
 from orbit.models import ApplicationState
-from orbit.rows import add_to_row
+from orbit.rows import add_to_row, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions.readiness import enter_waiting, promote_next
@@ -176,7 +176,7 @@ class WriteBook:
             signature = json.dumps(values, sort_keys=True, default=str)
             alike.setdefault((type(row), signature), (values, []))[1].append(row.pk)
         for (model, _), (values, pks) in alike.items():
-            model.objects.filter(pk__in=pks).update(**values)
+            update_by_pk(model, pks, values)
         for (application_id, queue_id), deltas in sorted(self.deltas.items()):
             deltas.write(application_id=application_id, queue_id=queue_id)
         self.rows.clear()

@@ -13,7 +13,7 @@ from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, State
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import Application, ApplicationState, Event
-from orbit.rows import add_to_row
+from orbit.rows import add_to_row, insert_rows, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import admit_readiness
@@ -102,7 +102,7 @@ def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> 
         return [NotFound("queue not found") for _ in items]
     for task in rows:
         task.key_ready = not task.concurrency_key  # a keyed task's readiness is decided under the lock
-    Task.objects.bulk_create(rows)
+    insert_rows(rows)
 
     app_state = lock_application_state(application_id)
     queue_states = lock_queue_states({task.queue_id for task in rows})
@@ -132,12 +132,12 @@ def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> 
         return outcomes
     ready = admit_readiness([task for task in accepted if task.concurrency_key], now)
     if ready:
-        Task.objects.filter(id__in=ready).update(key_ready=True)
+        update_by_pk(Task, ready, {"key_ready": True})
     add_to_row(ApplicationState, application_id, {"unfinished_tasks": len(accepted)})
     per_queue = Counter(task.queue_id for task in accepted)
     for queue_id, count in sorted(per_queue.items()):
         add_to_row(QueueState, queue_id, {"unfinished_tasks": count})
-    Event.objects.bulk_create(
+    insert_rows(
         [
             Event(
                 namespace_id=task.namespace_id,
