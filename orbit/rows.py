@@ -69,13 +69,16 @@ def _instances(model: type[M], shape: _Shape, rows: Iterable[Sequence[Any]]) -> 
     return built
 
 
-def select_rows(model: type[M], where: str, params: Sequence[Any], *, lock: bool = False) -> list[M]:
-    """SELECT every column … WHERE `where` (SQL over column names), as model
-    instances; FOR UPDATE with `lock` where the database has it."""
+def select_rows(
+    model: type[M], where: str, params: Sequence[Any], *, lock: bool = False, skip_locked: bool = False
+) -> list[M]:
+    """SELECT every column … WHERE `where` (SQL over the model's columns, may
+    end in ORDER BY / LIMIT), as model instances; FOR UPDATE [SKIP LOCKED]
+    with `lock` where the database has it."""
     shape = _shape(model, connection.vendor)
     sql = f"SELECT {shape.columns} FROM {shape.table} WHERE {where}"
     if lock and connection.features.has_select_for_update:
-        sql += " FOR UPDATE"
+        sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return _instances(model, shape, cursor.fetchall())
@@ -99,6 +102,12 @@ def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
 def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     """The rows that exist, by pk, without a lock (in_bulk)."""
     return _by_pk(model, pks, lock=False)
+
+
+def db_value(model: type[models.Model], field: str, value: Any) -> Any:
+    """A value as a query parameter compared with `field` (e.g. an aware datetime
+    as the database stores it)."""
+    return model._meta.get_field(field).get_db_prep_value(value, connection)
 
 
 def add_to_row(model: type[models.Model], pk: str, increments: dict[str, int]) -> None:

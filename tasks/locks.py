@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db import connection
 from django.utils import timezone
 
 from orbit.models import ApplicationState
-from orbit.rows import lock_by_pk
+from orbit.rows import lock_by_pk, select_rows
 from tasks.models import Attempt, ConcurrencyKey, Task
 
 
@@ -32,9 +33,11 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
     if not wanted:
         return {}
 
+    key = connection.ops.quote_name("key")
+    where = f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {key}"
+
     def locked() -> dict[str, ConcurrencyKey]:
-        rows = ConcurrencyKey.objects.select_for_update().filter(namespace_id=namespace_id, key__in=wanted)
-        return {row.key: row for row in rows.order_by("key")}
+        return {row.key: row for row in select_rows(ConcurrencyKey, where, [namespace_id, *wanted], lock=True)}
 
     rows = locked()  # the usual case: every row exists, one statement
     missing = [key for key in wanted if key not in rows]

@@ -6,20 +6,17 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import reduce
-from operator import or_
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
+from django.db import connection, transaction
 from django.utils import timezone
 
 from orbit.audit import emit_event
 from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
 from orbit.fields import UINT64_MAX
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
-from orbit.models import Application, ApplicationState
-from orbit.rows import Add, add_to_row, insert_rows, read_by_pk, update_by_pk
+from orbit.models import ApplicationState, application_config
+from orbit.rows import Add, add_to_row, db_value, insert_rows, read_by_pk, select_rows, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import promote_next
@@ -78,22 +75,33 @@ def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
 
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
-    tasks = Task.objects.filter(
-        queue_id=queue_id, state=TaskState.WAITING, key_ready=True, available_at__lte=now
-    ).filter(Q(deadline_at__isnull=True) | Q(deadline_at__gt=now))
+    """The best `count` leasable tasks of a queue for this worker, locked,
+    skipping rows another lease holds (the dispatch index, SPEC §10)."""
+    quote = connection.ops.quote_name
+    task_table, key_table = quote(Task._meta.db_table), quote(ConcurrencyKey._meta.db_table)
+    at = db_value(Task, "available_at", now)
+    where = [
+        "available_at <= %s AND key_ready = %s AND queue_id = %s AND state = %s",
+        "(deadline_at IS NULL OR deadline_at > %s)",
+    ]
+    params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
     if worker.concurrency_keys:
         # Occupied keys are excluded before the LIMIT, so a backlog behind one
         # busy key never hides the work of other keys. A key whose token space
-        # is spent can never lease again: it is excluded the same way.
-        occupied = ConcurrencyKey.objects.filter(
-            namespace_id=OuterRef("namespace_id"), key=OuterRef("concurrency_key")
-        ).filter(~Q(holder_attempt_id="") | Q(version__gt=MAX_LEASABLE_KEY_VERSION))
-        tasks = tasks.filter(Q(concurrency_key="") | ~Exists(occupied))
+        # is spent can never lease again: it is excluded the same way (the
+        # bound is a literal: SQLite's integers cannot hold it as a parameter).
+        where.append(
+            f"(concurrency_key = '' OR NOT EXISTS (SELECT 1 FROM {key_table} k"
+            f" WHERE k.{quote('key')} = {task_table}.concurrency_key AND k.namespace_id = {task_table}.namespace_id"
+            f" AND (k.holder_attempt_id <> '' OR k.version > {int(MAX_LEASABLE_KEY_VERSION)})))"
+        )
     else:
-        tasks = tasks.filter(concurrency_key="")
+        where.append("concurrency_key = ''")
     if worker.handlers:
-        tasks = tasks.filter(reduce(or_, [Q(handler=h, handler_version=v) for h, v in worker.handlers]))
-    return list(tasks.order_by("-priority", "available_at", "id").select_for_update(skip_locked=True)[:count])
+        where.append(f"({' OR '.join(['(handler = %s AND handler_version = %s)'] * len(worker.handlers))})")
+        params += [part for pair in worker.handlers for part in pair]
+    order = "ORDER BY priority DESC, available_at ASC, id ASC LIMIT %s"
+    return select_rows(Task, f"{' AND '.join(where)} {order}", [*params, count], lock=True, skip_locked=True)
 
 
 def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
@@ -109,12 +117,12 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
     now = timezone.now()
-    max_active = Application.objects.values_list("max_active_attempts", flat=True).get(id=worker.application_id)
+    max_active = application_config(worker.application_id).max_active_attempts
     want = min(sum(limits), max_active - app_state.active_attempts)
     if want <= 0:
         return [LeaseOutcome([]) for _ in requests]
     states = lock_queue_states(worker.queue_ids)
-    queues = Queue.objects.filter(id__in=list(states), namespace_id=worker.namespace_id)
+    queues = [queue for queue in read_by_pk(Queue, states).values() if queue.namespace_id == worker.namespace_id]
     headroom: dict[str, int] = {}
     rate_reopens_in: float | None = None
     for queue in queues:
@@ -299,7 +307,7 @@ def apply_starts(
     # Read the clock after the locks: a Start that waited on them must judge
     # its lease and the rate window by the time it is decided, not queued.
     now = timezone.now()
-    queues = Queue.objects.only("paused", "retired_at", "rate_per_second").in_bulk(list(states))
+    queues = read_by_pk(Queue, states)
     started: list[tuple[Task, Attempt]] = []
     outcomes: list[dict[str, Any] | OrbitError | DeadlinePassed] = []
     for request in requests:

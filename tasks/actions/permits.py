@@ -18,7 +18,7 @@ from django.db.models import Model
 from orbit.audit import emit_event
 from orbit.metrics import ATTEMPTS_FINISHED
 from orbit.models import ApplicationState
-from orbit.rows import add_to_row, update_by_pk
+from orbit.rows import add_to_row, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions.readiness import enter_waiting, promote_next
@@ -46,8 +46,8 @@ CHAIN_FIELDS = ("task_id", "application_id", "queue_id", "namespace_id", "concur
 
 def peek_attempts(attempt_ids: list[str], *extra: str) -> dict[str, dict[str, Any]]:
     """Unlocked reads of attempts: which rows their transitions must lock."""
-    rows = Attempt.objects.filter(id__in=attempt_ids).values("id", *CHAIN_FIELDS, *extra)
-    return {row["id"]: row for row in rows}
+    fields = ("id", *CHAIN_FIELDS, *extra)
+    return {pk: {name: getattr(row, name) for name in fields} for pk, row in read_by_pk(Attempt, attempt_ids).items()}
 
 
 def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:

@@ -12,8 +12,8 @@ from django.utils import timezone
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
-from orbit.models import Application, ApplicationState, Event
-from orbit.rows import add_to_row, insert_rows, update_by_pk
+from orbit.models import ApplicationState, Event, application_config
+from orbit.rows import add_to_row, insert_rows, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import admit_readiness
@@ -91,11 +91,10 @@ def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> 
     # either way. A retire is caught under the lock by queue_state.accepting.
     queues = {
         queue.id: queue
-        for queue in Queue.objects.filter(
-            id__in={fields["queue_id"] for fields in items}, namespace_id=actor.namespace_id
-        ).only("id", "max_unfinished_tasks")
+        for queue in read_by_pk(Queue, {fields["queue_id"] for fields in items}).values()
+        if queue.namespace_id == actor.namespace_id
     }
-    app_limit = Application.objects.values_list("max_unfinished_tasks", flat=True).get(id=application_id)
+    app_limit = application_config(application_id).max_unfinished_tasks
     prepared = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
     rows = [task for task in prepared if task is not None]
     if not rows:
