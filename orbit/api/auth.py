@@ -13,6 +13,7 @@ from rest_framework.authentication import BaseAuthentication
 
 from orbit.errors import NotFound, PermissionDenied, Unauthenticated
 from orbit.models import Credential
+from orbit.rows import read_by_pk
 
 TOKEN_PATTERN = re.compile(r"^orb_([0-9a-f]{32})_([A-Za-z0-9_-]{20,128})$")
 
@@ -66,7 +67,9 @@ def authenticate_token(token: str) -> Principal:
     if match is None:
         raise Unauthenticated("invalid bearer token")
     credential_id, secret = match.groups()
-    credential = Credential.objects.filter(id=credential_id, revoked_at__isnull=True).first()
+    credential = read_by_pk(Credential, [credential_id]).get(credential_id)
+    if credential is not None and credential.revoked_at is not None:
+        credential = None
     if credential is None or not hmac.compare_digest(credential.secret_hash, hash_secret(secret)):
         raise Unauthenticated("invalid bearer token")
     return Principal(
