@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.db import DatabaseError
 from rest_framework import serializers
@@ -111,6 +112,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             await self.close(code=1011)
             self.principal = None
         self.credential_checked_at = time.monotonic()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' dispatch, without closing the event-loop thread's stale
+        Django connections before every frame (a thread hop per frame): this
+        consumer never uses that thread's connection. Its database work runs on
+        workers.db's pool, whose threads keep and check their own."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
 
     async def disconnect(self, code: int) -> None:
         # Disconnecting releases nothing: leases run out or results arrive as usual.
