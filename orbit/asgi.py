@@ -10,9 +10,11 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from orbit.api.handler import ApiHandler, split_http  # noqa: E402
+from orbit.serving import tune_twisted  # noqa: E402
 from workers.maintenance import start_background_maintenance  # noqa: E402
 from workers.routing import websocket_urlpatterns  # noqa: E402
 
+tune_twisted()
 # Every server process recovers expired leases and sweeps deadlines.
 start_background_maintenance()
 
