@@ -17,10 +17,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import close_caches
-from django.core.handlers.asgi import ASGIHandler
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, reset_queries
+from django.urls import set_script_prefix
 
 API_MIDDLEWARE = ["orbit.api.middleware.RequestIdMiddleware"]
 API_PREFIX = "/v1/"
@@ -58,10 +60,33 @@ class ApiHandler(ASGIHandler):
             settings.MIDDLEWARE = full
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        # No ThreadSensitiveContext: it would start a thread per request for
-        # the one sync call left (response.close), which can share Django's
-        # single sync thread instead.
+        # No ThreadSensitiveContext: it would start a thread per request.
         await self.handle(scope, receive, send)
+
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """ASGIHandler.handle without its two per-request costs that buy the
+        API nothing. Django races the view against a task listening for a
+        client disconnect, to cancel the view: API views run on the database
+        pool (orbit/api/pooled.py), where a cancel cannot stop a view once
+        started, and a request that arrived whole is answered whole (its
+        Idempotency-Key makes the client's retry safe either way). And Django
+        closes the response on its sync thread, for the request_finished
+        receivers: none that does I/O is connected for this handler (see
+        above), and the response is in memory, so it is closed here."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        if request_started.has_listeners(type(self)):  # none of Django's own (see above)
+            await request_started.asend(sender=type(self), scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        response = error_response if request is None else await self.run_get_response(request)
+        try:
+            await self.send_response(response, send)
+        finally:
+            response.close()
+            body_file.close()
 
 
 def split_http(api: Any, other: Any) -> Any:
