@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init
 
 M = TypeVar("M", bound=models.Model)
 
@@ -33,39 +35,63 @@ class _Shape:
     table: str
     pk: str
     columns: str  # the SELECT list, every concrete field in model order
+    attnames: tuple[str, ...]
     # (field index, its column expression, its converters), for fields that have any
     converters: tuple[tuple[int, Any, tuple[Callable[..., Any], ...]], ...]
 
 
+def _db() -> Any:
+    """This thread's database wrapper, looked up once per statement: each
+    access through django.db.connection repeats the lookup."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def _shape(model: type[models.Model], db: Any) -> _Shape:
+    return _shape_for(model, db.vendor)
+
+
 @cache
-def _shape(model: type[models.Model], vendor: str) -> _Shape:
-    quote = connection.ops.quote_name
+def _shape_for(model: type[models.Model], vendor: str) -> _Shape:
+    # Keyed by vendor, not by wrapper: every thread has a wrapper of its own.
+    db = _db()
+    quote = db.ops.quote_name
     fields = model._meta.concrete_fields
     converters = []
     for index, field in enumerate(fields):
         column = field.cached_col
-        found = (*connection.ops.get_db_converters(column), *column.get_db_converters(connection))
+        found = (*db.ops.get_db_converters(column), *column.get_db_converters(db))
         if found:
             converters.append((index, column, found))
     return _Shape(
         table=quote(model._meta.db_table),
         pk=quote(model._meta.pk.column),
         columns=", ".join(quote(field.column) for field in fields),
+        attnames=tuple(field.attname for field in fields),
         converters=tuple(converters),
     )
 
 
-def _instances(model: type[M], shape: _Shape, rows: Iterable[Sequence[Any]]) -> list[M]:
+def _instances(db: Any, model: type[M], shape: _Shape, rows: Iterable[Sequence[Any]]) -> list[M]:
+    """Model.from_db for rows of every concrete field, minus Model.__init__'s
+    per-field work, which only matters to post_init receivers (a model with
+    any is built by from_db)."""
+    plain = not post_init.has_listeners(model)
     built = []
-    alias = connection.alias
     for row in rows:
         values = list(row)
         for index, column, converters in shape.converters:
             value = values[index]
             for convert in converters:
-                value = convert(value, column, connection)
+                value = convert(value, column, db)
             values[index] = value
-        built.append(model.from_db(alias, None, values))
+        if not plain:
+            built.append(model.from_db(db.alias, None, values))
+            continue
+        instance = model.__new__(model)
+        instance.__dict__.update(zip(shape.attnames, values, strict=True))
+        state = instance._state = ModelState()
+        state.adding, state.db = False, db.alias
+        built.append(instance)
     return built
 
 
@@ -75,20 +101,21 @@ def select_rows(
     """SELECT every column … WHERE `where` (SQL over the model's columns, may
     end in ORDER BY / LIMIT), as model instances; FOR UPDATE [SKIP LOCKED]
     with `lock` where the database has it."""
-    shape = _shape(model, connection.vendor)
+    db = _db()
+    shape = _shape(model, db)
     sql = f"SELECT {shape.columns} FROM {shape.table} WHERE {where}"
-    if lock and connection.features.has_select_for_update:
+    if lock and db.features.has_select_for_update:
         sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
-        return _instances(model, shape, cursor.fetchall())
+        return _instances(db, model, shape, cursor.fetchall())
 
 
 def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
     wanted = sorted(set(pks))
     if not wanted:
         return {}
-    shape = _shape(model, connection.vendor)
+    shape = _shape(model, _db())
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {shape.pk}"
     return {row.pk: row for row in select_rows(model, where, wanted, lock=lock)}
 
@@ -107,7 +134,7 @@ def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
 def db_value(model: type[models.Model], field: str, value: Any) -> Any:
     """A value as a query parameter compared with `field` (e.g. an aware datetime
     as the database stores it)."""
-    return model._meta.get_field(field).get_db_prep_value(value, connection)
+    return model._meta.get_field(field).get_db_prep_value(value, _db())
 
 
 def add_to_row(model: type[models.Model], pk: str, increments: dict[str, int]) -> None:
@@ -122,8 +149,9 @@ def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str
     pks = list(pks)
     if not pks or not values:
         return
-    quote = connection.ops.quote_name
-    shape = _shape(model, connection.vendor)
+    db = _db()
+    quote = db.ops.quote_name
+    shape = _shape(model, db)
     sets, params = [], []
     for name, value in values.items():
         field = model._meta.get_field(name)
@@ -133,9 +161,9 @@ def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str
             params.append(value.amount)
         else:
             sets.append(f"{column} = %s")
-            params.append(field.get_db_prep_save(value, connection))
+            params.append(field.get_db_prep_save(value, db))
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
 
 
@@ -147,15 +175,16 @@ def insert_rows(objs: Sequence[models.Model]) -> None:
     model = type(objs[0])
     meta = model._meta
     fields = [f for f in meta.concrete_fields if not (f.primary_key and isinstance(f, models.AutoField))]
-    quote = connection.ops.quote_name
+    db = _db()
+    quote = db.ops.quote_name
     row = f"({', '.join(['%s'] * len(fields))})"
     params: list[Any] = []
     for obj in objs:
-        params += [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+        params += [field.get_db_prep_save(field.pre_save(obj, True), db) for field in fields]
         obj._state.adding = False
-        obj._state.db = connection.alias
+        obj._state.db = db.alias
     columns = ", ".join(quote(field.column) for field in fields)
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(objs))}", params)
 
 
@@ -168,21 +197,22 @@ def set_each(
     statement, but builds it through ORM expressions row by row."""
     if not values:
         return
-    quote = connection.ops.quote_name
-    table = _shape(model, connection.vendor).table
+    db = _db()
+    quote = db.ops.quote_name
+    table = _shape(model, db).table
     meta = model._meta
     target, matched = meta.get_field(field), quote(meta.get_field(match).column)
     params: list[Any] = []
     for key, value in values.items():
-        params += [key, target.get_db_prep_save(value, connection)]
+        params += [key, target.get_db_prep_save(value, db)]
     sets = [f"{quote(target.column)} = CASE {matched} {' '.join(['WHEN %s THEN %s'] * len(values))} END"]
     for name, value in same.items():
         column = meta.get_field(name)
         sets.append(f"{quote(column.column)} = %s")
-        params.append(column.get_db_prep_save(value, connection))
+        params.append(column.get_db_prep_save(value, db))
     conditions = [f"{quote(meta.get_field(name).column)} = %s" for name in where]
     params += list(where.values())
     conditions.append(f"{matched} IN ({', '.join(['%s'] * len(values))})")
     params += list(values)
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}", params)

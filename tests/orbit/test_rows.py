@@ -1,0 +1,57 @@
+"""orbit.rows reads, updates and inserts rows exactly as the ORM would."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from django.db import connection
+
+from orbit.models import Event
+from orbit.rows import Add, insert_rows, lock_by_pk, read_by_pk, select_rows, update_by_pk
+from tasks.models import Task
+from tests.tasks.support import make_queue, submit_ok
+
+
+def field_values(row: object) -> dict[str, object]:
+    return {field.attname: getattr(row, field.attname) for field in type(row)._meta.concrete_fields}
+
+
+@pytest.mark.django_db
+def test_rows_read_as_the_orm_reads_them(tenant):
+    # given a task with a JSON payload, a key, times and a boolean
+    queue = make_queue(tenant.client, "rows")
+    submitted = submit_ok(
+        tenant.client, queue["id"], "rows-1", payload={"a": [1, "é"]}, concurrency_key="object/A", priority=7
+    )
+
+    # when it is read through the plain-SQL helpers
+    by_orm = Task.objects.get(id=submitted["id"])
+    read = read_by_pk(Task, [submitted["id"], "0" * 32])
+    locked = lock_by_pk(Task, [submitted["id"]])
+    selected = select_rows(Task, "queue_id = %s ORDER BY id", [queue["id"]])
+
+    # then every field has the ORM's value and type, and the rows are saved instances
+    assert list(read) == [submitted["id"]]
+    for row in (read[submitted["id"]], locked[submitted["id"]], selected[0]):
+        assert field_values(row) == field_values(by_orm)
+        assert row.available_at.tzinfo is not None
+        assert row.payload == {"a": [1, "é"]}
+        assert row.key_ready is by_orm.key_ready
+        assert row._state.adding is False and row._state.db == connection.alias
+
+
+@pytest.mark.django_db
+def test_updates_and_inserts_store_what_the_orm_stores(tenant):
+    queue = make_queue(tenant.client, "rows")
+    task_id = submit_ok(tenant.client, queue["id"], "rows-2")["id"]
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
+
+    update_by_pk(Task, [task_id], {"epoch": Add(2), "updated_at": moment, "output": {"ok": True}, "last_error": None})
+    insert_rows([Event(namespace_id="n" * 32, type="rows.test", subject_id=task_id, data={"x": 1})])
+
+    task = Task.objects.get(id=task_id)
+    assert (task.epoch, task.updated_at, task.output, task.last_error) == (2, moment, {"ok": True}, None)
+    event = Event.objects.get(type="rows.test")
+    assert (event.subject_id, event.data) == (task_id, {"x": 1})
+    assert event.created_at is not None
