@@ -11,7 +11,9 @@ values written with each field's own get_db_prep_save."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -120,10 +122,44 @@ def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
     return {row.pk: row for row in select_rows(model, where, wanted, lock=lock)}
 
 
+_held = threading.local()
+
+
+@contextmanager
+def holding(*models: type[models.Model]) -> Iterator[None]:
+    """Inside one transaction: rows of `models` that lock_by_pk locked are kept,
+    with this transaction's own update_by_pk changes applied to them, so a
+    later lock of the same row returns it without a statement. The row lock
+    is held until the transaction ends, so the kept row is what the database
+    would return. A round locks its counter rows once, first, and its parts
+    lock them again."""
+    if getattr(_held, "rows", None) is not None:
+        yield  # an outer block keeps them
+        return
+    _held.rows, _held.models = {}, models
+    try:
+        yield
+    finally:
+        _held.rows, _held.models = None, ()
+
+
+def _held_rows(model: type[models.Model]) -> dict[Any, Any] | None:
+    rows = getattr(_held, "rows", None)
+    return rows if rows is not None and model in _held.models else None
+
+
 def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     """SELECT … WHERE pk IN (…) ORDER BY pk FOR UPDATE: the rows that exist, by pk,
-    locked in ascending key order."""
-    return _by_pk(model, pks, lock=True)
+    locked in ascending key order (rows already held in `holding` are not
+    locked again)."""
+    held = _held_rows(model)
+    if held is None:
+        return _by_pk(model, pks, lock=True)
+    wanted = sorted(set(pks))
+    fresh = _by_pk(model, [pk for pk in wanted if (model, pk) not in held], lock=True)
+    for pk, row in fresh.items():
+        held[(model, pk)] = row
+    return {pk: held[(model, pk)] for pk in wanted if (model, pk) in held}
 
 
 def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
@@ -165,6 +201,12 @@ def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
     with db.cursor() as cursor:
         cursor.execute(f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
+    held = _held_rows(model)
+    for pk in pks if held is not None else ():
+        row = held.get((model, pk))
+        for name, value in values.items() if row is not None else ():
+            attname = model._meta.get_field(name).attname
+            setattr(row, attname, getattr(row, attname) + value.amount if isinstance(value, Add) else value)
 
 
 def insert_rows(objs: Sequence[models.Model]) -> None:

@@ -11,7 +11,8 @@ request its own answer; a lone request is a round of one.
 
 Lock order inside a round: application_state → the union of the round's
 queue_state rows (ascending) → key rows → tasks → attempts. Each part re-locks
-the rows it needs (a no-op for rows the round holds); the rows locked after
+the rows it needs (the counter rows the round holds are kept, with the
+round's own changes, and cost no statement: orbit.rows.holding); the rows locked after
 the union are only ever waited for by transactions that hold the same
 application_state row first, so the parts cannot deadlock with other paths."""
 
@@ -25,7 +26,10 @@ from django.db import transaction
 from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import run_retrying
+from orbit.models import ApplicationState
+from orbit.rows import holding
 from queues.locks import lock_queue_states
+from queues.models import QueueState
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import LeaseOutcome, StartRequest, WorkerContext
 from tasks.actions.endings import ResultReport
@@ -77,6 +81,10 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
 
     @transaction.atomic
     def decide() -> list[tuple[int, Any]]:
+        with holding(ApplicationState, QueueState):
+            return decide_holding()
+
+    def decide_holding() -> list[tuple[int, Any]]:
         for application_id in sorted(applications):
             lock_application_state(application_id)
         lock_queue_states(queue_ids)

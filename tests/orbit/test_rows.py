@@ -55,3 +55,24 @@ def test_updates_and_inserts_store_what_the_orm_stores(tenant):
     event = Event.objects.get(type="rows.test")
     assert (event.subject_id, event.data) == (task_id, {"x": 1})
     assert event.created_at is not None
+
+
+@pytest.mark.django_db
+def test_rows_held_in_a_transaction_carry_its_own_updates(tenant, django_assert_num_queries):
+    from django.db import transaction
+
+    from orbit.models import ApplicationState
+    from orbit.rows import holding
+
+    application_id = tenant.namespace.application_id
+    with transaction.atomic(), holding(ApplicationState):
+        before = lock_by_pk(ApplicationState, [application_id])[application_id].unfinished_tasks
+        update_by_pk(ApplicationState, [application_id], {"unfinished_tasks": Add(3)})
+        with django_assert_num_queries(0):  # held: locked again without a statement
+            again = lock_by_pk(ApplicationState, [application_id])[application_id]
+        assert again.unfinished_tasks == before + 3
+        with django_assert_num_queries(1):  # other models are not held
+            lock_by_pk(Task, ["0" * 32])
+    assert ApplicationState.objects.get(application_id=application_id).unfinished_tasks == before + 3
+    with django_assert_num_queries(1):  # outside the block every lock is a statement
+        lock_by_pk(ApplicationState, [application_id])
