@@ -125,36 +125,52 @@ def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
 _held = threading.local()
 
 
+@dataclass
+class _Holding:
+    models: tuple[type[models.Model], ...]
+    rows: dict[tuple[type[models.Model], Any], Any]
+    changed: dict[tuple[type[models.Model], Any], set[str]]  # field names written since the lock
+
+
 @contextmanager
-def holding(*models: type[models.Model]) -> Iterator[None]:
-    """Inside one transaction: rows of `models` that lock_by_pk locked are kept,
-    with this transaction's own update_by_pk changes applied to them, so a
-    later lock of the same row returns it without a statement. The row lock
-    is held until the transaction ends, so the kept row is what the database
-    would return. A round locks its counter rows once, first, and its parts
-    lock them again."""
-    if getattr(_held, "rows", None) is not None:
+def holding(*held_models: type[models.Model]) -> Iterator[None]:
+    """Inside one transaction: rows of `held_models` that lock_by_pk locks are
+    kept for the block. Locking one again returns the kept row without a
+    statement, and update_by_pk on kept rows changes them in memory; each
+    changed row is written once, with its final values, when the block ends
+    (not when it raises: the transaction is then rolled back anyway). A round
+    locks its counter rows once, first; its parts lock them again and move
+    their counters several times.
+
+    The row locks are held until the transaction ends, so a kept row is what
+    the database would return. Inside the block, read and write the held
+    models only through lock_by_pk and update_by_pk."""
+    if getattr(_held, "state", None) is not None:
         yield  # an outer block keeps them
         return
-    _held.rows, _held.models = {}, models
+    state = _held.state = _Holding(models=held_models, rows={}, changed={})
     try:
         yield
+        for (model, pk), names in sorted(state.changed.items(), key=lambda item: (item[0][0].__name__, item[0][1])):
+            row = state.rows[(model, pk)]
+            _update(model, [pk], {name: getattr(row, name) for name in sorted(names)})
     finally:
-        _held.rows, _held.models = None, ()
+        _held.state = None
 
 
-def _held_rows(model: type[models.Model]) -> dict[Any, Any] | None:
-    rows = getattr(_held, "rows", None)
-    return rows if rows is not None and model in _held.models else None
+def _holding(model: type[models.Model]) -> _Holding | None:
+    state = getattr(_held, "state", None)
+    return state if state is not None and model in state.models else None
 
 
 def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     """SELECT … WHERE pk IN (…) ORDER BY pk FOR UPDATE: the rows that exist, by pk,
     locked in ascending key order (rows already held in `holding` are not
     locked again)."""
-    held = _held_rows(model)
-    if held is None:
+    state = _holding(model)
+    if state is None:
         return _by_pk(model, pks, lock=True)
+    held = state.rows
     wanted = sorted(set(pks))
     fresh = _by_pk(model, [pk for pk in wanted if (model, pk) not in held], lock=True)
     for pk, row in fresh.items():
@@ -181,10 +197,26 @@ def add_to_row(model: type[models.Model], pk: str, increments: dict[str, int]) -
 
 def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str, Any]) -> None:
     """One UPDATE giving the rows `pks` the same `values` (field name → value,
-    or Add(n)): QuerySet.filter(pk__in=pks).update(**values), sent as is."""
+    or Add(n)): QuerySet.filter(pk__in=pks).update(**values), sent as is.
+    Rows kept by `holding` change in memory instead, written when it ends."""
     pks = list(pks)
     if not pks or not values:
         return
+    state = _holding(model)
+    if state is not None:
+        kept = [pk for pk in pks if (model, pk) in state.rows]
+        for pk in kept:
+            row = state.rows[(model, pk)]
+            for name, value in values.items():
+                attname = model._meta.get_field(name).attname
+                setattr(row, attname, getattr(row, attname) + value.amount if isinstance(value, Add) else value)
+                state.changed.setdefault((model, pk), set()).add(attname)
+        pks = [pk for pk in pks if (model, pk) not in state.rows]
+    if pks:
+        _update(model, pks, values)
+
+
+def _update(model: type[models.Model], pks: list[Any], values: dict[str, Any]) -> None:
     db = _db()
     quote = db.ops.quote_name
     shape = _shape(model, db)
@@ -201,12 +233,6 @@ def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
     with db.cursor() as cursor:
         cursor.execute(f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
-    held = _held_rows(model)
-    for pk in pks if held is not None else ():
-        row = held.get((model, pk))
-        for name, value in values.items() if row is not None else ():
-            attname = model._meta.get_field(name).attname
-            setattr(row, attname, getattr(row, attname) + value.amount if isinstance(value, Add) else value)
 
 
 def insert_rows(objs: Sequence[models.Model]) -> None:

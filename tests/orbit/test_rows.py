@@ -58,21 +58,41 @@ def test_updates_and_inserts_store_what_the_orm_stores(tenant):
 
 
 @pytest.mark.django_db
-def test_rows_held_in_a_transaction_carry_its_own_updates(tenant, django_assert_num_queries):
+def test_rows_held_in_a_transaction_carry_its_own_updates_and_are_written_once(tenant, django_assert_num_queries):
     from django.db import transaction
 
     from orbit.models import ApplicationState
     from orbit.rows import holding
 
     application_id = tenant.namespace.application_id
-    with transaction.atomic(), holding(ApplicationState):
-        before = lock_by_pk(ApplicationState, [application_id])[application_id].unfinished_tasks
-        update_by_pk(ApplicationState, [application_id], {"unfinished_tasks": Add(3)})
-        with django_assert_num_queries(0):  # held: locked again without a statement
-            again = lock_by_pk(ApplicationState, [application_id])[application_id]
-        assert again.unfinished_tasks == before + 3
-        with django_assert_num_queries(1):  # other models are not held
-            lock_by_pk(Task, ["0" * 32])
-    assert ApplicationState.objects.get(application_id=application_id).unfinished_tasks == before + 3
+    with transaction.atomic():
+        with holding(ApplicationState):
+            before = lock_by_pk(ApplicationState, [application_id])[application_id]
+            with django_assert_num_queries(0):  # held: changed and locked again without a statement
+                update_by_pk(ApplicationState, [application_id], {"unfinished_tasks": Add(3)})
+                changes = {"unfinished_tasks": Add(-1), "active_attempts": Add(2)}
+                update_by_pk(ApplicationState, [application_id], changes)
+                again = lock_by_pk(ApplicationState, [application_id])[application_id]
+            assert again is before
+            assert (again.unfinished_tasks, again.active_attempts) == (2, 2)
+            with django_assert_num_queries(1):  # other models are not held
+                lock_by_pk(Task, ["0" * 32])
+            stored = ApplicationState.objects.get(application_id=application_id)
+            assert (stored.unfinished_tasks, stored.active_attempts) == (0, 0)  # not written yet
+        stored = ApplicationState.objects.get(application_id=application_id)
+        assert (stored.unfinished_tasks, stored.active_attempts) == (2, 2)  # written once, at the block's end
     with django_assert_num_queries(1):  # outside the block every lock is a statement
         lock_by_pk(ApplicationState, [application_id])
+
+
+@pytest.mark.django_db
+def test_held_rows_are_not_written_when_the_block_raises(tenant):
+    from orbit.models import ApplicationState
+    from orbit.rows import holding
+
+    application_id = tenant.namespace.application_id
+    with pytest.raises(RuntimeError), holding(ApplicationState):
+        lock_by_pk(ApplicationState, [application_id])
+        update_by_pk(ApplicationState, [application_id], {"unfinished_tasks": Add(5)})
+        raise RuntimeError("refused")
+    assert ApplicationState.objects.get(application_id=application_id).unfinished_tasks == 0
