@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -15,7 +16,7 @@ from orbit.audit import emit_event
 from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
 from orbit.fields import UINT64_MAX
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
-from orbit.models import ApplicationState, application_config
+from orbit.models import Application, ApplicationState
 from orbit.rows import Add, add_to_row, db_value, insert_rows, read_by_pk, select_rows, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
@@ -46,6 +47,30 @@ class WorkerContext:
 
 def window_open(state: QueueState, now: datetime) -> bool:
     return state.window_started_at is not None and now < state.window_started_at + RATE_WINDOW
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """The applications and queues a round works with, read once before its
+    transaction. Configuration is always read without a lock (a configure
+    racing a lease or start may order either way); reading it ahead keeps
+    those reads out of the section that holds the application's locks."""
+
+    applications: dict[str, Application]
+    queues: dict[str, Queue]
+
+    @classmethod
+    def read(cls, application_ids: Iterable[str], queue_ids: Iterable[str]) -> Configuration:
+        return cls(applications=read_by_pk(Application, application_ids), queues=read_by_pk(Queue, queue_ids))
+
+    def application(self, application_id: str) -> Application:
+        found = self.applications.get(application_id)
+        if found is None:
+            raise Application.DoesNotExist(application_id)
+        return found
+
+    def queues_of(self, queue_ids: Iterable[str]) -> list[Queue]:
+        return [self.queues[queue_id] for queue_id in queue_ids if queue_id in self.queues]
 
 
 def lease_expiry(task: Task, now: datetime) -> datetime:
@@ -104,7 +129,7 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
     return select_rows(Task, f"{' AND '.join(where)} {order}", [*params, count], lock=True, skip_locked=True)
 
 
-def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
+def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuration) -> list[LeaseOutcome]:
     """Leases for several workers of one kind (same namespace, queues, handlers
     and key opt-in) at once: up to its limit (at most LEASE_BATCH_MAX) for each,
     filled in request order. Caller holds the transaction. One candidate scan,
@@ -117,12 +142,12 @@ def lease(requests: list[tuple[WorkerContext, int]]) -> list[LeaseOutcome]:
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
     now = timezone.now()
-    max_active = application_config(worker.application_id).max_active_attempts
+    max_active = configuration.application(worker.application_id).max_active_attempts
     want = min(sum(limits), max_active - app_state.active_attempts)
     if want <= 0:
         return [LeaseOutcome([]) for _ in requests]
     states = lock_queue_states(worker.queue_ids)
-    queues = [queue for queue in read_by_pk(Queue, states).values() if queue.namespace_id == worker.namespace_id]
+    queues = [queue for queue in configuration.queues_of(states) if queue.namespace_id == worker.namespace_id]
     headroom: dict[str, int] = {}
     rate_reopens_in: float | None = None
     for queue in queues:
@@ -297,7 +322,7 @@ def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
 
 
 def apply_starts(
-    requests: list[StartRequest], peeks: dict[str, Attempt]
+    requests: list[StartRequest], peeks: dict[str, Attempt], configuration: Configuration
 ) -> list[dict[str, Any] | OrbitError | DeadlinePassed]:
     """Decides Starts (peeked by peek_starts) under their locks; caller holds the
     transaction. One outcome per request."""
@@ -307,7 +332,7 @@ def apply_starts(
     # Read the clock after the locks: a Start that waited on them must judge
     # its lease and the rate window by the time it is decided, not queued.
     now = timezone.now()
-    queues = read_by_pk(Queue, states)
+    queues = {queue.id: queue for queue in configuration.queues_of(states)}
     started: list[tuple[Task, Attempt]] = []
     outcomes: list[dict[str, Any] | OrbitError | DeadlinePassed] = []
     for request in requests:

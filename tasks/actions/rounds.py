@@ -79,6 +79,8 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     for _, lease in leases:
         queue_ids.update(lease.worker.queue_ids)
 
+    configuration = dispatch.Configuration.read(applications, queue_ids)
+
     @transaction.atomic
     def decide() -> list[tuple[int, Any]]:
         with holding(ApplicationState, QueueState):
@@ -96,7 +98,7 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
                 decided.extend(zip([i for i, _ in reports], outcomes, strict=True))
                 book.write()  # before the starts and leases read those rows
             if starts:
-                outcomes = dispatch.apply_starts([s for _, s in starts], start_peeks)
+                outcomes = dispatch.apply_starts([s for _, s in starts], start_peeks, configuration)
                 decided.extend(zip([i for i, _ in starts], outcomes, strict=True))
             # Workers of one kind lease together: one candidate scan for all.
             kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
@@ -106,7 +108,9 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
                 kinds.setdefault(kind, []).append((index, lease))
             for group in kinds.values():
                 try:
-                    leased: list[Any] = dispatch.lease([(lease.worker, lease.limit) for _, lease in group])
+                    leased: list[Any] = dispatch.lease(
+                        [(lease.worker, lease.limit) for _, lease in group], configuration
+                    )
                 except OrbitError as error:
                     leased = [error] * len(group)
                 decided.extend(zip([index for index, _ in group], leased, strict=True))
