@@ -254,33 +254,3 @@ def insert_rows(objs: Sequence[models.Model]) -> None:
     columns = ", ".join(quote(field.column) for field in fields)
     with db.cursor() as cursor:
         cursor.execute(f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(objs))}", params)
-
-
-def set_each(
-    model: type[models.Model], *, match: str, values: dict[Any, Any], field: str, where: dict[str, Any], **same: Any
-) -> None:
-    """One UPDATE giving each row (picked by its `match` value, among the rows
-    equal to `where`) its own value of `field`, and `same` to all of them:
-    SET field = CASE match WHEN … THEN … END. bulk_update issues the same
-    statement, but builds it through ORM expressions row by row."""
-    if not values:
-        return
-    db = _db()
-    quote = db.ops.quote_name
-    table = _shape(model, db).table
-    meta = model._meta
-    target, matched = meta.get_field(field), quote(meta.get_field(match).column)
-    params: list[Any] = []
-    for key, value in values.items():
-        params += [key, target.get_db_prep_save(value, db)]
-    sets = [f"{quote(target.column)} = CASE {matched} {' '.join(['WHEN %s THEN %s'] * len(values))} END"]
-    for name, value in same.items():
-        column = meta.get_field(name)
-        sets.append(f"{quote(column.column)} = %s")
-        params.append(column.get_db_prep_save(value, db))
-    conditions = [f"{quote(meta.get_field(name).column)} = %s" for name in where]
-    params += list(where.values())
-    conditions.append(f"{matched} IN ({', '.join(['%s'] * len(values))})")
-    params += list(values)
-    with db.cursor() as cursor:
-        cursor.execute(f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(conditions)}", params)

@@ -17,7 +17,7 @@ from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
-from orbit.rows import insert_rows, set_each
+from orbit.rows import insert_rows
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import admit_tasks, check_times
 from tasks.models import Task
@@ -101,43 +101,45 @@ def _apply(
     digests: list[str],
     pending: list[tuple[int, dict[str, Any]]],
 ) -> dict[int, Outcome]:
-    # Placeholders first, as for a single submit: a twin waits on the unique
-    # index holding no other lock. Key order makes overlapping batches queue
-    # behind each other instead of deadlocking.
-    insert_rows(
-        [
-            IdempotencyRecord(
-                namespace_id=actor.namespace_id,
-                key=items[index].key,
-                operation="task.submit",
-                digest=digests[index],
-                response_status=0,
-                response_data={},
-                request_id=items[index].request_id,
-            )
-            for index, _ in sorted(pending, key=lambda entry: items[entry[0]].key)
-        ]
+    receipts: dict[int, dict[str, Any]] = {}
+
+    def write_records(prepared: list[Task | None]) -> None:
+        """The records go first, before any lock: a twin waits on the unique
+        index holding no other lock, and key order makes overlapping batches
+        queue behind each other instead of deadlocking. Each holds the receipt
+        its item gets if admitted (a task's receipt is fixed once it is
+        prepared); a refused item's record is deleted below, so no record is
+        ever seen but a final one."""
+        for (index, _), task in zip(pending, prepared, strict=True):
+            if task is not None:
+                receipts[index] = {"deduplicated": False, "task": task_detail(task)}
+        insert_rows(
+            [
+                IdempotencyRecord(
+                    namespace_id=actor.namespace_id,
+                    key=items[index].key,
+                    operation="task.submit",
+                    digest=digests[index],
+                    response_status=201,
+                    response_data=receipts[index],
+                    request_id=items[index].request_id,
+                )
+                for index in sorted(receipts, key=lambda index: items[index].key)
+            ]
+        )
+
+    outcomes = admit_tasks(
+        actor=actor, items=[fields for _, fields in pending], now=timezone.now(), before_insert=write_records
     )
-    outcomes = admit_tasks(actor=actor, items=[fields for _, fields in pending], now=timezone.now())
     results: dict[int, Outcome] = {}
     refused_keys: list[str] = []
-    receipts: dict[str, dict[str, Any]] = {}
     for (index, _), outcome in zip(pending, outcomes, strict=True):
-        key = items[index].key
         if isinstance(outcome, Task):
-            receipts[key] = {"deduplicated": False, "task": task_detail(outcome)}
-            results[index] = Receipt(status=201, data=receipts[key])
+            results[index] = Receipt(status=201, data=receipts[index])
         else:
-            refused_keys.append(key)
             results[index] = outcome
+            if index in receipts:
+                refused_keys.append(items[index].key)
     if refused_keys:  # a refused item stores no record
         IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=refused_keys).delete()
-    set_each(
-        IdempotencyRecord,
-        match="key",
-        values=receipts,
-        field="response_data",
-        where={"namespace_id": actor.namespace_id},
-        response_status=201,
-    )
     return results

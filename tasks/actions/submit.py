@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -78,14 +79,22 @@ def new_task(actor: Actor, fields: dict[str, Any], now: datetime) -> Task:
     )
 
 
-def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> list[Task | OrbitError]:
+def admit_tasks(
+    *,
+    actor: Actor,
+    items: list[dict[str, Any]],
+    now: datetime,
+    before_insert: Callable[[list[Task | None]], None] | None = None,
+) -> list[Task | OrbitError]:
     """Admits validated submissions in order under backpressure: each becomes a
     saved WAITING Task, or the error that refused it (nothing is kept for a
     refused one). Caller holds the transaction.
 
     Locks: application_state, then the items' queue_state rows (ascending).
     Everything that needs no lock happens before them, so the section that
-    serializes an application's submits holds only the counter work."""
+    serializes an application's submits holds only the counter work.
+    `before_insert` sees the tasks as prepared (None: no such queue) before
+    anything is written."""
     application_id = actor.principal.application_id
     # Configuration is read unlocked: a configure racing a submit may order
     # either way. A retire is caught under the lock by queue_state.accepting.
@@ -101,6 +110,8 @@ def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> 
         return [NotFound("queue not found") for _ in items]
     for task in rows:
         task.key_ready = not task.concurrency_key  # a keyed task's readiness is decided under the lock
+    if before_insert is not None:
+        before_insert(prepared)
     insert_rows(rows)
 
     app_state = lock_application_state(application_id)
