@@ -9,14 +9,15 @@ ceiling_tasks_per_s = tasks / (time to push them through all four shapes).
 Grouped, as the server commits them now (tasks.coalesce), with a group size K
 (--group, default 16):
 - submit_group: K submits of one application in one transaction
-  (tasks.actions.batch._apply + submit.admit_tasks): idempotency placeholders,
-  task rows, the two counter locks and updates, K events, the records' answers
-  in one CASE update.
+  (tasks.actions.batch._apply + submit.admit_tasks): the unlocked
+  configuration reads, the idempotency records (each with its final receipt),
+  task rows, the two counter locks and updates, K events.
 - round: the results, starts and leases of one application in one transaction
-  (tasks.actions.rounds.run_round): after two unlocked peeks, results of K
-  running attempts (endings.apply_reports with a WriteBook), starts of K leased
-  attempts (dispatch.apply_starts), a lease of K (dispatch.lease), and the
-  round's 3K events in one insert.
+  (tasks.actions.rounds.run_round): after two unlocked peeks and the unlocked
+  configuration reads, the counter rows locked once, results of K running
+  attempts (endings.apply_reports with a WriteBook), starts of K leased
+  attempts (dispatch.apply_starts), a lease of K (dispatch.lease), the round's
+  3K events in one insert, and each counter row written once (orbit.rows.holding).
 Prints commits_per_s_submit_group, commits_per_s_round (rounds that carry K
 results, K starts and K leases), transactions_per_task_grouped = 2/K and
 ceiling_tasks_per_s_grouped = tasks / (time to push them through submit groups,
@@ -53,6 +54,7 @@ IDEMPOTENCY_INSERT = (
     "response_data,request_id,created_at) VALUES "
 )
 IDEMPOTENCY_ROW = "(%s,%s,'task.submit',%s,0,'{}',%s,NOW(6))"
+RECEIPT_ROW = "(%s,%s,'task.submit',%s,201,%s,%s,NOW(6))"
 TASK_INSERT = (
     "INSERT INTO orbit_task (id,namespace_id,application_id,queue_id,handler,handler_version,"
     "payload_version,payload,business_key,concurrency_key,key_ready,priority,state,attempts,max_attempts,"
@@ -242,13 +244,11 @@ def submit_group(c, ids: dict, numbers: range) -> None:
     c.execute(select_records, (*keys, ids["ns"]))  # replays are answered before the transaction
     c.fetchall()
     c.execute("BEGIN")
-    # Placeholders first (key order), then what needs no lock, then the counters.
-    insert_rows(c, IDEMPOTENCY_INSERT, IDEMPOTENCY_ROW, [(ids["ns"], key, "d" * 64, hexid()) for key in keys])
-    c.execute(
-        "SELECT id,max_unfinished_tasks FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s",
-        (ids["queue"], ids["ns"]),
-    )
-    c.execute("SELECT max_unfinished_tasks FROM orbit_application WHERE id=%s", (ids["app"],))
+    # Configuration (unlocked), the records with their receipts (key order), the tasks, then the counters.
+    c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (ids["queue"],))
+    c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (ids["app"],))
+    receipt = json.dumps({"deduplicated": False, "task": {"id": hexid(), "payload": {}, "state": "WAITING"}})
+    insert_rows(c, IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ids["ns"], key, "d" * 64, receipt, hexid()) for key in keys])
     task_ids = [hexid() for _ in keys]
     insert_rows(c, TASK_INSERT, TASK_ROW, [(t, ids["ns"], ids["app"], ids["queue"]) for t in task_ids])
     c.execute(LOCK_APPLICATION_STATE, (ids["app"],))
@@ -262,19 +262,6 @@ def submit_group(c, ids: dict, numbers: range) -> None:
         (len(task_ids), ids["queue"]),
     )
     insert_rows(c, EVENT_INSERT, EVENT_ROW, [(ids["ns"], t) for t in task_ids])
-    # The receipts: re-read the records, then Django's bulk_update (one UPDATE, CASE per field).
-    c.execute(select_records, (*keys, ids["ns"]))
-    record_ids = [row[0] for row in c.fetchall()]
-    when = " ".join(["WHEN (id=%s) THEN %s"] * len(record_ids))
-    c.execute(
-        f"UPDATE orbit_idempotency_record SET response_status=CASE {when} ELSE NULL END, "
-        f"response_data=CASE {when} ELSE NULL END WHERE id IN ({marks(len(record_ids))})",
-        [
-            *(v for record_id in record_ids for v in (record_id, 201)),
-            *(v for record_id in record_ids for v in (record_id, "{}")),
-            *record_ids,
-        ],
-    )
     c.execute("COMMIT")
 
 
@@ -294,17 +281,21 @@ def dispatch_round(
         )
     if starting:
         c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(starting))})", [a for _, a in starting])
+    # dispatch.Configuration.read: unlocked, before the transaction.
+    c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
+    c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
     c.execute("BEGIN")
+    # The counter rows, locked once; every part's changes to them are written at the end.
     c.execute(LOCK_APPLICATION_STATE, (app,))
     c.execute(LOCK_QUEUE_STATES, (queue,))
     events = []
+    app_deltas = {"active_attempts": 0, "unfinished_tasks": 0}
+    queue_deltas = {"active_permits": 0, "unfinished_tasks": 0, "reserved_starts": 0, "window_count": 0}
     if finishing:
-        # endings.apply_reports: the attempt chains (parents re-locked), then the
-        # WriteBook: one UPDATE per table (equal values), one per counter row.
+        # endings.apply_reports: the attempt chains (parents held), then the
+        # WriteBook: one UPDATE per table (equal values).
         tasks, attempts = sorted(t for t, _ in finishing), sorted(a for _, a in finishing)
         n = len(finishing)
-        c.execute(LOCK_APPLICATION_STATE, (app,))
-        c.execute(LOCK_QUEUE_STATES, (queue,))
         c.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
         c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
         c.execute(
@@ -317,30 +308,19 @@ def dispatch_round(
             f"WHERE id IN ({marks(n)})",
             tasks,
         )
-        c.execute(
-            "UPDATE orbit_application_state SET active_attempts=active_attempts-%s, "
-            "unfinished_tasks=unfinished_tasks-%s WHERE application_id=%s",
-            (n, n, app),
-        )
-        c.execute(
-            "UPDATE orbit_queue_state SET active_permits=active_permits-%s, unfinished_tasks=unfinished_tasks-%s "
-            "WHERE queue_id=%s",
-            (n, n, queue),
-        )
+        app_deltas["active_attempts"] -= n
+        app_deltas["unfinished_tasks"] -= n
+        queue_deltas["active_permits"] -= n
+        queue_deltas["unfinished_tasks"] -= n
         events += [(ns, t) for t, _ in finishing]
     if starting:
-        # dispatch.apply_starts: queue_state → tasks → attempts, one UPDATE each.
+        # dispatch.apply_starts: tasks → attempts (queue_state held), one UPDATE each.
         tasks, attempts = sorted(t for t, _ in starting), sorted(a for _, a in starting)
         n = len(starting)
-        c.execute(LOCK_QUEUE_STATES, (queue,))
         c.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
         c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
-        c.execute("SELECT id, paused, rate_per_second, retired_at FROM orbit_queue WHERE id IN (%s)", (queue,))
-        c.execute(
-            "UPDATE orbit_queue_state SET window_started_at=NOW(6), window_count=window_count+%s, "
-            "reserved_starts=reserved_starts-%s WHERE queue_id=%s",
-            (n, n, queue),
-        )
+        queue_deltas["window_count"] += n
+        queue_deltas["reserved_starts"] -= n
         c.execute(
             f"UPDATE orbit_task SET state='RUNNING', attempts=attempts+1, updated_at=NOW(6) WHERE id IN ({marks(n)})",
             tasks,
@@ -354,10 +334,6 @@ def dispatch_round(
     leased: list[tuple[str, str]] = []
     if want > 0:
         # dispatch.lease: one candidate scan, then one statement per table.
-        c.execute(LOCK_APPLICATION_STATE, (app,))
-        c.execute("SELECT max_active_attempts FROM orbit_application WHERE id=%s", (app,))
-        c.execute(LOCK_QUEUE_STATES, (queue,))
-        c.execute("SELECT * FROM orbit_queue WHERE id IN (%s) AND namespace_id=%s", (queue, ns))
         c.execute("SELECT id, epoch, orbit_task.* " + CANDIDATES, (queue, want))
         candidates = [(row[0], row[1], hexid()) for row in c.fetchall()]
         if candidates:
@@ -373,18 +349,24 @@ def dispatch_round(
                 f"UPDATE orbit_task SET state='LEASED', epoch=epoch+1, updated_at=NOW(6) WHERE id IN ({marks(n)})",
                 [t for t, _ in leased],
             )
-            c.execute(
-                "UPDATE orbit_application_state SET active_attempts=active_attempts+%s WHERE application_id=%s",
-                (n, app),
-            )
-            c.execute(
-                "UPDATE orbit_queue_state SET active_permits=active_permits+%s, reserved_starts=reserved_starts+%s "
-                "WHERE queue_id=%s",
-                (n, n, queue),
-            )
+            app_deltas["active_attempts"] += n
+            queue_deltas["active_permits"] += n
+            queue_deltas["reserved_starts"] += n
             events += [(ns, t) for t, _ in leased]
     if events:  # orbit.audit.gathered_events: the round's events in one insert
         insert_rows(c, EVENT_INSERT, EVENT_ROW, events)
+    # orbit.rows.holding: each changed counter row written once, with its final values.
+    c.execute(
+        "UPDATE orbit_application_state SET active_attempts=active_attempts+%s, unfinished_tasks=unfinished_tasks+%s "
+        "WHERE application_id=%s",
+        (app_deltas["active_attempts"], app_deltas["unfinished_tasks"], app),
+    )
+    c.execute(
+        "UPDATE orbit_queue_state SET active_permits=active_permits+%s, unfinished_tasks=unfinished_tasks+%s, "
+        "reserved_starts=reserved_starts+%s, window_count=window_count+%s, window_started_at=NOW(6) "
+        "WHERE queue_id=%s",
+        (*queue_deltas.values(), queue),
+    )
     c.execute("COMMIT")
     return leased
 
