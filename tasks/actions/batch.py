@@ -19,7 +19,7 @@ from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
 from orbit.rows import insert_rows
 from tasks.actions.serialize import task_detail
-from tasks.actions.submit import admit_tasks, check_times
+from tasks.actions.submit import PreparedTasks, admit_prepared, check_times, prepare_tasks
 from tasks.models import Task
 from tasks.serializers import SubmitTaskInput
 
@@ -49,36 +49,51 @@ def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
         raise translate(exc) from exc
 
 
+def read_submissions(
+    actor: Actor, items: list[Submission], digests: list[str], results: list[Outcome | None]
+) -> list[tuple[int, dict[str, Any]]]:
+    """The unlocked first pass over the items still without a result: a key
+    with a record is answered from it (a replay, or a conflict), an invalid
+    item is refused; returns the rest as (index, validated fields)."""
+    pending: list[tuple[int, dict[str, Any]]] = []
+    records = {
+        record.key: record
+        for record in IdempotencyRecord.objects.filter(
+            namespace_id=actor.namespace_id, key__in=[item.key for item in items]
+        )
+    }
+    now = timezone.now()
+    for index, item in enumerate(items):
+        if results[index] is not None:
+            continue
+        try:
+            record = records.get(item.key)
+            if record is not None:
+                if record.operation != "task.submit" or record.digest != digests[index]:
+                    raise IdempotencyConflict("Idempotency-Key was already used for a different request")
+                results[index] = Receipt(status=200, data={**record.response_data, "deduplicated": True})
+                continue
+            fields = _validated(actor, item.body)
+            check_times(fields, now)
+            pending.append((index, fields))
+        except OrbitError as error:
+            results[index] = error
+    return pending
+
+
+def digests_of(items: list[Submission]) -> list[str]:
+    """Each item digested exactly as a single POST /v1/tasks would be."""
+    return [request_digest("task.submit", "", item.body) for item in items]
+
+
 def submit_batch(*, actor: Actor, items: list[Submission]) -> list[Outcome]:
     """Returns one outcome per item, in order: a receipt (201, or 200 replayed)
     or the error that refused it. Accepted items commit together. Keys must be
     distinct within one call."""
     results: list[Outcome | None] = [None] * len(items)
-    digests = [request_digest("task.submit", "", item.body) for item in items]
+    digests = digests_of(items)
     for attempt in range(TWIN_RETRIES):
-        pending: list[tuple[int, dict[str, Any]]] = []
-        records = {
-            record.key: record
-            for record in IdempotencyRecord.objects.filter(
-                namespace_id=actor.namespace_id, key__in=[item.key for item in items]
-            )
-        }
-        now = timezone.now()
-        for index, item in enumerate(items):
-            if results[index] is not None:
-                continue
-            try:
-                record = records.get(item.key)
-                if record is not None:
-                    if record.operation != "task.submit" or record.digest != digests[index]:
-                        raise IdempotencyConflict("Idempotency-Key was already used for a different request")
-                    results[index] = Receipt(status=200, data={**record.response_data, "deduplicated": True})
-                    continue
-                fields = _validated(actor, item.body)
-                check_times(fields, now)
-                pending.append((index, fields))
-            except OrbitError as error:
-                results[index] = error
+        pending = read_submissions(actor, items, digests, results)
         if not pending:
             break
         try:
@@ -94,6 +109,33 @@ def submit_batch(*, actor: Actor, items: list[Submission]) -> list[Outcome]:
     return results  # type: ignore[return-value]
 
 
+def submit_each_credential(requests: list[tuple[Actor, Submission]]) -> list[Outcome | BaseException]:
+    """Submits of several callers: one batch per credential (range checks
+    belong to the caller's principal). A key twice goes to the next batch,
+    where it finds its twin's record and replays it."""
+    outcomes: list[Outcome | BaseException | None] = [None] * len(requests)
+    pending = list(range(len(requests)))
+    while pending:
+        batches: dict[str, list[int]] = {}
+        later: list[int] = []
+        for index in pending:
+            actor, submission = requests[index]
+            batch = batches.setdefault(actor.principal.credential_id, [])
+            if any(requests[other][1].key == submission.key for other in batch):
+                later.append(index)
+            else:
+                batch.append(index)
+        for batch in batches.values():
+            try:
+                results = submit_batch(actor=requests[batch[0]][0], items=[requests[i][1] for i in batch])
+            except Exception as exc:
+                results = [exc] * len(batch)
+            for index, result in zip(batch, results, strict=True):
+                outcomes[index] = result
+        pending = later
+    return outcomes  # type: ignore[return-value]
+
+
 @transaction.atomic(durable=True)
 def _apply(
     actor: Actor,
@@ -101,6 +143,23 @@ def _apply(
     digests: list[str],
     pending: list[tuple[int, dict[str, Any]]],
 ) -> dict[int, Outcome]:
+    return admit_submissions(actor, items, write_submissions(actor, items, digests, pending))
+
+
+@dataclass
+class Written:
+    """Submissions whose records and task rows are written, not yet admitted."""
+
+    pending: list[tuple[int, dict[str, Any]]]
+    receipts: dict[int, dict[str, Any]]
+    tasks: PreparedTasks
+
+
+def write_submissions(
+    actor: Actor, items: list[Submission], digests: list[str], pending: list[tuple[int, dict[str, Any]]]
+) -> Written:
+    """Inside the caller's transaction, before it takes any lock: the
+    idempotency records, then the task rows (submit.prepare_tasks)."""
     receipts: dict[int, dict[str, Any]] = {}
 
     def write_records(prepared: list[Task | None]) -> None:
@@ -108,8 +167,8 @@ def _apply(
         index holding no other lock, and key order makes overlapping batches
         queue behind each other instead of deadlocking. Each holds the receipt
         its item gets if admitted (a task's receipt is fixed once it is
-        prepared); a refused item's record is deleted below, so no record is
-        ever seen but a final one."""
+        prepared); a refused item's record is deleted in admit_submissions, so
+        no record is ever seen but a final one."""
         for (index, _), task in zip(pending, prepared, strict=True):
             if task is not None:
                 receipts[index] = {"deduplicated": False, "task": task_detail(task)}
@@ -128,17 +187,24 @@ def _apply(
             ]
         )
 
-    outcomes = admit_tasks(
+    tasks = prepare_tasks(
         actor=actor, items=[fields for _, fields in pending], now=timezone.now(), before_insert=write_records
     )
+    return Written(pending=pending, receipts=receipts, tasks=tasks)
+
+
+def admit_submissions(actor: Actor, items: list[Submission], written: Written) -> dict[int, Outcome]:
+    """Admits written submissions under the application's locks
+    (submit.admit_prepared); a refused item's record is deleted."""
+    outcomes = admit_prepared(actor=actor, prepared=written.tasks)
     results: dict[int, Outcome] = {}
     refused_keys: list[str] = []
-    for (index, _), outcome in zip(pending, outcomes, strict=True):
+    for (index, _), outcome in zip(written.pending, outcomes, strict=True):
         if isinstance(outcome, Task):
-            results[index] = Receipt(status=201, data=receipts[index])
+            results[index] = Receipt(status=201, data=written.receipts[index])
         else:
             results[index] = outcome
-            if index in receipts:
+            if index in written.receipts:
                 refused_keys.append(items[index].key)
     if refused_keys:  # a refused item stores no record
         IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=refused_keys).delete()

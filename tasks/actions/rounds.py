@@ -1,13 +1,20 @@
-"""Dispatch rounds: the results, starts and leases of one application that
+"""Rounds: the submits, results, starts and leases of one application that
 arrived together, decided in one transaction.
 
-Every result and lease of an application locks its application_state row, and
-every result, start and lease locks its queue_state rows: one at a time is all
-that row lets through anyway. A round takes those locks once, in the global
-order, then applies in turn the results (which free capacity and key permits),
-the starts, and the leases (which can use what the results freed), and
-commits once. Each part keeps the rules of its single verb and gives every
-request its own answer; a lone request is a round of one.
+Every submit, result and lease of an application locks its application_state
+row, and each of them and every start locks its queue_state rows: one at a
+time is all that row lets through anyway. A round writes its submits'
+idempotency records and task rows first (no lock yet: a twin waits on the
+unique index holding nothing else), takes the counter locks once, in the
+global order, then applies in turn the submits (admission under backpressure),
+the results (which free capacity and key permits), the starts, and the leases
+(which can use what the submits and results made available), and commits
+once. Each part keeps the rules of its single verb and gives every request
+its own answer; a lone request is a round of one. A round admits the submits
+of one credential with distinct keys; other submits follow it through the
+batch path, and should a twin elsewhere commit one of the round's keys first,
+the round is decided again without its submits, which then take that path
+(where the twin's record is replayed).
 
 Lock order inside a round: application_state → the union of the round's
 queue_state rows (ascending) → key rows → tasks → attempts. Each part re-locks
@@ -21,16 +28,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from orbit.audit import gathered_events
 from orbit.errors import OrbitError
-from orbit.idempotency import run_retrying
+from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import ApplicationState
 from orbit.rows import holding
 from queues.locks import lock_queue_states
 from queues.models import QueueState
-from tasks.actions import dispatch, endings
+from tasks.actions import batch, dispatch, endings
+from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest, WorkerContext
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
@@ -43,14 +51,95 @@ class LeaseRequest:
     limit: int
 
 
-RoundItem = ResultReport | StartRequest | LeaseRequest
-Answer = dict[str, Any] | LeaseOutcome
+@dataclass(frozen=True)
+class SubmitRequest:
+    """A single POST /v1/tasks (tasks.actions.batch: its own key, digest,
+    checks and answer)."""
+
+    actor: Actor
+    submission: Submission
+
+
+RoundItem = ResultReport | StartRequest | LeaseRequest | SubmitRequest
+Answer = dict[str, Any] | LeaseOutcome | Receipt
+
+
+@dataclass
+class _Submits:
+    """The round's share of submits: those of one credential with distinct
+    keys (range checks belong to the caller's principal; a key twice must
+    see its twin's record)."""
+
+    indexes: list[int]  # into the round's items
+    actor: Actor
+    items: list[Submission]
+    digests: list[str]
+    pending: list[tuple[int, dict[str, Any]]]  # into `items`
+
+
+def _take_submits(
+    items: list[RoundItem], answers: list[Answer | BaseException | None]
+) -> tuple[_Submits | None, list[int]]:
+    """The submits this round admits (after their unlocked first pass, which
+    answers replays and invalid items), and the indexes of the others, which
+    are submitted after the round."""
+    mine: list[tuple[int, SubmitRequest]] = []
+    later: list[int] = []
+    for index, item in enumerate(items):
+        if not isinstance(item, SubmitRequest):
+            continue
+        if not mine or (
+            item.actor.principal.credential_id == mine[0][1].actor.principal.credential_id
+            and all(other.submission.key != item.submission.key for _, other in mine)
+        ):
+            mine.append((index, item))
+        else:
+            later.append(index)
+    if not mine:
+        return None, later
+    actor = mine[0][1].actor
+    submissions = [item.submission for _, item in mine]
+    digests = batch.digests_of(submissions)
+    results: list[Receipt | OrbitError | None] = [None] * len(submissions)
+    pending = batch.read_submissions(actor, submissions, digests, results)
+    for (index, _), result in zip(mine, results, strict=True):
+        answers[index] = result
+    indexes = [index for index, _ in mine]
+    return _Submits(indexes=indexes, actor=actor, items=submissions, digests=digests, pending=pending), later
 
 
 def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     """One outcome per item, in order: the reply body (a LeaseOutcome for a
-    lease) or the error that refused it."""
+    lease, a Receipt for a submit) or the error that refused it."""
     answers: list[Answer | BaseException | None] = [None] * len(items)
+    submits, later = _take_submits(items, answers)
+    try:
+        _decide_round(items, answers, submits)
+    except IntegrityError:
+        if submits is None or not submits.pending:
+            raise
+        # A twin of one of the submits committed its record first (another
+        # process, or the batch endpoint): nothing of the round was kept. The
+        # submits go the batch path, which replays the twin's record; the
+        # rest is decided again without them.
+        later += [submits.indexes[index] for index, _ in submits.pending]
+        rest = [i for i, item in enumerate(items) if answers[i] is None and not isinstance(item, SubmitRequest)]
+        for index, answer in zip(rest, run_round([items[i] for i in rest]), strict=True):
+            answers[index] = answer
+    if later:
+        requests = [
+            (item.actor, item.submission) for item in (items[i] for i in later) if isinstance(item, SubmitRequest)
+        ]
+        for index, outcome in zip(later, batch.submit_each_credential(requests), strict=True):
+            answers[index] = outcome
+    return answers  # type: ignore[return-value]
+
+
+def _decide_round(
+    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None
+) -> None:
+    """Fills in `answers` for the round's results, starts, leases and `submits`
+    (unlocked first reads, then one transaction)."""
     reports = [(i, item) for i, item in enumerate(items) if isinstance(item, ResultReport)]
     starts = [(i, item) for i, item in enumerate(items) if isinstance(item, StartRequest)]
     leases = [(i, item) for i, item in enumerate(items) if isinstance(item, LeaseRequest)]
@@ -68,8 +157,9 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     leases = [(i, lease) for i, lease in leases if answers[i] is None]
     reports = [(i, report) for i, report in reports if answers[i] is None]
     starts = [(i, start) for i, start in starts if answers[i] is None]
-    if not (reports or starts or leases):
-        return answers  # type: ignore[return-value]
+    submitting = submits is not None and bool(submits.pending)
+    if not (reports or starts or leases or submitting):
+        return
 
     applications = {report_peeks[r.attempt_id]["application_id"] for _, r in reports}
     applications |= {start_peeks[s.attempt_id].application_id for _, s in starts}
@@ -78,8 +168,16 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     queue_ids |= {start_peeks[s.attempt_id].queue_id for _, s in starts}
     for _, lease in leases:
         queue_ids.update(lease.worker.queue_ids)
-
-    configuration = dispatch.Configuration.read(applications, queue_ids)
+    submit_queue_ids: set[str] = set()
+    if submits is not None and submitting:
+        applications.add(submits.actor.principal.application_id)
+        submit_queue_ids = {fields["queue_id"] for _, fields in submits.pending}
+    configuration = dispatch.Configuration.read(applications, queue_ids | submit_queue_ids)
+    if submits is not None and submitting:
+        # Only queues of the submits' namespace are locked: admission refuses
+        # the others as not found, without a lock.
+        namespace_id = submits.actor.namespace_id
+        queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
 
     @transaction.atomic
     def decide() -> list[tuple[int, Any]]:
@@ -87,11 +185,19 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
             return decide_holding()
 
     def decide_holding() -> list[tuple[int, Any]]:
+        decided: list[tuple[int, Any]] = []
+        # A submit's records and task rows go in before any lock (batch.write_submissions).
+        written = None
+        if submits is not None and submitting:
+            written = batch.write_submissions(submits.actor, submits.items, submits.digests, submits.pending)
         for application_id in sorted(applications):
             lock_application_state(application_id)
         lock_queue_states(queue_ids)
-        decided: list[tuple[int, Any]] = []
         with gathered_events():
+            if submits is not None and written is not None:
+                # Admitted first: the round's leases can hand out what it accepts.
+                admitted = batch.admit_submissions(submits.actor, submits.items, written)
+                decided.extend((submits.indexes[index], outcome) for index, outcome in admitted.items())
             if reports:
                 book = WriteBook()
                 outcomes = endings.apply_reports([r for _, r in reports], report_peeks, book)
@@ -121,4 +227,3 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
         if isinstance(item, StartRequest):
             outcome = dispatch.finish_start(start_peeks[item.attempt_id], outcome)
         answers[index] = outcome
-    return answers  # type: ignore[return-value]

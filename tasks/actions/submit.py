@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from orbit.audit import emit_event, gathered_events
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
-from orbit.models import ApplicationState, Event, application_config
+from orbit.models import ApplicationState, application_config
 from orbit.rows import add_to_row, insert_rows, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
@@ -79,23 +81,35 @@ def new_task(actor: Actor, fields: dict[str, Any], now: datetime) -> Task:
     )
 
 
-def admit_tasks(
+def admit_tasks(*, actor: Actor, items: list[dict[str, Any]], now: datetime) -> list[Task | OrbitError]:
+    """Admits validated submissions in order under backpressure: each becomes a
+    saved WAITING Task, or the error that refused it (nothing is kept for a
+    refused one). Caller holds the transaction."""
+    return admit_prepared(actor=actor, prepared=prepare_tasks(actor=actor, items=items, now=now))
+
+
+@dataclass
+class PreparedTasks:
+    """Task rows written before any lock, waiting for admit_prepared."""
+
+    now: datetime
+    queues: dict[str, Queue]
+    app_limit: int
+    tasks: list[Task | None]  # per item; None: no such queue in the namespace
+
+
+def prepare_tasks(
     *,
     actor: Actor,
     items: list[dict[str, Any]],
     now: datetime,
     before_insert: Callable[[list[Task | None]], None] | None = None,
-) -> list[Task | OrbitError]:
-    """Admits validated submissions in order under backpressure: each becomes a
-    saved WAITING Task, or the error that refused it (nothing is kept for a
-    refused one). Caller holds the transaction.
-
-    Locks: application_state, then the items' queue_state rows (ascending).
-    Everything that needs no lock happens before them, so the section that
-    serializes an application's submits holds only the counter work.
-    `before_insert` sees the tasks as prepared (None: no such queue) before
-    anything is written."""
-    application_id = actor.principal.application_id
+) -> PreparedTasks:
+    """The part of admission that needs no lock: configuration, and the task
+    rows inserted (not yet counted; admit_prepared deletes a refused one), so
+    the section that serializes an application's submits holds only the
+    counter work. `before_insert` sees the prepared tasks before anything is
+    written."""
     # Configuration is read unlocked: a configure racing a submit may order
     # either way. A retire is caught under the lock by queue_state.accepting.
     queues = {
@@ -103,17 +117,26 @@ def admit_tasks(
         for queue in read_by_pk(Queue, {fields["queue_id"] for fields in items}).values()
         if queue.namespace_id == actor.namespace_id
     }
-    app_limit = application_config(application_id).max_unfinished_tasks
-    prepared = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
-    rows = [task for task in prepared if task is not None]
-    if not rows:
-        return [NotFound("queue not found") for _ in items]
-    for task in rows:
-        task.key_ready = not task.concurrency_key  # a keyed task's readiness is decided under the lock
-    if before_insert is not None:
-        before_insert(prepared)
-    insert_rows(rows)
+    app_limit = application_config(actor.principal.application_id).max_unfinished_tasks
+    tasks = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
+    rows = [task for task in tasks if task is not None]
+    if rows:
+        for task in rows:
+            task.key_ready = not task.concurrency_key  # a keyed task's readiness is decided under the lock
+        if before_insert is not None:
+            before_insert(tasks)
+        insert_rows(rows)
+    return PreparedTasks(now=now, queues=queues, app_limit=app_limit, tasks=tasks)
 
+
+def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | OrbitError]:
+    """Counts prepared tasks against queue and application backlog, in order.
+    Locks: application_state, then the tasks' queue_state rows (ascending)."""
+    application_id = actor.principal.application_id
+    rows = [task for task in prepared.tasks if task is not None]
+    if not rows:
+        return [NotFound("queue not found") for _ in prepared.tasks]
+    now, queues = prepared.now, prepared.queues
     app_state = lock_application_state(application_id)
     queue_states = lock_queue_states({task.queue_id for task in rows})
     app_unfinished = app_state.unfinished_tasks
@@ -121,13 +144,15 @@ def admit_tasks(
     outcomes: list[Task | OrbitError] = []
     accepted: list[Task] = []
     refused: list[str] = []
-    for task in prepared:
+    for task in prepared.tasks:
         if task is None:
             outcomes.append(NotFound("queue not found"))
             continue
         if not queue_states[task.queue_id].accepting:
             outcomes.append(StateConflict("queue is retired"))
-        elif unfinished[task.queue_id] >= queues[task.queue_id].max_unfinished_tasks or app_unfinished >= app_limit:
+        elif unfinished[task.queue_id] >= queues[task.queue_id].max_unfinished_tasks or app_unfinished >= (
+            prepared.app_limit
+        ):
             outcomes.append(QueueFull())
         else:
             unfinished[task.queue_id] += 1
@@ -147,17 +172,14 @@ def admit_tasks(
     per_queue = Counter(task.queue_id for task in accepted)
     for queue_id, count in sorted(per_queue.items()):
         add_to_row(QueueState, queue_id, {"unfinished_tasks": count})
-    insert_rows(
-        [
-            Event(
+    with gathered_events():  # inside a round: with the round's own events
+        for task in accepted:
+            emit_event(
                 namespace_id=task.namespace_id,
                 type="task.state_changed",
                 subject_id=task.id,
                 data={"queue_id": task.queue_id, "state": TaskState.WAITING},
             )
-            for task in accepted
-        ]
-    )
     TASKS_SUBMITTED.inc(len(accepted))
     woken = list(per_queue)
     transaction.on_commit(lambda: notify_work_available(woken))

@@ -1,17 +1,23 @@
-"""Dispatch rounds (tasks.actions.rounds): many results, starts and leases in one
-transaction, each answered exactly as its single verb would answer it."""
+"""Rounds (tasks.actions.rounds): many submits, results, starts and leases in
+one transaction, each answered exactly as its single verb would answer it."""
 
 from __future__ import annotations
 
 import pytest
 
-from orbit.errors import LeaseLost, StateConflict
-from tasks.actions import dispatch
+from orbit.api.auth import authenticate_token
+from orbit.errors import IdempotencyConflict, LeaseLost, NotFound, QueueFull, StateConflict
+from orbit.fields import new_id
+from orbit.idempotency import Actor
+from orbit.models import IdempotencyRecord
+from tasks.actions import batch, dispatch
+from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
-from tasks.actions.rounds import LeaseRequest, run_round
+from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
-from tests.tasks.support import assert_invariants, make_queue, submit_ok
+from tests.factories import make_credential
+from tests.tasks.support import assert_invariants, make_queue, submit_ok, task_body
 from tests.tasks.test_dispatch import worker_for
 
 pytestmark = pytest.mark.django_db
@@ -89,4 +95,97 @@ def test_a_mixed_round_answers_each_request_as_its_single_verb_would(tenant):
     assert Attempt.objects.get(id=running[1]["attempt_id"]).state == "FAILED"
     assert Attempt.objects.get(id=leased[0]["attempt_id"]).state == "RUNNING"
     assert Attempt.objects.get(id=leased[1]["attempt_id"]).state == "LEASED"
+    assert_invariants()
+
+
+def submitter(tenant, token: str | None = None) -> Actor:
+    return Actor(principal=authenticate_token(token or tenant.token), request_id=new_id())
+
+
+def submission(queue_id: str, key: str, **overrides) -> Submission:
+    return Submission(key=key, body=task_body(queue_id, **overrides), request_id=new_id())
+
+
+def test_a_round_admits_its_submits_and_can_lease_them_at_once(tenant):
+    queue = make_queue(tenant.client, "submits", max_concurrency=50, rate_per_second=1000)
+    actor, worker = submitter(tenant), worker_for(tenant, queue["id"])
+
+    answers = run_round(
+        [
+            SubmitRequest(actor, submission(queue["id"], "s1")),
+            SubmitRequest(actor, submission(queue["id"], "s2")),
+            LeaseRequest(worker, 16),
+        ]
+    )
+
+    assert [answer.status for answer in answers[:2]] == [201, 201]
+    submitted = {answer.data["task"]["id"] for answer in answers[:2]}
+    assert {entry["task"]["id"] for entry in answers[2].assignments} == submitted
+    assert set(Task.objects.filter(id__in=submitted).values_list("state", flat=True)) == {"LEASED"}
+    assert_invariants()
+
+
+def test_twins_and_other_callers_in_one_round_get_their_single_submit_answers(tenant):
+    queue = make_queue(tenant.client, "twins", max_unfinished_tasks=3)
+    actor = submitter(tenant)
+    other = submitter(tenant, make_credential(tenant.namespace).token)
+    body = submission(queue["id"], "same")
+
+    answers = run_round(
+        [
+            SubmitRequest(actor, body),
+            SubmitRequest(actor, Submission(key="same", body=body.body, request_id=new_id())),  # a replay
+            SubmitRequest(actor, submission(queue["id"], "same", priority=1)),  # the key, another request
+            SubmitRequest(other, submission(queue["id"], "other")),  # another credential
+            SubmitRequest(actor, submission(queue["id"], "third")),
+            SubmitRequest(actor, submission(queue["id"], "fourth")),  # one of four is over max_unfinished_tasks
+            SubmitRequest(actor, submission("0" * 32, "nowhere")),
+        ]
+    )
+
+    first, replay, conflict, by_other, third, fourth, nowhere = answers
+    assert first.status == 201 and first.data["deduplicated"] is False
+    assert replay.status == 200 and replay.data["deduplicated"] is True
+    assert replay.data["task"]["id"] == first.data["task"]["id"]
+    assert isinstance(conflict, IdempotencyConflict)
+    assert isinstance(nowhere, NotFound)
+    # concurrent submits may be admitted in either order: exactly one of the last three is refused
+    new = [by_other, third, fourth]
+    assert sum(isinstance(answer, QueueFull) for answer in new) == 1
+    assert sorted(answer.status for answer in new if not isinstance(answer, QueueFull)) == [201, 201]
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 3
+    assert IdempotencyRecord.objects.filter(namespace_id=tenant.namespace_id).exclude(key="create-twins").count() == 3
+    assert_invariants()
+
+
+def test_a_twin_committed_first_elsewhere_sends_the_round_again_without_its_submits(tenant, monkeypatch):
+    queue = make_queue(tenant.client, "raced", max_concurrency=50, rate_per_second=1000)
+    submit_ok(tenant.client, queue["id"], "waiting")
+    actor, worker = submitter(tenant), worker_for(tenant, queue["id"])
+    raced = submission(queue["id"], "raced")
+    twin_receipt = {"deduplicated": False, "task": {"id": "t" * 32}}
+    read_configuration = dispatch.Configuration.read
+
+    def twin_commits_first(application_ids, queue_ids):
+        # After the round's unlocked first pass, before its transaction.
+        IdempotencyRecord.objects.create(
+            namespace_id=tenant.namespace_id,
+            key="raced",
+            operation="task.submit",
+            digest=batch.digests_of([raced])[0],
+            response_status=201,
+            response_data=twin_receipt,
+            request_id=new_id(),
+        )
+        monkeypatch.setattr(dispatch.Configuration, "read", read_configuration)
+        return read_configuration(application_ids, queue_ids)
+
+    monkeypatch.setattr(dispatch.Configuration, "read", staticmethod(twin_commits_first))
+
+    submitted, leased = run_round([SubmitRequest(actor, raced), LeaseRequest(worker, 16)])
+
+    assert submitted.status == 200 and submitted.data == {**twin_receipt, "deduplicated": True}
+    assert len(leased.assignments) == 1  # the round was decided again, without the submit
+    assert not Task.objects.filter(queue_id=queue["id"], state="WAITING").exists()
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 1
     assert_invariants()
