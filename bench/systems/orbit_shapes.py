@@ -7,21 +7,19 @@ result. Prints commits_per_s_<verb>, transactions_per_task and
 ceiling_tasks_per_s = tasks / (time to push them through all four shapes).
 
 Grouped, as the server commits them now (tasks.coalesce), with a group size K
-(--group, default 16):
-- submit_group: K submits of one application in one transaction
-  (tasks.actions.batch._apply + submit.admit_tasks): the unlocked
-  configuration reads, the idempotency records (each with its final receipt),
-  task rows, the two counter locks and updates, K events.
-- round: the results, starts and leases of one application in one transaction
-  (tasks.actions.rounds.run_round): after two unlocked peeks and the unlocked
-  configuration reads, the counter rows locked once, results of K running
-  attempts (endings.apply_reports with a WriteBook), starts of K leased
-  attempts (dispatch.apply_starts), a lease of K (dispatch.lease), the round's
-  3K events in one insert, and each counter row written once (orbit.rows.holding).
-Prints commits_per_s_submit_group, commits_per_s_round (rounds that carry K
-results, K starts and K leases), transactions_per_task_grouped = 2/K and
-ceiling_tasks_per_s_grouped = tasks / (time to push them through submit groups,
-then pipelined rounds: each round finishes the previous round's started tasks,
+(--group, default 16): rounds, each the submits, results, starts and leases
+of one application in one transaction (tasks.actions.rounds.run_round): the
+unlocked first reads (the submits' idempotency records, the peeks of results
+and starts, the configuration), then the submits' records (each with its final
+receipt) and task rows before any lock (batch.write_submissions), the counter
+rows locked once, admission of K submits, results of K running attempts
+(endings.apply_reports with a WriteBook), starts of K leased attempts
+(dispatch.apply_starts), a lease of K (dispatch.lease), the round's 4K events
+in one insert, and each counter row written once (orbit.rows.holding).
+Prints commits_per_s_round (rounds that carry K submits, K results, K starts
+and K leases), transactions_per_task_grouped = 1/K and
+ceiling_tasks_per_s_grouped = tasks / (time to push them through pipelined
+rounds: each round submits K, finishes the previous round's started tasks,
 starts its leases and leases K more; filling and draining the pipeline count).
 
 Each of the two parts is sized to take about --seconds. Run with Orbit's
@@ -236,42 +234,25 @@ def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
     c.execute("COMMIT")
 
 
-def submit_group(c, ids: dict, numbers: range) -> None:
-    """tasks.actions.batch.submit_batch → _apply (+ submit.admit_tasks): the
-    group's submits, each with its own Idempotency-Key, in one transaction."""
-    keys = sorted(f"w0g-{n}" for n in numbers)
-    select_records = f"SELECT * FROM orbit_idempotency_record WHERE `key` IN ({marks(len(keys))}) AND namespace_id=%s"
-    c.execute(select_records, (*keys, ids["ns"]))  # replays are answered before the transaction
-    c.fetchall()
-    c.execute("BEGIN")
-    # Configuration (unlocked), the records with their receipts (key order), the tasks, then the counters.
-    c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (ids["queue"],))
-    c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (ids["app"],))
-    receipt = json.dumps({"deduplicated": False, "task": {"id": hexid(), "payload": {}, "state": "WAITING"}})
-    insert_rows(c, IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ids["ns"], key, "d" * 64, receipt, hexid()) for key in keys])
-    task_ids = [hexid() for _ in keys]
-    insert_rows(c, TASK_INSERT, TASK_ROW, [(t, ids["ns"], ids["app"], ids["queue"]) for t in task_ids])
-    c.execute(LOCK_APPLICATION_STATE, (ids["app"],))
-    c.execute(LOCK_QUEUE_STATES, (ids["queue"],))
-    c.execute(
-        "UPDATE orbit_application_state SET unfinished_tasks=unfinished_tasks+%s WHERE application_id=%s",
-        (len(task_ids), ids["app"]),
-    )
-    c.execute(
-        "UPDATE orbit_queue_state SET unfinished_tasks=unfinished_tasks+%s WHERE queue_id=%s",
-        (len(task_ids), ids["queue"]),
-    )
-    insert_rows(c, EVENT_INSERT, EVENT_ROW, [(ids["ns"], t) for t in task_ids])
-    c.execute("COMMIT")
-
-
 def dispatch_round(
-    c, ids: dict, finishing: list[tuple[str, str]], starting: list[tuple[str, str]], want: int
+    c,
+    ids: dict,
+    finishing: list[tuple[str, str]],
+    starting: list[tuple[str, str]],
+    want: int,
+    numbers: range = range(0),
 ) -> list[tuple[str, str]]:
-    """tasks.actions.rounds.run_round: results of `finishing`, starts of
-    `starting` (task id, attempt id) and a lease of up to `want`, in one
-    transaction. Returns the leased (task id, attempt id) pairs."""
+    """tasks.actions.rounds.run_round: submits of `numbers`, results of
+    `finishing`, starts of `starting` (task id, attempt id) and a lease of up
+    to `want`, in one transaction. Returns the leased (task id, attempt id) pairs."""
     ns, app, queue = ids["ns"], ids["app"], ids["queue"]
+    keys = sorted(f"w0g-{n}" for n in numbers)
+    if keys:  # batch.read_submissions: replays are answered before the transaction
+        c.execute(
+            f"SELECT * FROM orbit_idempotency_record WHERE `key` IN ({marks(len(keys))}) AND namespace_id=%s",
+            (*keys, ns),
+        )
+        c.fetchall()
     # Unlocked peeks: endings.peek_reports, dispatch.peek_starts.
     if finishing:
         c.execute(
@@ -285,12 +266,24 @@ def dispatch_round(
     c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
     c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
     c.execute("BEGIN")
-    # The counter rows, locked once; every part's changes to them are written at the end.
-    c.execute(LOCK_APPLICATION_STATE, (app,))
-    c.execute(LOCK_QUEUE_STATES, (queue,))
     events = []
     app_deltas = {"active_attempts": 0, "unfinished_tasks": 0}
     queue_deltas = {"active_permits": 0, "unfinished_tasks": 0, "reserved_starts": 0, "window_count": 0}
+    if keys:
+        # batch.write_submissions: configuration, the records with their receipts (key order), the tasks.
+        c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
+        c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
+        receipt = json.dumps({"deduplicated": False, "task": {"id": hexid(), "payload": {}, "state": "WAITING"}})
+        insert_rows(c, IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ns, key, "d" * 64, receipt, hexid()) for key in keys])
+        task_ids = [hexid() for _ in keys]
+        insert_rows(c, TASK_INSERT, TASK_ROW, [(t, ns, app, queue) for t in task_ids])
+    # The counter rows, locked once; every part's changes to them are written at the end.
+    c.execute(LOCK_APPLICATION_STATE, (app,))
+    c.execute(LOCK_QUEUE_STATES, (queue,))
+    if keys:  # batch.admit_submissions: counted under the locks
+        app_deltas["unfinished_tasks"] += len(keys)
+        queue_deltas["unfinished_tasks"] += len(keys)
+        events += [(ns, t) for t in task_ids]
     if finishing:
         # endings.apply_reports: the attempt chains (parents held), then the
         # WriteBook: one UPDATE per table (equal values).
@@ -372,45 +365,36 @@ def dispatch_round(
 
 
 def push_grouped(c, ids: dict, first: int, tasks: int, group: int) -> dict:
-    """Submits `tasks` in groups, then runs pipelined rounds until all finished.
-    Returns the seconds and transactions of each part, and of the steady rounds."""
-    began = time.perf_counter()
-    groups = 0
-    for low in range(first, first + tasks, group):
-        submit_group(c, ids, range(low, min(low + group, first + tasks)))
-        groups += 1
-    submit_seconds = time.perf_counter() - began
+    """Pushes `tasks` through pipelined rounds, K submits per round, until all
+    finished. Returns the seconds and rounds, in all and in steady state."""
     leased: list[tuple[str, str]] = []
     started: list[tuple[str, str]] = []
     rounds = steady = finished = 0
     round_seconds = steady_seconds = 0.0
+    low, end = first, first + tasks
     while True:
+        numbers = range(low, min(low + group, end))
+        low = numbers.stop
         began = time.perf_counter()
-        new = dispatch_round(c, ids, started, leased, group)
+        new = dispatch_round(c, ids, started, leased, group, numbers)
         seconds = time.perf_counter() - began
         rounds += 1
         round_seconds += seconds
-        if len(started) == len(leased) == len(new) == group:
+        if len(numbers) == len(started) == len(leased) == len(new) == group:
             steady += 1
             steady_seconds += seconds
         finished += len(started)
         started, leased = leased, new
-        if not (started or leased):
+        if not (started or leased or low < end):
             break
     assert finished == tasks, (finished, tasks)
-    return {
-        "submit": (submit_seconds, groups),
-        "rounds": (round_seconds, rounds),
-        "steady": (steady_seconds, steady),
-    }
+    return {"rounds": (round_seconds, rounds), "steady": (steady_seconds, steady)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=20, help="about this long for each part (single, grouped)")
-    parser.add_argument(
-        "--group", type=int, default=GROUP, help="submits per submit group; results, starts, leases per round"
-    )
+    parser.add_argument("--group", type=int, default=GROUP, help="submits, results, starts and leases per round")
     parser.add_argument("--run", type=int, default=0)
     args = parser.parse_args()
     group = max(1, args.group)
@@ -459,23 +443,18 @@ def main() -> None:
         # Grouped: a small pass through the whole pipeline sizes the measured one.
         probe_tasks = 8 * group
         probe = push_grouped(c, ids, 0, probe_tasks, group)
-        per_task = (probe["submit"][0] + probe["rounds"][0]) / probe_tasks
+        per_task = probe["rounds"][0] / probe_tasks
         grouped_tasks = max(20 * group, int(args.seconds / per_task) // group * group)
         parts = push_grouped(c, ids, probe_tasks, grouped_tasks, group)
-        (submit_seconds, groups), (round_seconds, rounds), (steady_seconds, steady) = (
-            parts["submit"],
-            parts["rounds"],
-            parts["steady"],
-        )
+        (round_seconds, rounds), (steady_seconds, steady) = parts["rounds"], parts["steady"]
         if not steady:  # too few tasks for a full round: every round counts
             steady_seconds, steady = round_seconds, rounds
         out.update(
             group=group,
             tasks_grouped=grouped_tasks,
-            commits_per_s_submit_group=round(groups / submit_seconds, 1),
             commits_per_s_round=round(steady / steady_seconds, 1),
-            transactions_per_task_grouped=round(1 / group + 1 / group, 3),
-            ceiling_tasks_per_s_grouped=round(grouped_tasks / (submit_seconds + round_seconds), 1),
+            transactions_per_task_grouped=round(1 / group, 3),
+            ceiling_tasks_per_s_grouped=round(grouped_tasks / round_seconds, 1),
         )
         print(json.dumps(out))
     finally:
