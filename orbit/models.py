@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.db import models
 
 from orbit.fields import BinaryCharField, IdField, id_primary_key, uint32, uint64
-from orbit.rows import read_by_pk
 
 SCOPES = (
     "queues:read",
@@ -43,15 +42,6 @@ class Application(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-
-def application_config(application_id: str) -> Application:
-    """An application's configuration row, read without a lock (every lease
-    and submit reads its limits)."""
-    found = read_by_pk(Application, [application_id]).get(application_id)
-    if found is None:
-        raise Application.DoesNotExist(application_id)
-    return found
 
 
 class ApplicationState(models.Model):

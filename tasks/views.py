@@ -53,7 +53,7 @@ class TaskCollectionView(OrbitView):
             )
         key = validate_key(request.headers.get("Idempotency-Key"))
         actor = self.actor(request)
-        outcome = submit_coalesced(actor, batch.Submission(key=key, body=body, request_id=actor.request_id))
+        outcome = submit_coalesced(actor, batch.checked_submission(actor, key, body))
         if isinstance(outcome, OrbitError):
             raise outcome
         return ok(request, outcome.data, status=outcome.status)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
@@ -17,7 +17,8 @@ from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
-from orbit.rows import insert_rows
+from orbit.rows import insert_rows, select_rows
+from tasks.actions.dispatch import Configuration
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import PreparedTasks, admit_prepared, check_times, prepare_tasks
 from tasks.models import Task
@@ -37,6 +38,10 @@ class Submission:
     key: str
     body: dict[str, Any]
     request_id: str
+    # The body's validation (fields, or the error that refuses them), done in
+    # advance on the caller's thread so the application's round does not wait
+    # for it; used only if the key has no record, as validation always is.
+    checked: dict[str, Any] | OrbitError | None = None
 
 
 def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
@@ -49,6 +54,15 @@ def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
         raise translate(exc) from exc
 
 
+def checked_submission(actor: Actor, key: str, body: dict[str, Any]) -> Submission:
+    """A Submission with its body validated now (see Submission.checked)."""
+    try:
+        checked: dict[str, Any] | OrbitError = _validated(actor, body)
+    except OrbitError as error:
+        checked = error
+    return Submission(key=key, body=body, request_id=actor.request_id, checked=checked)
+
+
 def read_submissions(
     actor: Actor, items: list[Submission], digests: list[str], results: list[Outcome | None]
 ) -> list[tuple[int, dict[str, Any]]]:
@@ -56,12 +70,11 @@ def read_submissions(
     with a record is answered from it (a replay, or a conflict), an invalid
     item is refused; returns the rest as (index, validated fields)."""
     pending: list[tuple[int, dict[str, Any]]] = []
-    records = {
-        record.key: record
-        for record in IdempotencyRecord.objects.filter(
-            namespace_id=actor.namespace_id, key__in=[item.key for item in items]
-        )
-    }
+    keys = sorted({item.key for item in items})
+    key = connection.ops.quote_name("key")
+    where = f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(keys))})"
+    found = select_rows(IdempotencyRecord, where, [actor.namespace_id, *keys]) if keys else []
+    records = {record.key: record for record in found}
     now = timezone.now()
     for index, item in enumerate(items):
         if results[index] is not None:
@@ -73,7 +86,9 @@ def read_submissions(
                     raise IdempotencyConflict("Idempotency-Key was already used for a different request")
                 results[index] = Receipt(status=200, data={**record.response_data, "deduplicated": True})
                 continue
-            fields = _validated(actor, item.body)
+            fields = _validated(actor, item.body) if item.checked is None else item.checked
+            if isinstance(fields, OrbitError):
+                raise fields
             check_times(fields, now)
             pending.append((index, fields))
         except OrbitError as error:
@@ -156,10 +171,15 @@ class Written:
 
 
 def write_submissions(
-    actor: Actor, items: list[Submission], digests: list[str], pending: list[tuple[int, dict[str, Any]]]
+    actor: Actor,
+    items: list[Submission],
+    digests: list[str],
+    pending: list[tuple[int, dict[str, Any]]],
+    configuration: Configuration | None = None,
 ) -> Written:
     """Inside the caller's transaction, before it takes any lock: the
-    idempotency records, then the task rows (submit.prepare_tasks)."""
+    idempotency records, then the task rows (submit.prepare_tasks; with the
+    caller's `configuration` if it read it already)."""
     receipts: dict[int, dict[str, Any]] = {}
 
     def write_records(prepared: list[Task | None]) -> None:
@@ -188,7 +208,11 @@ def write_submissions(
         )
 
     tasks = prepare_tasks(
-        actor=actor, items=[fields for _, fields in pending], now=timezone.now(), before_insert=write_records
+        actor=actor,
+        items=[fields for _, fields in pending],
+        now=timezone.now(),
+        before_insert=write_records,
+        configuration=configuration,
     )
     return Written(pending=pending, receipts=receipts, tasks=tasks)
 

@@ -189,7 +189,9 @@ def _decide_round(
         # A submit's records and task rows go in before any lock (batch.write_submissions).
         written = None
         if submits is not None and submitting:
-            written = batch.write_submissions(submits.actor, submits.items, submits.digests, submits.pending)
+            written = batch.write_submissions(
+                submits.actor, submits.items, submits.digests, submits.pending, configuration
+            )
         for application_id in sorted(applications):
             lock_application_state(application_id)
         lock_queue_states(queue_ids)

@@ -15,10 +15,11 @@ from orbit.audit import emit_event, gathered_events
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
-from orbit.models import ApplicationState, application_config
-from orbit.rows import add_to_row, insert_rows, read_by_pk, update_by_pk
+from orbit.models import ApplicationState
+from orbit.rows import add_to_row, insert_rows, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
+from tasks.actions.dispatch import Configuration
 from tasks.actions.readiness import admit_readiness
 from tasks.actions.serialize import task_detail
 from tasks.locks import lock_application_state
@@ -104,6 +105,7 @@ def prepare_tasks(
     items: list[dict[str, Any]],
     now: datetime,
     before_insert: Callable[[list[Task | None]], None] | None = None,
+    configuration: Configuration | None = None,
 ) -> PreparedTasks:
     """The part of admission that needs no lock: configuration, and the task
     rows inserted (not yet counted; admit_prepared deletes a refused one), so
@@ -112,12 +114,13 @@ def prepare_tasks(
     written."""
     # Configuration is read unlocked: a configure racing a submit may order
     # either way. A retire is caught under the lock by queue_state.accepting.
+    application_id, queue_ids = actor.principal.application_id, {fields["queue_id"] for fields in items}
+    if configuration is None:
+        configuration = Configuration.read([application_id], queue_ids)
     queues = {
-        queue.id: queue
-        for queue in read_by_pk(Queue, {fields["queue_id"] for fields in items}).values()
-        if queue.namespace_id == actor.namespace_id
+        queue.id: queue for queue in configuration.queues_of(queue_ids) if queue.namespace_id == actor.namespace_id
     }
-    app_limit = application_config(actor.principal.application_id).max_unfinished_tasks
+    app_limit = configuration.application(application_id).max_unfinished_tasks
     tasks = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
     rows = [task for task in tasks if task is not None]
     if rows:

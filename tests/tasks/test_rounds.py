@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orbit.api.auth import authenticate_token
-from orbit.errors import IdempotencyConflict, LeaseLost, NotFound, QueueFull, StateConflict
+from orbit.errors import IdempotencyConflict, InvalidArgument, LeaseLost, NotFound, QueueFull, StateConflict
 from orbit.fields import new_id
 from orbit.idempotency import Actor
 from orbit.models import IdempotencyRecord
@@ -189,3 +189,21 @@ def test_a_twin_committed_first_elsewhere_sends_the_round_again_without_its_subm
     assert not Task.objects.filter(queue_id=queue["id"], state="WAITING").exists()
     assert Task.objects.filter(queue_id=queue["id"]).count() == 1
     assert_invariants()
+
+
+def test_a_body_checked_in_advance_is_judged_only_after_its_key(tenant):
+    queue = make_queue(tenant.client, "checked")
+    actor = submitter(tenant)
+    submit_ok(tenant.client, queue["id"], "used")
+    invalid = task_body(queue["id"], priority="high")
+
+    reused, fresh = run_round(
+        [
+            SubmitRequest(actor, batch.checked_submission(actor, "used", invalid)),
+            SubmitRequest(actor, batch.checked_submission(actor, "fresh", invalid)),
+        ]
+    )
+
+    assert isinstance(reused, IdempotencyConflict)  # the key is judged first, as for any submit
+    assert isinstance(fresh, InvalidArgument) and fresh.message.startswith("priority")
+    assert not IdempotencyRecord.objects.filter(key="fresh").exists()
