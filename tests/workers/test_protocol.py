@@ -53,6 +53,16 @@ def expire_lease(attempt_id: str) -> None:
     Attempt.objects.filter(id=attempt_id).update(lease_expires_at=now() - timedelta(seconds=1))
 
 
+def started_task(tenant, queue, connect, **submit_fields):
+    """A submitted task whose attempt a connected worker has started: (task, worker, assignment)."""
+    task = submit_ok(tenant.client, queue["id"], "t-1", **submit_fields)
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1, worker_id="runner")
+    assign = worker.assignment()
+    worker.start_ok(assign)
+    return task, worker, assign
+
+
 # --- handshake -------------------------------------------------------------------
 
 
@@ -164,11 +174,7 @@ def test_unknown_type_and_bad_frames_are_invalid_argument(queue, connect):
 
 def test_a_lone_surrogate_in_a_frame_is_invalid_argument_not_internal(tenant, queue, connect):
     # given a started task
-    task = submit_ok(tenant.client, queue["id"], "t-surrogate")
-    worker = connect()
-    worker.hello_as([queue["id"]])
-    assign = worker.assignment()
-    worker.start_ok(assign)
+    task, worker, assign = started_task(tenant, queue, connect)
     # when its result's output holds a \ud800 escape (valid JSON, not valid UTF-8)
     frame = json.dumps(
         {
@@ -359,11 +365,7 @@ def test_start_of_a_task_cancelled_while_leased_is_task_cancelled(tenant, queue,
 
 
 def test_release_after_start_is_refused(tenant, queue, connect):
-    submit_ok(tenant.client, queue["id"], "t-1")
-    worker = connect()
-    worker.hello_as([queue["id"]])
-    assign = worker.assignment()
-    worker.start_ok(assign)
+    _, worker, assign = started_task(tenant, queue, connect)
     assert_error_frame(worker.release(assign), "STATE_CONFLICT")
     assert Attempt.objects.get(id=assign["attempt_id"]).state == "RUNNING"
 
@@ -381,11 +383,7 @@ def test_result_for_an_unstarted_attempt_is_an_error(tenant, queue, connect):
 
 
 def test_result_with_a_bad_outcome_is_invalid_argument(tenant, queue, connect):
-    task = submit_ok(tenant.client, queue["id"], "t-1")
-    worker = connect()
-    worker.hello_as([queue["id"]])
-    assign = worker.assignment()
-    worker.start_ok(assign)
+    task, worker, assign = started_task(tenant, queue, connect)
     before = snapshot(task["id"])
     assert_error_frame(worker.result(assign, outcome="DONE"), "INVALID_ARGUMENT")
     assert_error_frame(worker.result(assign, outcome="FAILED", retryable="yes"), "INVALID_ARGUMENT")
@@ -508,20 +506,10 @@ def test_reconnect_within_the_lease_keeps_attempts(tenant, queue, connect):
 # --- outcomes ------------------------------------------------------------------------------------
 
 
-def run_to_result(tenant, queue, connect, outcome: str, **submit_fields):
-    task = submit_ok(tenant.client, queue["id"], "t-1", **submit_fields)
-    worker = connect()
-    worker.hello_as([queue["id"]], capacity=1, worker_id="runner")
-    assign = worker.assignment()
-    worker.start_ok(assign)
-    return task, worker, assign
-
-
 def test_retryable_failure_waits_out_its_backoff(tenant, queue, connect):
     # given a running task with attempts left and a 30 s initial backoff
-    task, worker, assign = run_to_result(
-        tenant, queue, connect, "FAILED", max_attempts=3, retry={"initial_seconds": 30, "multiplier": 2}
-    )
+    retry = {"initial_seconds": 30, "multiplier": 2}
+    task, worker, assign = started_task(tenant, queue, connect, max_attempts=3, retry=retry)
     # when it fails retryably
     reply = worker.result(assign, outcome="FAILED", retryable=True, error={"code": "TIMEOUT"})
     failed_at = now()
@@ -540,7 +528,7 @@ def test_retryable_failure_waits_out_its_backoff(tenant, queue, connect):
 
 
 def test_non_retryable_failure_is_final(tenant, queue, connect):
-    task, worker, assign = run_to_result(tenant, queue, connect, "FAILED")
+    task, worker, assign = started_task(tenant, queue, connect)
     reply = worker.result(assign, outcome="FAILED", retryable=False, error={"code": "BAD_INPUT"})
     assert reply["task_state"] == "FAILED"
     detail = get_task(tenant.client, task["id"])
@@ -565,7 +553,7 @@ def test_full_backlog_does_not_limit_results_or_cancels(tenant, connect):
 
 
 def test_retryable_failure_with_attempts_exhausted_is_final(tenant, queue, connect):
-    task, worker, assign = run_to_result(tenant, queue, connect, "FAILED", max_attempts=1)
+    task, worker, assign = started_task(tenant, queue, connect, max_attempts=1)
     assert worker.result(assign, outcome="FAILED", retryable=True)["task_state"] == "FAILED"
     assert get_task(tenant.client, task["id"])["attempts"] == 1
     assert counters(queue["id"])["unfinished_tasks"] == 0
@@ -586,7 +574,7 @@ def test_retries_until_the_budget_is_spent(tenant, queue, connect):
 
 
 def test_unknown_outcome_needs_review_and_keeps_its_backlog_slot(tenant, queue, connect):
-    task, worker, assign = run_to_result(tenant, queue, connect, "UNKNOWN")
+    task, worker, assign = started_task(tenant, queue, connect)
     reply = worker.result(assign, outcome="UNKNOWN", error={"code": "CRASHED_MIDWAY"})
     assert reply["task_state"] == "NEEDS_REVIEW"
     detail = get_task(tenant.client, task["id"])
@@ -601,7 +589,7 @@ def test_unknown_outcome_needs_review_and_keeps_its_backlog_slot(tenant, queue, 
 
 def test_late_result_for_an_expired_running_attempt_is_kept_as_evidence(tenant, queue, connect):
     # given a started attempt whose lease ran out and was recovered
-    task, worker, assign = run_to_result(tenant, queue, connect, "SUCCEEDED")
+    task, worker, assign = started_task(tenant, queue, connect)
     expire_lease(assign["attempt_id"])
     wait_until(lambda: Attempt.objects.get(id=assign["attempt_id"]).state == "UNKNOWN", 5, what="recovery")
     before = snapshot(task["id"])
