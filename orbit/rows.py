@@ -104,7 +104,12 @@ def select_rows(
     end in ORDER BY / LIMIT), as model instances; FOR UPDATE [SKIP LOCKED]
     with `lock` where the database has it."""
     db = _db()
-    shape = _shape(model, db)
+    return _select(db, model, _shape(model, db), where, params, lock=lock, skip_locked=skip_locked)
+
+
+def _select(
+    db: Any, model: type[M], shape: _Shape, where: str, params: Sequence[Any], *, lock: bool, skip_locked: bool
+) -> list[M]:
     sql = f"SELECT {shape.columns} FROM {shape.table} WHERE {where}"
     if lock and db.features.has_select_for_update:
         sql += " FOR UPDATE SKIP LOCKED" if skip_locked else " FOR UPDATE"
@@ -117,9 +122,10 @@ def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
     wanted = sorted(set(pks))
     if not wanted:
         return {}
-    shape = _shape(model, _db())
+    db = _db()
+    shape = _shape(model, db)
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {shape.pk}"
-    return {row.pk: row for row in select_rows(model, where, wanted, lock=lock)}
+    return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=lock, skip_locked=False)}
 
 
 _held = threading.local()

@@ -157,7 +157,7 @@ def _decide_round(
     leases = [(i, lease) for i, lease in leases if answers[i] is None]
     reports = [(i, report) for i, report in reports if answers[i] is None]
     starts = [(i, start) for i, start in starts if answers[i] is None]
-    submitting = submits is not None and bool(submits.pending)
+    submitting = submits if submits is not None and submits.pending else None  # the submits left to admit
     if not (reports or starts or leases or submitting):
         return
 
@@ -169,14 +169,14 @@ def _decide_round(
     for _, lease in leases:
         queue_ids.update(lease.worker.queue_ids)
     submit_queue_ids: set[str] = set()
-    if submits is not None and submitting:
-        applications.add(submits.actor.principal.application_id)
-        submit_queue_ids = {fields["queue_id"] for _, fields in submits.pending}
+    if submitting:
+        applications.add(submitting.actor.principal.application_id)
+        submit_queue_ids = {fields["queue_id"] for _, fields in submitting.pending}
     configuration = dispatch.Configuration.read(applications, queue_ids | submit_queue_ids)
-    if submits is not None and submitting:
+    if submitting:
         # Only queues of the submits' namespace are locked: admission refuses
         # the others as not found, without a lock.
-        namespace_id = submits.actor.namespace_id
+        namespace_id = submitting.actor.namespace_id
         queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
 
     @transaction.atomic
@@ -188,18 +188,18 @@ def _decide_round(
         decided: list[tuple[int, Any]] = []
         # A submit's records and task rows go in before any lock (batch.write_submissions).
         written = None
-        if submits is not None and submitting:
+        if submitting:
             written = batch.write_submissions(
-                submits.actor, submits.items, submits.digests, submits.pending, configuration
+                submitting.actor, submitting.items, submitting.digests, submitting.pending, configuration
             )
         for application_id in sorted(applications):
             lock_application_state(application_id)
         lock_queue_states(queue_ids)
         with gathered_events():
-            if submits is not None and written is not None:
+            if submitting and written is not None:
                 # Admitted first: the round's leases can hand out what it accepts.
-                admitted = batch.admit_submissions(submits.actor, submits.items, written)
-                decided.extend((submits.indexes[index], outcome) for index, outcome in admitted.items())
+                admitted = batch.admit_submissions(submitting.actor, submitting.items, written)
+                decided.extend((submitting.indexes[index], outcome) for index, outcome in admitted.items())
             if reports:
                 book = WriteBook()
                 outcomes = endings.apply_reports([r for _, r in reports], report_peeks, book)
