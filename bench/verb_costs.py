@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--database", default="orbit_verbs")
     parser.add_argument("--round-size", type=int, default=4, help="results, starts and leases per pipelined round")
+    parser.add_argument("--submits", action="store_true", help="each round also admits round-size submits")
+    parser.add_argument("--profile", help="write a cProfile of the rounds to this file")
     parser.add_argument("--show-sql", action="store_true", help="print the statements of one pipelined round")
     args = parser.parse_args()
     import MySQLdb
@@ -142,8 +144,9 @@ def main() -> None:
     from django.db import transaction
     from django.test.utils import CaptureQueriesContext
 
+    from tasks.actions import batch
     from tasks.actions.endings import ResultReport
-    from tasks.actions.rounds import LeaseRequest, run_round
+    from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
 
     size = args.round_size
     serializer = SubmitTaskInput(data=body)
@@ -161,20 +164,31 @@ def main() -> None:
         while done < args.tasks:
             items = [ResultReport(worker, a["attempt_id"], a["epoch"], "SUCCEEDED", False, None, None) for a in started]
             items += [dispatch.StartRequest(worker, a["attempt_id"], a["epoch"]) for a in leased]
+            items += [
+                SubmitRequest(actor, batch.checked_submission(actor, f"r{rounds}-{n}", body))
+                for n in range(size if args.submits else 0)
+            ]
             items += [LeaseRequest(worker, 1) for _ in range(size)]
             if args.show_sql and rounds == 10:
                 with CaptureQueriesContext(connection) as captured:
                     answers = run_round(items)
                 print(f"one round of {len(started)} results, {len(leased)} starts, {size} leases:")
                 for query in captured.captured_queries:
-                    print("   ", query["sql"][:160])
+                    print(f"    {float(query['time']) * 1000:6.2f} ms", query["sql"][:140])
             else:
                 answers = run_round(items)
             done += len(started)
             started, leased = leased, [a for answer in answers[len(items) - size :] for a in answer.assignments]
             rounds += 1
 
-    timed("round", pipeline, args.tasks)
+    if args.profile:
+        import cProfile
+
+        with cProfile.Profile() as profile:
+            timed("round", pipeline, args.tasks)
+        profile.dump_stats(args.profile)
+    else:
+        timed("round", pipeline, args.tasks)
     print(f"         {args.tasks / max(rounds, 1):7.1f} tasks/round")
 
 

@@ -11,6 +11,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from orbit.api.handler import ApiHandler, split_http  # noqa: E402
 from orbit.serving import tune_twisted  # noqa: E402
+from tasks import submit_route  # noqa: E402
 from workers.maintenance import start_background_maintenance  # noqa: E402
 from workers.routing import websocket_urlpatterns  # noqa: E402
 
@@ -19,5 +20,8 @@ tune_twisted()
 start_background_maintenance()
 
 application = ProtocolTypeRouter(
-    {"http": split_http(ApiHandler(), django_asgi_app), "websocket": URLRouter(websocket_urlpatterns)}
+    {
+        "http": split_http(ApiHandler(routes={("POST", submit_route.PATH): submit_route.answer}), django_asgi_app),
+        "websocket": URLRouter(websocket_urlpatterns),
+    }
 )

@@ -8,16 +8,43 @@ happened to share its transaction."""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any
 
-from orbit.idempotency import Actor
-from tasks.actions.batch import Outcome, Submission
+from orbit.api.auth import Principal
+from orbit.errors import OrbitError
+from orbit.idempotency import Actor, Receipt, validate_key
+from tasks.actions import batch
 from tasks.actions.rounds import Answer, RoundItem, SubmitRequest, run_round
 from workers.groupcommit import GroupCommit
 
 ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit("round", run_round)
 
 
-def submit_coalesced(actor: Actor, submission: Submission) -> Outcome:
-    # A submit's answer is its Receipt (a refusal is raised).
-    return cast(Outcome, ROUNDS.call(actor.principal.application_id, SubmitRequest(actor, submission)))
+def submit_request(principal: Principal, body: dict[str, Any], key: str | None, request_id: str) -> SubmitRequest:
+    """POST /v1/tasks up to its round, for a caller holding tasks:submit whose
+    body is a JSON object: the queue's range, the Idempotency-Key, and the
+    body's validation (kept in the request for the round; see
+    batch.Submission.checked). Raises what refuses the request outright."""
+    if isinstance(body.get("queue_id"), str):
+        principal.require_queue(body["queue_id"])
+    actor = Actor(principal=principal, request_id=request_id)
+    return SubmitRequest(actor, batch.checked_submission(actor, validate_key(key), body))
+
+
+def _receipt(outcome: Answer) -> Receipt:
+    # A submit's answer is its Receipt; a refusal may come back as a value
+    # from the batch path.
+    if isinstance(outcome, OrbitError):
+        raise outcome
+    assert isinstance(outcome, Receipt)
+    return outcome
+
+
+def submit_coalesced(request: SubmitRequest) -> Receipt:
+    """From a thread: the submit's Receipt, or its refusal raised."""
+    return _receipt(ROUNDS.call(request.actor.principal.application_id, request))
+
+
+async def submit_coalesced_async(request: SubmitRequest) -> Receipt:
+    """From the event loop, holding no pool thread while the round runs."""
+    return _receipt(await ROUNDS.call_async(request.actor.principal.application_id, request))

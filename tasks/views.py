@@ -6,13 +6,14 @@ from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from orbit.api.middleware import request_id_of
 from orbit.api.responses import ok, page
 from orbit.api.schema import documented
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
 from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import Actor, validate_key
 from tasks.actions import batch, endings, reads, submit
-from tasks.coalesce import submit_coalesced
+from tasks.coalesce import submit_coalesced, submit_request
 from tasks.serializers import CancelTaskInput, SubmitTaskInput
 
 
@@ -36,10 +37,9 @@ class TaskCollectionView(OrbitView):
         principal = self.principal(request)
         principal.require("tasks:submit")
         body = self.body(request)
-        if isinstance(body.get("queue_id"), str):
-            principal.require_queue(body["queue_id"])
-
         if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction
+            if isinstance(body.get("queue_id"), str):
+                principal.require_queue(body["queue_id"])
 
             def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                 return 201, submit.submit_task(actor=actor, fields=fields)
@@ -51,12 +51,10 @@ class TaskCollectionView(OrbitView):
                 validate=lambda body: validated(SubmitTaskInput, body),
                 effect=effect,
             )
-        key = validate_key(request.headers.get("Idempotency-Key"))
-        actor = self.actor(request)
-        outcome = submit_coalesced(actor, batch.checked_submission(actor, key, body))
-        if isinstance(outcome, OrbitError):
-            raise outcome
-        return ok(request, outcome.data, status=outcome.status)
+        receipt = submit_coalesced(
+            submit_request(principal, body, request.headers.get("Idempotency-Key"), request_id_of(request._request))
+        )
+        return ok(request, receipt.data, status=receipt.status)
 
 
 class TaskDetailView(OrbitView):

@@ -75,9 +75,13 @@ def translate(exc: BaseException) -> OrbitError | None:
 
 
 def error_response_for(request: HttpRequest, exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return error_answer(request_id_of(request), exc)
+
+
+def error_answer(request_id: str, exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Status, envelope and headers of the answer to a request that `exc` ended."""
     from orbit import errors
 
-    request_id = request_id_of(request)
     error = translate(exc)
     if error is None:
         logger.exception("unhandled error", exc_info=exc)

@@ -13,6 +13,7 @@ receivers; everything else (the admin) keeps Django's full handler."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.conf import settings
@@ -44,10 +45,19 @@ def _keep_request_receivers_off_the_api() -> None:
             signal.connect(receiver, sender=handler)
 
 
+# An answer: status, headers, body.
+HttpAnswer = tuple[int, list[tuple[bytes, bytes]], bytes]
+# Answers a request from its scope and body, or declines it (None) to the full handler.
+Route = Callable[[dict[str, Any], bytes], Awaitable[HttpAnswer | None]]
+
+
 class ApiHandler(ASGIHandler):
-    def __init__(self) -> None:
+    def __init__(self, routes: dict[tuple[str, str], Route] | None = None) -> None:
+        """`routes`, by (method, path): requests answered without Django's
+        request/response machinery when their route takes them."""
         _keep_request_receivers_off_the_api()
         super().__init__()
+        self.routes = routes or {}
 
     def load_middleware(self, is_async: bool = False) -> None:
         # BaseHandler builds its chain from settings.MIDDLEWARE; lend it the
@@ -77,6 +87,16 @@ class ApiHandler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
+        route = self.routes.get((scope["method"], scope["path"]))
+        if route is not None:
+            answer = await route(scope, body_file.read())
+            if answer is not None:
+                body_file.close()
+                status, headers, body = answer
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+            body_file.seek(0)
         set_script_prefix(get_script_prefix(scope))
         if request_started.has_listeners(type(self)):  # none of Django's own (see above)
             await request_started.asend(sender=type(self), scope=scope)

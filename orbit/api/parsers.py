@@ -32,16 +32,21 @@ class StrictJSONParser(BaseParser):
             raw = stream.read(limit + 1)
             if len(raw) > limit:
                 raise PayloadTooLarge(f"request body: larger than {limit} bytes")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ParseError("request body: invalid UTF-8") from exc
-        try:
-            data = json.loads(text, parse_constant=_reject_constant)
-        except ValueError as exc:
-            raise ParseError(f"request body: malformed JSON ({exc})") from exc
-        except RecursionError as exc:
-            raise ParseError("request body: JSON nested too deeply") from exc
-        if not isinstance(data, dict):
-            raise ParseError("request body: must be a JSON object")
-        return data
+        return json_object(raw)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or the ParseError that names what is wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError("request body: invalid UTF-8") from exc
+    try:
+        data = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise ParseError(f"request body: malformed JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise ParseError("request body: JSON nested too deeply") from exc
+    if not isinstance(data, dict):
+        raise ParseError("request body: must be a JSON object")
+    return data

@@ -1,0 +1,109 @@
+"""POST /v1/tasks answered straight from the ASGI scope, without Django's
+request and response objects or DRF's view machinery.
+
+A single submit is the request a busy caller sends most, and on the one
+event loop that serves every request and worker frame, Django's handler
+(request object, URL resolution, middleware, response copy) and DRF (request
+wrapper, negotiation, parser, renderer) cost more than the submit's own
+checks. This route takes the plain request every JSON client sends and does
+what the view does, in the view's order (tasks.coalesce.submit_request), with
+the same helpers: the same bearer check, the same JSON rules, the same
+envelope rendered by DRF's own JSONRenderer, the same headers. Any request
+it does not take as is (another Content-Type or Accept, a query string, a
+repeated header, a body that is not a JSON object) and any refusal before
+the submit goes to the full handler unchanged, so each error keeps the one
+place that words it. Once the submit is handed to its round, the answer is
+rendered here, refusals included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from rest_framework.renderers import JSONRenderer
+
+from orbit.api.auth import authenticate_token, token_from_header
+from orbit.api.errors import error_answer
+from orbit.api.handler import HttpAnswer
+from orbit.api.parsers import json_object
+from orbit.fields import new_id
+from tasks.actions.rounds import SubmitRequest
+from tasks.coalesce import submit_coalesced_async, submit_request
+from workers.db import run_db
+
+PATH = "/v1/tasks"
+# The headers APIView gives the collection's answers (one renderer: no Vary).
+ALLOW = b"GET, POST, HEAD, OPTIONS"
+PLAIN_ACCEPT = frozenset({"*/*", "application/json"})
+
+
+_render = JSONRenderer().render
+
+
+def _meta(scope: dict[str, Any]) -> dict[str, str] | None:
+    """The request's headers under their names in Django's META, as
+    ASGIRequest reads them; None if one would be joined from several lines."""
+    meta: dict[str, str] = {}
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin1")
+        if "_" in name:  # Django drops these
+            continue
+        name = "CONTENT_TYPE" if name == "content-type" else "HTTP_" + name.upper().replace("-", "_")
+        if name in meta:
+            return None
+        meta[name] = raw_value.decode("latin1")
+    return meta
+
+
+def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict[str, Any] | None:
+    if scope.get("query_string") or scope.get("root_path"):
+        return None
+    if meta.get("CONTENT_TYPE") != "application/json" or meta.get("HTTP_ACCEPT", "*/*") not in PLAIN_ACCEPT:
+        return None
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and len(raw) > limit:
+        return None
+    try:
+        return json_object(raw)
+    except Exception:
+        return None
+
+
+def _prepared(meta: dict[str, str], body: dict[str, Any], request_id: str) -> SubmitRequest:
+    principal = authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION")))
+    principal.require("tasks:submit")
+    return submit_request(principal, body, meta.get("HTTP_IDEMPOTENCY_KEY"), request_id)
+
+
+def _answer(status: int, envelope: dict[str, Any], request_id: str, extra: dict[str, str]) -> HttpAnswer:
+    body = _render(envelope)
+    headers = [
+        (b"Content-Type", b"application/json"),
+        (b"Allow", ALLOW),
+        *((name.encode("latin1"), value.encode("latin1")) for name, value in extra.items()),
+        (b"X-Request-Id", request_id.encode("ascii")),
+        (b"X-Content-Type-Options", b"nosniff"),
+        (b"Content-Length", str(len(body)).encode("ascii")),
+    ]
+    return status, headers, body
+
+
+async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
+    """The answer to a plain POST /v1/tasks, or None: the full handler answers it."""
+    if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction: the view's own path
+        return None
+    meta = _meta(scope)
+    body = None if meta is None else _plain_body(scope, meta, raw)
+    if meta is None or body is None:
+        return None
+    request_id = new_id()
+    try:
+        request = await run_db(_prepared, meta, body, request_id)
+    except Exception:
+        return None
+    try:
+        receipt = await submit_coalesced_async(request)
+    except Exception as exc:
+        status, envelope, extra = error_answer(request_id, exc)
+        return _answer(status, envelope, request_id, extra)
+    return _answer(receipt.status, {"request_id": request_id, "data": receipt.data}, request_id, {})

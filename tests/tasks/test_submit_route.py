@@ -1,0 +1,181 @@
+"""POST /v1/tasks through its direct route (tasks.submit_route) answers
+exactly as the Django/DRF view does: same status, headers and envelope, for
+accepted, replayed and refused submits alike, on a live server.
+
+A query string makes the route decline (the view ignores it), so `?via=view`
+sends the same request through the full handler for comparison."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import pytest
+from django.test import override_settings
+
+from orbit.fields import new_id
+from tasks import submit_route
+from tasks.models import Task
+from tests.factories import make_credential
+from tests.tasks.support import numbered_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VOLATILE = {"request_id", "id", "available_at", "created_at", "updated_at"}
+
+
+def normalized(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: "<v>" if key in VOLATILE else normalized(inner) for key, inner in value.items()}
+    if isinstance(value, list):
+        return [normalized(inner) for inner in value]
+    return value
+
+
+def answer_shape(response: httpx.Response) -> tuple[int, dict[str, str], Any]:
+    headers = {name: value for name, value in response.headers.items() if name not in {"x-request-id", "date"}}
+    headers["content-length"] = "<n>"  # ids and times vary; `both` checks the length against the body
+    envelope = response.json()
+    assert envelope["request_id"] == response.headers["x-request-id"]
+    return response.status_code, headers, normalized(envelope)
+
+
+@pytest.fixture
+def setup(tenant, orbit_server):
+    http = httpx.Client(base_url=orbit_server.url, headers={"Authorization": f"Bearer {tenant.token}"}, timeout=30)
+    limits = {"max_concurrency": 5, "rate_per_second": 5, "max_unfinished_tasks": 6}
+    ids = []
+    for name in ("route", "elsewhere"):
+        created = http.post("/v1/queues", json={"name": name, **limits}, headers={"Idempotency-Key": name})
+        ids.append(created.json()["data"]["queue"]["id"])
+    return http, ids[0], ids[1]
+
+
+def both(http: httpx.Client, key: str | None, **request: Any) -> tuple[int, dict[str, str], Any]:
+    """Sends the request through the route and through the view (each with
+    its own key, so neither replays the other) and compares the answers."""
+    headers = dict(request.pop("headers", {}))
+    answers = []
+    for suffix, params in (("route", None), ("view", {"via": "view"})):
+        sent = {**headers, **({"Idempotency-Key": f"{key}-{suffix}"} if key else {})}
+        response = http.post("/v1/tasks", params=params, headers=sent, **request)
+        if response.headers.get("content-length") is not None:
+            assert int(response.headers["content-length"]) == len(response.content)
+        answers.append(answer_shape(response))
+    assert answers[0] == answers[1]
+    return answers[0]
+
+
+def test_accepted_replayed_and_conflicting_submits_answer_alike(setup):
+    http, queue_id, _ = setup
+    assert both(http, "a", json=numbered_task(queue_id, 1))[0] == 201
+    assert both(http, "a", json=numbered_task(queue_id, 1))[0] == 200  # replay of each
+    assert both(http, "a", json=numbered_task(queue_id, 2))[2]["error"]["code"] == "IDEMPOTENCY_CONFLICT"
+    status, _, envelope = both(http, "u", json={**numbered_task(queue_id, 3), "payload": {"é": "\u2028"}})
+    assert status == 201 and envelope["data"]["task"]["payload"] == {"é": "\u2028"}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown field",
+        "bad priority",
+        "no key",
+        "long key",
+        "bad token",
+        "no token",
+        "malformed JSON",
+        "array body",
+        "empty body",
+        "text/plain",
+        "accept html",
+        "unknown queue",
+        "queue_id not a string",
+        "NaN",
+        "lone surrogate",
+    ],
+)
+def test_refusals_answer_alike(setup, case):
+    http, queue_id, _ = setup
+    task = numbered_task(queue_id, 7)
+    plain = {"Content-Type": "application/json"}
+    requests: dict[str, tuple[str | None, dict[str, Any]]] = {
+        "unknown field": ("k", {"json": {**task, "colour": "red"}}),
+        "bad priority": ("k", {"json": {**task, "priority": 42}}),
+        "no key": (None, {"json": task}),
+        "long key": ("k" * 300, {"json": task}),
+        "bad token": ("k", {"json": task, "headers": {"Authorization": "Bearer orb_nope"}}),
+        "no token": ("k", {"json": task, "headers": {"Authorization": ""}}),
+        "malformed JSON": ("k", {"content": b'{"queue_id": ', "headers": plain}),
+        "array body": ("k", {"content": b"[1]", "headers": plain}),
+        "empty body": ("k", {"content": b"", "headers": plain}),
+        "text/plain": ("k", {"content": json.dumps(task), "headers": {"Content-Type": "text/plain"}}),
+        "accept html": ("k", {"json": task, "headers": {"Accept": "text/html"}}),
+        "unknown queue": ("k", {"json": {**task, "queue_id": new_id()}}),
+        "queue_id not a string": ("k", {"json": {**task, "queue_id": 5}}),
+        "NaN": ("k", {"content": b'{"priority": NaN}', "headers": plain}),
+        "lone surrogate": ("k", {"content": json.dumps({**task, "\ud800x": 1}), "headers": plain}),
+    }
+    key, request = requests[case]
+    status, _, envelope = both(http, key, **request)
+    assert status >= 400 and "error" in envelope
+    assert not Task.objects.filter(queue_id=queue_id).exists()
+
+
+def test_scope_range_and_backpressure_answer_alike(setup, tenant, orbit_server):
+    http, queue_id, other_id = setup
+    narrow = make_credential(tenant.namespace, scopes=["tasks:submit"], queue_ids=[queue_id])
+    reader = make_credential(tenant.namespace, scopes=["tasks:read"])
+    for token, task, code in (
+        (narrow.token, numbered_task(other_id, 1), "NOT_FOUND"),
+        (reader.token, numbered_task(queue_id, 1), "PERMISSION_DENIED"),
+    ):
+        with httpx.Client(base_url=orbit_server.url, headers={"Authorization": f"Bearer {token}"}) as client:
+            assert both(client, "scoped", json=task)[2]["error"]["code"] == code
+    for n in range(3):  # 6 fit: 3 through each path
+        assert both(http, f"fill{n}", json=numbered_task(queue_id, n))[0] == 201
+    status, headers, envelope = both(http, "over", json=numbered_task(queue_id, 9))
+    assert (status, headers["retry-after"], envelope["error"]["code"]) == (429, "1", "QUEUE_FULL")
+
+
+def scope_of(headers: list[tuple[bytes, bytes]], query: bytes = b"") -> dict[str, Any]:
+    return {"type": "http", "method": "POST", "path": "/v1/tasks", "query_string": query, "headers": headers}
+
+
+@pytest.mark.parametrize(
+    ("extra", "query", "body"),
+    [
+        ([(b"content-type", b"text/plain")], b"", b"{}"),
+        ([(b"content-type", b"application/json; charset=utf-8")], b"", b"{}"),
+        ([(b"content-type", b"application/json"), (b"accept", b"text/html")], b"", b"{}"),
+        ([(b"content-type", b"application/json")], b"format=json", b"{}"),
+        ([(b"content-type", b"application/json"), (b"idempotency-key", b"b")], b"", b"{}"),  # key twice
+        ([(b"content-type", b"application/json")], b"", b"[]"),
+        ([(b"content-type", b"application/json")], b"", b"{"),
+    ],
+)
+def test_the_route_declines_what_is_not_plain(tenant, extra, query, body):
+    headers = [(b"authorization", f"Bearer {tenant.token}".encode()), (b"idempotency-key", b"a"), *extra]
+    with override_settings(ORBIT_INLINE_DB=False):
+        assert asyncio.run(submit_route.answer(scope_of(headers, query), body)) is None
+
+
+def test_the_route_answers_a_plain_submit_itself(tenant, orbit_server, setup):
+    _, queue_id, _ = setup
+    headers = [
+        (b"authorization", f"Bearer {tenant.token}".encode()),
+        (b"idempotency-key", b"direct"),
+        (b"content-type", b"application/json"),
+        (b"accept", b"*/*"),
+        (b"idempotency_key", b"ignored, as Django ignores it"),
+    ]
+    with override_settings(ORBIT_INLINE_DB=False):
+        answer = asyncio.run(submit_route.answer(scope_of(headers), json.dumps(numbered_task(queue_id, 1)).encode()))
+    assert answer is not None
+    status, response_headers, body = answer
+    envelope = json.loads(body)
+    assert status == 201 and envelope["data"]["deduplicated"] is False
+    assert dict(response_headers)[b"X-Request-Id"] == envelope["request_id"].encode()
+    assert Task.objects.filter(queue_id=queue_id).count() == 1
