@@ -177,8 +177,20 @@ def describe(names: list[str]) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def machine_loop_ms() -> float:
+    """Milliseconds this machine takes for a fixed pure-Python loop, just
+    before a run: a shared virtual machine's speed drifts (here by a third
+    from one minute to the next), and each run records the speed it had."""
+    began = time.perf_counter()
+    total = 0
+    for n in range(2_000_000):
+        total += n
+    return round((time.perf_counter() - began) * 1000, 1)
+
+
 def run_one(system: str, workload: str, scale: dict) -> dict:
     timeout = scale["deadline_s"] + 60
+    speed = machine_loop_ms()
     with tempfile.TemporaryDirectory(prefix="bench-run-") as tmp:
         out_file = Path(tmp) / "result.json"
         pidfile = Path(tmp) / "pids"
@@ -192,6 +204,7 @@ def run_one(system: str, workload: str, scale: dict) -> dict:
         if code == 0 and out_file.exists():
             metrics = json.loads(out_file.read_text())
             metrics["_elapsed_s"] = elapsed
+            metrics["machine_loop_ms"] = speed
             if "leftover processes" in err:
                 metrics["_warning"] = err.strip().splitlines()[-1]
             return metrics
@@ -466,6 +479,9 @@ def main() -> None:
         RESULTS_JSON.write_text(json.dumps(data, indent=2, default=str) + "\n")
         RESULTS_MD.write_text(render_markdown(data))
 
+    # Runs are interleaved (run 1 of every system and workload, then run 2, ...),
+    # one at a time, so a drift in the machine's speed spreads over all systems.
+    entries: dict[tuple[str, str], dict] = {}
     for system in systems:
         meta = info["systems"].get(system, {})
         per = data["results"].setdefault(system, {})
@@ -473,31 +489,30 @@ def main() -> None:
         for workload in workloads:
             if "error" in meta:
                 per[workload] = {"status": "error", "runs": [], "note": meta["error"].strip().splitlines()[-1]}
-                continue
-            if workload not in meta["workloads"]:
+            elif workload not in meta["workloads"]:
                 per[workload] = {"status": "n/a", "runs": [], "note": meta["notes"].get(workload, "n/a")}
-                continue
-            if down:
+            elif down:
                 per[workload] = {"status": "skipped", "runs": [], "note": f"service down: {', '.join(down)}"}
-                continue
-            entry = {"status": "ok", "runs": [], "note": meta["notes"].get(workload, "")}
-            for r in range(runs):
-                scale = {**base, "run": r, "deadline_s": DEADLINES[base["mode"]][workload]}
-                log(f"{system} {workload} run {r + 1}/{runs} ...")
-                result = run_one(system, workload, scale)
-                entry["runs"].append(result)
-                brief = (
-                    result.get("error", "").strip().splitlines()[-1:]
-                    if "error" in result
-                    else [", ".join(f"{k}={v}" for k, v in list(result.items())[:6])]
-                )
-                flag = "ERROR " if "error" in result else ""
-                took = result.get("_elapsed_s")
-                log(f"{system} {workload} run {r + 1}: {flag}{brief[0] if brief else ''} ({took} s)")
+            else:
+                entries[system, workload] = {"status": "ok", "runs": [], "note": meta["notes"].get(workload, "")}
+    for r in range(runs):
+        for (system, workload), entry in entries.items():
+            scale = {**base, "run": r, "deadline_s": DEADLINES[base["mode"]][workload]}
+            log(f"{system} {workload} run {r + 1}/{runs} ...")
+            result = run_one(system, workload, scale)
+            entry["runs"].append(result)
+            brief = (
+                result.get("error", "").strip().splitlines()[-1:]
+                if "error" in result
+                else [", ".join(f"{k}={v}" for k, v in list(result.items())[:6])]
+            )
+            flag = "ERROR " if "error" in result else ""
+            took = result.get("_elapsed_s")
+            log(f"{system} {workload} run {r + 1}: {flag}{brief[0] if brief else ''} ({took} s)")
             entry["summary"] = summarize_runs(entry["runs"])
-            if entry["runs"] and all("error" in r for r in entry["runs"]):
+            if all("error" in run for run in entry["runs"]):
                 entry["status"] = "error"
-            per[workload] = entry
+            data["results"][system][workload] = entry
             save()
     save()
     log(f"wrote {RESULTS_JSON} and {RESULTS_MD}")
