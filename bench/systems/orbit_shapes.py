@@ -253,15 +253,10 @@ def dispatch_round(
             (*keys, ns),
         )
         c.fetchall()
-    # Unlocked peeks: endings.peek_reports, dispatch.peek_starts.
-    if finishing:
-        c.execute(
-            "SELECT id, task_id, application_id, queue_id, namespace_id, concurrency_key, worker_id, epoch "
-            f"FROM orbit_attempt WHERE id IN ({marks(len(finishing))})",
-            [a for _, a in finishing],
-        )
-    if starting:
-        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(starting))})", [a for _, a in starting])
+    # Unlocked peeks of the results' and starts' attempts, one statement (run_round).
+    peeked = [a for _, a in (*finishing, *starting)]
+    if peeked:
+        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(peeked))})", peeked)
     # dispatch.Configuration.read: unlocked, before the transaction.
     c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
     c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
@@ -270,9 +265,7 @@ def dispatch_round(
     app_deltas = {"active_attempts": 0, "unfinished_tasks": 0}
     queue_deltas = {"active_permits": 0, "unfinished_tasks": 0, "reserved_starts": 0, "window_count": 0}
     if keys:
-        # batch.write_submissions: configuration, the records with their receipts (key order), the tasks.
-        c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
-        c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
+        # batch.write_submissions (the round's configuration): the records with their receipts (key order), the tasks.
         receipt = json.dumps({"deduplicated": False, "task": {"id": hexid(), "payload": {}, "state": "WAITING"}})
         insert_rows(c, IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ns, key, "d" * 64, receipt, hexid()) for key in keys])
         task_ids = [hexid() for _ in keys]

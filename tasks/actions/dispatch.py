@@ -278,11 +278,14 @@ def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict
     return unwrap(run_round([StartRequest(worker, attempt_id, epoch)])[0])
 
 
-def peek_starts(requests: list[StartRequest]) -> tuple[list[dict[str, Any] | LeaseLost | None], dict[str, Attempt]]:
-    """The unlocked first reads of Starts: an answer for each request that needs
-    no transaction (not held, wrong epoch, replay of a running attempt), None
-    for the others; and the peeked attempts."""
-    peeks = read_by_pk(Attempt, [request.attempt_id for request in requests])
+def peek_starts(
+    requests: list[StartRequest], rows: dict[str, Attempt] | None = None
+) -> tuple[list[dict[str, Any] | LeaseLost | None], dict[str, Attempt]]:
+    """The unlocked first reads of Starts (from `rows`, when the caller read
+    them already): an answer for each request that needs no transaction (not
+    held, wrong epoch, replay of a running attempt), None for the others; and
+    the peeked attempts."""
+    peeks = read_by_pk(Attempt, [request.attempt_id for request in requests]) if rows is None else rows
     answers: list[dict[str, Any] | LeaseLost | None] = []
     for request in requests:
         peek, worker = peeks.get(request.attempt_id), request.worker

@@ -165,10 +165,13 @@ def record_result(
     return unwrap(run_round([ResultReport(worker, attempt_id, epoch, outcome, retryable, output, error)])[0])
 
 
-def peek_reports(reports: list[ResultReport]) -> tuple[list[LeaseLost | None], dict[str, dict[str, Any]]]:
-    """The unlocked first reads of reports: a refusal for each report whose
-    attempt the worker does not hold (None for the others), and the peeks."""
-    peeks = peek_attempts([report.attempt_id for report in reports], "worker_id", "epoch")
+def peek_reports(
+    reports: list[ResultReport], rows: dict[str, Attempt] | None = None
+) -> tuple[list[LeaseLost | None], dict[str, dict[str, Any]]]:
+    """The unlocked first reads of reports (from `rows`, when the caller read
+    them already): a refusal for each report whose attempt the worker does not
+    hold (None for the others), and the peeks."""
+    peeks = peek_attempts([report.attempt_id for report in reports], "worker_id", "epoch", rows=rows)
     refusals = [
         None
         if _holds(report.worker, peeks.get(report.attempt_id), report.epoch)

@@ -44,10 +44,15 @@ class Held:
 CHAIN_FIELDS = ("task_id", "application_id", "queue_id", "namespace_id", "concurrency_key")
 
 
-def peek_attempts(attempt_ids: list[str], *extra: str) -> dict[str, dict[str, Any]]:
-    """Unlocked reads of attempts: which rows their transitions must lock."""
+def peek_attempts(
+    attempt_ids: list[str], *extra: str, rows: dict[str, Attempt] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Unlocked reads of attempts (or of `rows`, read already without a lock):
+    which rows their transitions must lock."""
     fields = ("id", *CHAIN_FIELDS, *extra)
-    return {pk: {name: getattr(row, name) for name in fields} for pk, row in read_by_pk(Attempt, attempt_ids).items()}
+    if rows is None:
+        rows = read_by_pk(Attempt, attempt_ids)
+    return {pk: {name: getattr(rows[pk], name) for name in fields} for pk in attempt_ids if pk in rows}
 
 
 def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:

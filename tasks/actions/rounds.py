@@ -34,7 +34,7 @@ from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import ApplicationState
-from orbit.rows import holding
+from orbit.rows import holding, read_by_pk
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions import batch, dispatch, endings
@@ -43,6 +43,7 @@ from tasks.actions.dispatch import LeaseOutcome, StartRequest, WorkerContext
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
+from tasks.models import Attempt
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,13 @@ def _decide_round(
     starts = [(i, item) for i, item in enumerate(items) if isinstance(item, StartRequest)]
     leases = [(i, item) for i, item in enumerate(items) if isinstance(item, LeaseRequest)]
 
-    # Unlocked reads first: requests that need no transaction are answered here.
-    refusals, report_peeks = endings.peek_reports([report for _, report in reports])
+    # Unlocked reads first (the attempts of results and starts in one
+    # statement): requests that need no transaction are answered here.
+    attempts = read_by_pk(Attempt, [item.attempt_id for _, item in (*reports, *starts)])
+    refusals, report_peeks = endings.peek_reports([report for _, report in reports], attempts)
     for (index, _), refusal in zip(reports, refusals, strict=True):
         answers[index] = refusal
-    start_answers, start_peeks = dispatch.peek_starts([start for _, start in starts])
+    start_answers, start_peeks = dispatch.peek_starts([start for _, start in starts], attempts)
     for (index, _), answer in zip(starts, start_answers, strict=True):
         answers[index] = answer
     for index, lease in leases:
