@@ -74,17 +74,21 @@ def main() -> None:
     def fill(queue: Queue, count: int, key_sql: str = "''", offset: int = 0, ready_sql: str = "1") -> float:
         began = time.perf_counter()
         with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO orbit_task (id,namespace_id,application_id,queue_id,handler,handler_version,"
-                "payload_version,payload,business_key,concurrency_key,key_ready,priority,state,attempts,max_attempts,"
-                "epoch,available_at,retry_initial_seconds,retry_multiplier,retry_max_seconds,lease_seconds,"
-                "cancel_requested,created_at,updated_at) "
-                f"SELECT LOWER(CONCAT(LEFT(%s, 16), LPAD(HEX(seq + %s), 16, '0'))), %s, %s, %s, 'noop', 'v1', 'v1', "
-                f"'{{}}', '', {key_sql}, {ready_sql}, 5, 'WAITING', 0, 3, 0, "
-                "NOW(6) - INTERVAL 1 HOUR + INTERVAL seq MICROSECOND, "
-                f"1, 2, 300, 30, 0, NOW(6), NOW(6) FROM seq_1_to_{count}",
-                [queue.id, offset, namespace.id, application.id, queue.id],
-            )
+            # In chunks: one statement per 100,000 rows stays well inside the
+            # connection's read_timeout (30 s) on a slow machine.
+            for start in range(0, count, 100_000):
+                size = min(100_000, count - start)
+                cursor.execute(
+                    "INSERT INTO orbit_task (id,namespace_id,application_id,queue_id,handler,handler_version,"
+                    "payload_version,payload,business_key,concurrency_key,key_ready,priority,state,attempts,"
+                    "max_attempts,epoch,available_at,retry_initial_seconds,retry_multiplier,retry_max_seconds,"
+                    "lease_seconds,cancel_requested,created_at,updated_at) "
+                    f"SELECT LOWER(CONCAT(LEFT(%s, 16), LPAD(HEX(seq + %s), 16, '0'))), %s, %s, %s, 'noop', 'v1', "
+                    f"'v1', '{{}}', '', {key_sql}, {ready_sql}, 5, 'WAITING', 0, 3, 0, "
+                    "NOW(6) - INTERVAL 1 HOUR + INTERVAL seq MICROSECOND, "
+                    f"1, 2, 300, 30, 0, NOW(6), NOW(6) FROM (SELECT seq + {start} AS seq FROM seq_1_to_{size}) AS s",
+                    [queue.id, offset, namespace.id, application.id, queue.id],
+                )
             cursor.execute(
                 "UPDATE orbit_queue_state SET unfinished_tasks = unfinished_tasks + %s WHERE queue_id = %s",
                 [count, queue.id],

@@ -2,7 +2,8 @@
 
 Starts a daphne server on a fresh MariaDB database and 4 SDK workers
 (capacity 32), keeps a backlog of about --backlog tasks topped up with
-POST /v1/tasks:batch until --tasks have been submitted, and samples the
+POST /v1/tasks:batch (--single: single POST /v1/tasks from 16 concurrent
+submitters) until --tasks have been submitted, and samples the
 server's resident memory (VmRSS) once a second until every task is done.
 Prints RSS at each tenth of the run and the drift from the first tenth.
 
@@ -21,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import common  # noqa: E402
-from orbit_system import Server, stop_all, task_body, wait_ready  # noqa: E402
+from orbit_system import Server, stop_all, submit_one_by_one, task_body, wait_ready  # noqa: E402
 
 BATCH = 500
 PREFIX = "m"
@@ -34,7 +35,7 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError("no VmRSS")
 
 
-async def run(total: int, backlog: int) -> None:
+async def run(total: int, backlog: int, single: bool) -> None:
     server = Server(f"bench_orbit_memory_{int(time.time())}")
     procs = []
     try:
@@ -49,22 +50,25 @@ async def run(total: int, backlog: int) -> None:
         next_report = 0
         while True:
             done = events.poll().done_by_prefix(PREFIX)
-            if submitted < total and submitted - done < backlog:
-                labels = [f"{PREFIX}-{n}" for n in range(submitted, min(submitted + BATCH, total))]
-                items = [{"idempotency_key": label, "task": task_body(queue_id, label)} for label in labels]
-                response = await server.http.post("/v1/tasks:batch", json={"tasks": items})
-                response.raise_for_status()
-                submitted += len(labels)
-                continue
             now = time.monotonic()
-            if now >= next_sample:
+            if now >= next_sample:  # between submissions too: single submits keep the loop busy
                 samples.append((now - began, done, rss_mib(server.proc.pid)))
-                next_sample += 1.0
+                next_sample = now + 1.0
                 if done >= next_report:  # progress, so a run cut short still tells
                     print(f"progress {done:>9,} done {samples[-1][2]:8.1f} MiB {now - began:6.0f} s", flush=True)
                     next_report += max(total // 20, 1)
             if done >= total:
                 break
+            if submitted < total and submitted - done < backlog:
+                labels = [f"{PREFIX}-{n}" for n in range(submitted, min(submitted + BATCH, total))]
+                if single:
+                    await submit_one_by_one(server, queue_id, labels, 16)
+                else:
+                    items = [{"idempotency_key": label, "task": task_body(queue_id, label)} for label in labels]
+                    response = await server.http.post("/v1/tasks:batch", json={"tasks": items})
+                    response.raise_for_status()
+                submitted += len(labels)
+                continue
             await asyncio.sleep(0.05)
         seconds = time.monotonic() - began
         print(f"{total} tasks in {seconds:.0f} s ({total / seconds:.0f} tasks/s), backlog kept near {backlog}")
@@ -86,8 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tasks", type=int, default=100_000)
     parser.add_argument("--backlog", type=int, default=5_000)
+    parser.add_argument("--single", action="store_true", help="submit one task per request")
     args = parser.parse_args()
-    asyncio.run(run(args.tasks, args.backlog))
+    asyncio.run(run(args.tasks, args.backlog, args.single))
 
 
 if __name__ == "__main__":
