@@ -9,7 +9,11 @@ The API needs none of them: its views run on the database pool with their own
 connections (orbit/api/pooled.py), it has no sessions, users, messages or
 CSRF, and its only middleware is async. So /v1/ gets a handler with the API's
 middleware chain, no per-request thread context, and no sync signal
-receivers; everything else (the admin) keeps Django's full handler."""
+receivers; everything else (the admin) keeps Django's full handler.
+
+A request may also have a route of its own (ApiHandler(routes=...)), which
+answers it from the ASGI scope and body without Django's request and response
+objects, or declines it to this handler (tasks/submit_route.py)."""
 
 from __future__ import annotations
 
