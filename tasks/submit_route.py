@@ -10,7 +10,7 @@ what the view does, in the view's order (tasks.coalesce.submit_request), with
 the same helpers: the same bearer check, the same JSON rules, the same
 envelope rendered by DRF's own JSONRenderer, the same headers. Any request
 it does not take as is (another Content-Type or Accept, a query string, a
-repeated header, a body that is not a JSON object) and any refusal before
+repeated header, a body over 64 KiB or not a JSON object) and any refusal before
 the submit goes to the full handler unchanged, so each error keeps the one
 place that words it. Once the submit is handed to its round, the answer is
 rendered here, refusals included."""
@@ -35,6 +35,10 @@ PATH = "/v1/tasks"
 # The headers APIView gives the collection's answers (one renderer: no Vary).
 ALLOW = b"GET, POST, HEAD, OPTIONS"
 PLAIN_ACCEPT = frozenset({"*/*", "application/json"})
+# The body is parsed on the event loop, which every request and worker frame
+# shares: larger bodies (up to DATA_UPLOAD_MAX_MEMORY_SIZE) are parsed by the
+# view, on the database pool.
+LARGEST_BODY = 64 * 1024
 
 
 _render = JSONRenderer().render
@@ -61,7 +65,7 @@ def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict
     if meta.get("CONTENT_TYPE") != "application/json" or meta.get("HTTP_ACCEPT", "*/*") not in PLAIN_ACCEPT:
         return None
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is not None and len(raw) > limit:
+    if len(raw) > LARGEST_BODY or (limit is not None and len(raw) > limit):
         return None
     try:
         return json_object(raw)

@@ -75,6 +75,8 @@ def test_accepted_replayed_and_conflicting_submits_answer_alike(setup):
     assert both(http, "a", json=numbered_task(queue_id, 2))[2]["error"]["code"] == "IDEMPOTENCY_CONFLICT"
     status, _, envelope = both(http, "u", json={**numbered_task(queue_id, 3), "payload": {"é": "\u2028"}})
     assert status == 201 and envelope["data"]["task"]["payload"] == {"é": "\u2028"}
+    big = {**numbered_task(queue_id, 4), "payload": {"blob": "x" * 100_000}}  # over the route's 64 KiB: the view's
+    assert both(http, "big", json=big)[0] == 201
 
 
 @pytest.mark.parametrize(
@@ -154,6 +156,7 @@ def scope_of(headers: list[tuple[bytes, bytes]], query: bytes = b"") -> dict[str
         ([(b"content-type", b"application/json"), (b"idempotency-key", b"b")], b"", b"{}"),  # key twice
         ([(b"content-type", b"application/json")], b"", b"[]"),
         ([(b"content-type", b"application/json")], b"", b"{"),
+        ([(b"content-type", b"application/json")], b"", b'{"payload": "' + b"x" * 70_000 + b'"}'),
     ],
 )
 def test_the_route_declines_what_is_not_plain(tenant, extra, query, body):
