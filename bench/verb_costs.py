@@ -172,7 +172,8 @@ def main() -> None:
             if args.show_sql and rounds == 10:
                 with CaptureQueriesContext(connection) as captured:
                     answers = run_round(items)
-                print(f"one round of {len(started)} results, {len(leased)} starts, {size} leases:")
+                submits = f"{size} submits, " if args.submits else ""
+                print(f"one round of {submits}{len(started)} results, {len(leased)} starts, {size} leases:")
                 for query in captured.captured_queries:
                     print(f"    {float(query['time']) * 1000:6.2f} ms", query["sql"][:140])
             else:

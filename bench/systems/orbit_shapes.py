@@ -351,7 +351,13 @@ def dispatch_round(
         "UPDATE orbit_queue_state SET active_permits=active_permits+%s, unfinished_tasks=unfinished_tasks+%s, "
         "reserved_starts=reserved_starts+%s, window_count=window_count+%s, window_started_at=NOW(6) "
         "WHERE queue_id=%s",
-        (*queue_deltas.values(), queue),
+        (
+            queue_deltas["active_permits"],
+            queue_deltas["unfinished_tasks"],
+            queue_deltas["reserved_starts"],
+            queue_deltas["window_count"],
+            queue,
+        ),
     )
     c.execute("COMMIT")
     return leased
