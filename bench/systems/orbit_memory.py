@@ -62,7 +62,7 @@ async def run(total: int, backlog: int, single: bool) -> None:
             if submitted < total and submitted - done < backlog:
                 labels = [f"{PREFIX}-{n}" for n in range(submitted, min(submitted + BATCH, total))]
                 if single:
-                    await submit_one_by_one(server, queue_id, labels, 16)
+                    await asyncio.to_thread(submit_one_by_one, server, queue_id, labels, 16)
                 else:
                     items = [{"idempotency_key": label, "task": task_body(queue_id, label)} for label in labels]
                     response = await server.http.post("/v1/tasks:batch", json={"tasks": items})

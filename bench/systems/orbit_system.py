@@ -2,7 +2,9 @@
 
 Orbit runs as a user runs it: `daphne orbit.asgi:application` against a fresh
 MariaDB database, real SDK Worker processes (bench/systems/orbit_worker.py),
-HTTP submitters in this process. W0 and W5 run in-process scripts with Orbit's
+submitters in this process calling the SDK's Client (W1's one-by-one submits,
+from threads, as the Celery and django-q2 harnesses call theirs) or httpx (queue
+set-up and :batch pre-loads). W0 and W5 run in-process scripts with Orbit's
 interpreter (orbit_shapes.py, orbit_backlog.py).
 """
 
@@ -12,11 +14,16 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import common
 import httpx
+
+sys.path.insert(0, str(common.ROOT))
+from orbit_sdk import Client, SubmitTaskRequest  # noqa: E402
 
 NAME = "orbit"
 DURABILITY = (
@@ -27,7 +34,8 @@ DURABILITY = (
 )
 WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
 NOTES = {
-    "W1": "submit = one POST /v1/tasks per task; drain = backlog pre-loaded with POST /v1/tasks:batch",
+    "W1": "submit = one POST /v1/tasks per task, orbit_sdk.Client.submit_task from 16 threads sharing one "
+    "client; drain = backlog pre-loaded with POST /v1/tasks:batch",
     "W2": "backlog pre-loaded with :batch, then drained; overlap and token order checked on the attempts table",
     "W3": "rate_per_second is a database window shared by all nodes; workers report starts after Start approval",
     "W4": "unstarted leases of the killed worker are re-leased after lease expiry; its running attempts become "
@@ -205,20 +213,38 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
         common.stop_process(proc, timeout=5)
 
 
-async def submit_one_by_one(server: Server, queue_id: str, labels: list[str], submitters: int) -> dict[str, float]:
+def submit_one_by_one(server: Server, queue_id: str, labels: list[str], submitters: int) -> dict[str, float]:
+    """Each label submitted on its own by the SDK's Client, from `submitters`
+    threads sharing it (httpx.Client is thread-safe); the first refusal
+    (an APIError, e.g. QUEUE_FULL) stops the run."""
     sent: dict[str, float] = {}
     pending = iter(labels)
+    take = threading.Lock()
+    failures: list[BaseException] = []
 
-    async def submitter() -> None:
-        for label in pending:
+    def submitter() -> None:
+        while not failures:
+            with take:
+                label = next(pending, None)
+            if label is None:
+                return
             sent[label] = common.now()
-            response = await server.http.post(
-                "/v1/tasks", json=task_body(queue_id, label), headers={"Idempotency-Key": f"w1-{label}"}
+            request = SubmitTaskRequest(
+                queue_id=queue_id, handler="noop", handler_version="v1", payload_version="v1", payload={"k": label}
             )
-            if response.status_code != 201:
-                raise RuntimeError(f"submit refused: {response.status_code} {response.text}")
+            try:
+                client.submit_task(f"w1-{label}", request)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, in the harness's thread
+                failures.append(exc)
 
-    await asyncio.gather(*(submitter() for _ in range(submitters)))
+    with Client(server.url, server.token, timeout=120) as client:
+        threads = [threading.Thread(target=submitter, daemon=True) for _ in range(submitters)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    if failures:
+        raise RuntimeError(f"submit refused: {failures[0]}") from failures[0]
     return sent
 
 
@@ -233,7 +259,7 @@ async def w1(scale: dict, deadline: float) -> dict:
         labels = [f"t{n}" for n in range(scale["tasks"])]
         meter = common.CpuMeter([server.proc.pid], ["mariadb"]).start()
         began = common.now()
-        sent = await submit_one_by_one(server, queue_id, labels, scale["submitters"])
+        sent = await asyncio.to_thread(submit_one_by_one, server, queue_id, labels, scale["submitters"])
         submitted = common.now()
         wait_done(events, labels, deadline)
         meter.stop()
