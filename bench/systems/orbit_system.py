@@ -216,7 +216,7 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
 def submit_one_by_one(server: Server, queue_id: str, labels: list[str], submitters: int) -> dict[str, float]:
     """Each label submitted on its own by the SDK's Client, from `submitters`
     threads sharing it (httpx.Client is thread-safe); the first refusal
-    (an APIError, e.g. QUEUE_FULL) stops the run."""
+    (an APIError, e.g. QUEUE_FULL) or replay stops the run."""
     sent: dict[str, float] = {}
     pending = iter(labels)
     take = threading.Lock()
@@ -233,7 +233,8 @@ def submit_one_by_one(server: Server, queue_id: str, labels: list[str], submitte
                 queue_id=queue_id, handler="noop", handler_version="v1", payload_version="v1", payload={"k": label}
             )
             try:
-                client.submit_task(f"w1-{label}", request)
+                if client.submit_task(f"w1-{label}", request).deduplicated:  # a fresh key must be accepted
+                    raise RuntimeError(f"w1-{label} answered as a replay")
             except BaseException as exc:  # noqa: BLE001 - re-raised below, in the harness's thread
                 failures.append(exc)
 
@@ -347,11 +348,18 @@ async def w3(scale: dict, deadline: float) -> dict:
         await server.preload(queue_id, labels)
         events = common.EventLog(common.work_dir(f"orbit-w3-{time.time_ns()}"))
         procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
-        end = time.monotonic() + seconds + 3
-        while time.monotonic() < min(end, deadline):
-            time.sleep(0.2)
+        while not events.poll().starts:
+            if time.monotonic() > deadline:
+                raise TimeoutError("orbit W3: no task started")
+            time.sleep(0.05)
+        # The window is measured from the first start (workers connect at their own pace
+        # on a loaded machine), so wait for all of it, not for a time from their launch.
+        t0 = min(record[0] for records in events.starts.values() for record in records) + 1.0
+        wait_s = t0 + seconds + 0.5 - common.now()
+        if time.monotonic() + wait_s > deadline:
+            raise TimeoutError("orbit W3: not enough time left")
+        time.sleep(max(0.0, wait_s))
         starts = [record[0] for records in events.poll().starts.values() for record in records]
-        t0 = min(starts) + 1.0  # skip the first window while workers connect
         return common.rate_metrics(starts, rate, seconds, t0)
     finally:
         stop_all(procs)
