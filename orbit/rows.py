@@ -237,8 +237,7 @@ def _update(model: type[models.Model], pks: list[Any], values: dict[str, Any]) -
             sets.append(f"{column} = %s")
             params.append(field.get_db_prep_save(value, db))
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
-    with db.cursor() as cursor:
-        cursor.execute(f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
+    _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
 
 
 def insert_rows(objs: Sequence[models.Model]) -> None:
@@ -258,5 +257,79 @@ def insert_rows(objs: Sequence[models.Model]) -> None:
         obj._state.adding = False
         obj._state.db = db.alias
     columns = ", ".join(quote(field.column) for field in fields)
+    _write(db, f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(objs))}", params)
+
+
+_waiting = threading.local()
+
+
+def _write(db: Any, sql: str, params: list[Any]) -> None:
+    waiting: list[tuple[str, list[Any]]] | None = getattr(_waiting, "writes", None)
+    if waiting is not None:
+        waiting.append((sql, params))
+        return
     with db.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(objs))}", params)
+        cursor.execute(sql, params)
+
+
+@contextmanager
+def writes_sent_together() -> Iterator[None]:
+    """Inside one transaction, on MySQL/MariaDB: the UPDATEs and INSERTs of
+    update_by_pk and insert_rows (nothing is read back from them) wait, and go
+    in one round trip with the next statement on the connection, the ORM's
+    included (a multi-statement query), or when the block ends. The database
+    sees every statement in the order it was issued; a write that fails raises
+    where it is sent, still inside the transaction (which the caller then
+    rolls back). Writes still waiting when the block raises are dropped with
+    the transaction. A round issues a dozen writes between its reads; each
+    round trip costs the round thread, which every request of the
+    application waits for, far more than the statement itself."""
+    db = _db()
+    if getattr(_waiting, "writes", None) is not None or db.vendor != "mysql":
+        yield  # an outer block sends them; elsewhere each write goes at once
+        return
+    waiting: list[tuple[str, list[Any]]] = []
+    _waiting.writes = waiting
+    try:
+        with db.execute_wrapper(_sending_waiting_writes):
+            yield
+            if waiting:
+                sql, params, count = _joined(waiting)
+                waiting.clear()
+                with db.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    _skip_to_last_result(cursor, count)
+    finally:
+        _waiting.writes = None
+
+
+def _sending_waiting_writes(
+    execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
+) -> Any:
+    waiting: list[tuple[str, list[Any]]] | None = getattr(_waiting, "writes", None)
+    if not waiting:
+        return execute(sql, params, many, context)
+    if many or params is None:
+        # executemany, or SQL not to be %-formatted: the writes go first, on their own.
+        joined, joined_params, count = _joined(waiting)
+    else:
+        joined, joined_params, count = _joined([*waiting, (sql, list(params))])
+    waiting.clear()
+    result = execute(joined, joined_params, False, context)
+    _skip_to_last_result(context["cursor"], count)
+    if many or params is None:
+        return execute(sql, params, many, context)
+    return result
+
+
+def _joined(statements: list[tuple[str, list[Any]]]) -> tuple[str, list[Any], int]:
+    """One multi-statement query of `statements`, its parameters, how many."""
+    return "; ".join(sql for sql, _ in statements), [p for _, params in statements for p in params], len(statements)
+
+
+def _skip_to_last_result(cursor: Any, count: int) -> None:
+    """After a multi-statement query: on to the last statement's result, as if
+    it had run alone; an error of a later statement raises here, as Django's."""
+    with cursor.db.wrap_database_errors:
+        for _ in range(count - 1):
+            cursor.cursor.nextset()

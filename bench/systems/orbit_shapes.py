@@ -15,7 +15,9 @@ receipt) and task rows before any lock (batch.write_submissions), the counter
 rows locked once, admission of K submits, results of K running attempts
 (endings.apply_reports with a WriteBook), starts of K leased attempts
 (dispatch.apply_starts), a lease of K (dispatch.lease), the round's 4K events
-in one insert, and each counter row written once (orbit.rows.holding).
+in one insert, and each counter row written once (orbit.rows.holding); the
+writes go with the next statement, in one multi-statement query
+(orbit.rows.writes_sent_together).
 Prints commits_per_s_round (rounds that carry K submits, K results, K starts
 and K leases), transactions_per_task_grouped = 1/K and
 ceiling_tasks_per_s_grouped = tasks / (time to push them through pipelined
@@ -40,6 +42,7 @@ import uuid
 from pathlib import Path
 
 import MySQLdb
+from MySQLdb.constants import CLIENT
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 LEASE_BATCH = 16
@@ -96,7 +99,9 @@ def setup(database: str) -> tuple[MySQLdb.Connection, dict]:
     admin.close()
     env = {**os.environ, "ORBIT_MYSQL_DSN": f"mysql://root:@127.0.0.1:3306/{database}"}
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
-    db = MySQLdb.connect(host="127.0.0.1", user="root", passwd="", db=database, charset="utf8mb4")
+    db = MySQLdb.connect(
+        host="127.0.0.1", user="root", passwd="", db=database, charset="utf8mb4", client_flag=CLIENT.MULTI_STATEMENTS
+    )
     db.autocommit(True)
     c = db.cursor()
     c.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -234,6 +239,34 @@ def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
     c.execute("COMMIT")
 
 
+def insert_sql(head: str, row: str, rows: list[tuple]) -> tuple[str, list]:
+    return head + ",".join([row] * len(rows)), [value for values in rows for value in values]
+
+
+class Together:
+    """orbit.rows.writes_sent_together: a round's writes wait and go in one
+    multi-statement query with its next statement, or when it ends."""
+
+    def __init__(self, c) -> None:
+        self.c = c
+        self.waiting: list[tuple[str, list]] = []
+
+    def write(self, sql: str, params) -> None:
+        self.waiting.append((sql, list(params)))
+
+    def execute(self, sql: str, params) -> None:
+        self.waiting.append((sql, list(params)))
+        self.send()
+
+    def send(self) -> None:
+        if not self.waiting:
+            return
+        statements, self.waiting = self.waiting, []
+        self.c.execute("; ".join(sql for sql, _ in statements), [p for _, params in statements for p in params])
+        for _ in range(len(statements) - 1):
+            self.c.nextset()
+
+
 def dispatch_round(
     c,
     ids: dict,
@@ -261,35 +294,36 @@ def dispatch_round(
     c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
     c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
     c.execute("BEGIN")
+    t = Together(c)  # orbit.rows.writes_sent_together
     events = []
     app_deltas = {"active_attempts": 0, "unfinished_tasks": 0}
     queue_deltas = {"active_permits": 0, "unfinished_tasks": 0, "reserved_starts": 0, "window_count": 0}
     if keys:
         # batch.write_submissions (the round's configuration): the records with their receipts (key order), the tasks.
         receipt = json.dumps({"deduplicated": False, "task": {"id": hexid(), "payload": {}, "state": "WAITING"}})
-        insert_rows(c, IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ns, key, "d" * 64, receipt, hexid()) for key in keys])
+        t.write(*insert_sql(IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ns, key, "d" * 64, receipt, hexid()) for key in keys]))
         task_ids = [hexid() for _ in keys]
-        insert_rows(c, TASK_INSERT, TASK_ROW, [(t, ns, app, queue) for t in task_ids])
+        t.write(*insert_sql(TASK_INSERT, TASK_ROW, [(task, ns, app, queue) for task in task_ids]))
     # The counter rows, locked once; every part's changes to them are written at the end.
-    c.execute(LOCK_APPLICATION_STATE, (app,))
-    c.execute(LOCK_QUEUE_STATES, (queue,))
+    t.execute(LOCK_APPLICATION_STATE, (app,))
+    t.execute(LOCK_QUEUE_STATES, (queue,))
     if keys:  # batch.admit_submissions: counted under the locks
         app_deltas["unfinished_tasks"] += len(keys)
         queue_deltas["unfinished_tasks"] += len(keys)
-        events += [(ns, t) for t in task_ids]
+        events += [(ns, task) for task in task_ids]
     if finishing:
         # endings.apply_reports: the attempt chains (parents held), then the
         # WriteBook: one UPDATE per table (equal values).
         tasks, attempts = sorted(t for t, _ in finishing), sorted(a for _, a in finishing)
         n = len(finishing)
-        c.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
-        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
-        c.execute(
+        t.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
+        t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
+        t.write(
             "UPDATE orbit_attempt SET finished_at=NOW(6), outcome='SUCCEEDED', output=NULL, state='SUCCEEDED' "
             f"WHERE id IN ({marks(n)})",
             attempts,
         )
-        c.execute(
+        t.write(
             "UPDATE orbit_task SET finished_at=NOW(6), output=NULL, state='SUCCEEDED', updated_at=NOW(6) "
             f"WHERE id IN ({marks(n)})",
             tasks,
@@ -298,56 +332,57 @@ def dispatch_round(
         app_deltas["unfinished_tasks"] -= n
         queue_deltas["active_permits"] -= n
         queue_deltas["unfinished_tasks"] -= n
-        events += [(ns, t) for t, _ in finishing]
+        events += [(ns, task) for task, _ in finishing]
     if starting:
         # dispatch.apply_starts: tasks → attempts (queue_state held), one UPDATE each.
         tasks, attempts = sorted(t for t, _ in starting), sorted(a for _, a in starting)
         n = len(starting)
-        c.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
-        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
+        t.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
+        t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
         queue_deltas["window_count"] += n
         queue_deltas["reserved_starts"] -= n
-        c.execute(
+        t.write(
             f"UPDATE orbit_task SET state='RUNNING', attempts=attempts+1, updated_at=NOW(6) WHERE id IN ({marks(n)})",
             tasks,
         )
-        c.execute(
+        t.write(
             "UPDATE orbit_attempt SET state='RUNNING', number=1, started_at=NOW(6), "
             f"lease_expires_at=NOW(6)+INTERVAL 30 SECOND WHERE id IN ({marks(n)})",
             attempts,
         )
-        events += [(ns, t) for t, _ in starting]
+        events += [(ns, task) for task, _ in starting]
     leased: list[tuple[str, str]] = []
     if want > 0:
         # dispatch.lease: one candidate scan, then one statement per table.
-        c.execute("SELECT id, epoch, orbit_task.* " + CANDIDATES, (queue, want))
+        t.execute("SELECT id, epoch, orbit_task.* " + CANDIDATES, (queue, want))
         candidates = [(row[0], row[1], hexid()) for row in c.fetchall()]
         if candidates:
             leased = [(task_id, attempt_id) for task_id, _, attempt_id in candidates]
-            insert_rows(
-                c,
-                ATTEMPT_INSERT,
-                ATTEMPT_ROW,
-                [(a, t, ns, app, queue, epoch + 1, "s" * 32) for t, epoch, a in candidates],
+            t.write(
+                *insert_sql(
+                    ATTEMPT_INSERT,
+                    ATTEMPT_ROW,
+                    [(a, task, ns, app, queue, epoch + 1, "s" * 32) for task, epoch, a in candidates],
+                )
             )
             n = len(leased)
-            c.execute(
+            t.write(
                 f"UPDATE orbit_task SET state='LEASED', epoch=epoch+1, updated_at=NOW(6) WHERE id IN ({marks(n)})",
-                [t for t, _ in leased],
+                [task for task, _ in leased],
             )
             app_deltas["active_attempts"] += n
             queue_deltas["active_permits"] += n
             queue_deltas["reserved_starts"] += n
-            events += [(ns, t) for t, _ in leased]
+            events += [(ns, task) for task, _ in leased]
     if events:  # orbit.audit.gathered_events: the round's events in one insert
-        insert_rows(c, EVENT_INSERT, EVENT_ROW, events)
+        t.write(*insert_sql(EVENT_INSERT, EVENT_ROW, events))
     # orbit.rows.holding: each changed counter row written once, with its final values.
-    c.execute(
+    t.write(
         "UPDATE orbit_application_state SET active_attempts=active_attempts+%s, unfinished_tasks=unfinished_tasks+%s "
         "WHERE application_id=%s",
         (app_deltas["active_attempts"], app_deltas["unfinished_tasks"], app),
     )
-    c.execute(
+    t.write(
         "UPDATE orbit_queue_state SET active_permits=active_permits+%s, unfinished_tasks=unfinished_tasks+%s, "
         "reserved_starts=reserved_starts+%s, window_count=window_count+%s, window_started_at=NOW(6) "
         "WHERE queue_id=%s",
@@ -359,6 +394,7 @@ def dispatch_round(
             queue,
         ),
     )
+    t.send()
     c.execute("COMMIT")
     return leased
 

@@ -34,7 +34,7 @@ from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import ApplicationState
-from orbit.rows import holding, read_by_pk
+from orbit.rows import holding, read_by_pk, writes_sent_together
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions import batch, dispatch, endings
@@ -184,7 +184,7 @@ def _decide_round(
 
     @transaction.atomic
     def decide() -> list[tuple[int, Any]]:
-        with holding(ApplicationState, QueueState):
+        with writes_sent_together(), holding(ApplicationState, QueueState):
             return decide_holding()
 
     def decide_holding() -> list[tuple[int, Any]]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 
-from orbit.models import Event
-from orbit.rows import Add, insert_rows, lock_by_pk, read_by_pk, select_rows, update_by_pk
+from orbit.models import Event, IdempotencyRecord
+from orbit.rows import Add, insert_rows, lock_by_pk, read_by_pk, select_rows, update_by_pk, writes_sent_together
 from tasks.models import Task
 from tests.tasks.support import make_queue, submit_ok
 
@@ -96,3 +96,53 @@ def test_held_rows_are_not_written_when_the_block_raises(tenant):
         update_by_pk(ApplicationState, [application_id], {"unfinished_tasks": Add(5)})
         raise RuntimeError("refused")
     assert ApplicationState.objects.get(application_id=application_id).unfinished_tasks == 0
+
+
+def record(namespace_id: str, key: str) -> IdempotencyRecord:
+    return IdempotencyRecord(
+        namespace_id=namespace_id, key=key, operation="task.submit", digest="d", response_status=201, response_data={}
+    )
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db
+def test_waiting_writes_go_with_the_next_statement_in_the_order_issued(tenant, django_assert_num_queries):
+    queue = make_queue(tenant.client, "rows")
+    task_id = submit_ok(tenant.client, queue["id"], "rows-3")["id"]
+    with transaction.atomic(), writes_sent_together():
+        with django_assert_num_queries(0):  # nothing sent yet
+            update_by_pk(Task, [task_id], {"epoch": Add(1)})
+            update_by_pk(Task, [task_id], {"epoch": Add(10)})
+            insert_rows([Event(namespace_id="n" * 32, type="rows.waiting", subject_id=task_id, data={})])
+        with django_assert_num_queries(1):  # the writes, then the ORM's read, in one query
+            assert Task.objects.get(id=task_id).epoch == 11
+        assert Event.objects.filter(type="rows.waiting").count() == 1
+    with transaction.atomic(), django_assert_num_queries(1), writes_sent_together():
+        update_by_pk(Task, [task_id], {"epoch": Add(100)})  # goes when the block ends
+    assert Task.objects.get(id=task_id).epoch == 111
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("position", ["first", "later"])
+def test_a_waiting_write_that_fails_raises_as_django_does_and_the_connection_goes_on(tenant, position):
+    namespace_id = tenant.namespace.id
+    insert_rows([record(namespace_id, "taken")])
+    with pytest.raises(IntegrityError), transaction.atomic(), writes_sent_together():
+        if position == "later":
+            insert_rows([record(namespace_id, "free")])
+        insert_rows([record(namespace_id, "taken")])  # a twin on the unique index
+        Task.objects.filter(id="0" * 32).exists()
+    # the failed query left no result unread: the connection answers the next one
+    keys = set(IdempotencyRecord.objects.filter(namespace_id=namespace_id).values_list("key", flat=True))
+    assert keys == {"taken"}
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db
+def test_writes_still_waiting_when_the_block_raises_are_never_sent(tenant, django_assert_num_queries):
+    namespace_id = tenant.namespace.id
+    with pytest.raises(RuntimeError), django_assert_num_queries(0), writes_sent_together():
+        insert_rows([record(namespace_id, "dropped")])
+        raise RuntimeError("refused")
+    assert not IdempotencyRecord.objects.filter(namespace_id=namespace_id).exists()
