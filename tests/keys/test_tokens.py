@@ -338,10 +338,13 @@ def test_release_and_unstarted_expiry_release_the_key(tenant, connect):
     reply = worker.request("task.release", attempt_id=frame["attempt_id"], epoch=frame["epoch"], reason="busy")
     assert reply["type"] == "task.release.ok" and reply["task_state"] == "WAITING", reply
     # then the key is released in the same transaction and the task leases again, with a larger token
+    # (the worker's slot is free again, so its dispatcher may have leased the task anew already)
     row = key_row(tenant.namespace_id, "object/handback")
-    assert row.holder_attempt_id == "" and row.version == tokens[-1] + 1
+    released = (row.holder_attempt_id, row.version) == ("", tokens[-1] + 1)
+    assert released or (row.holder_attempt_id != frame["attempt_id"] and row.version == tokens[-1] + 2), row
     frame = worker.expect_assignment()
     assert frame["task"]["id"] == task["id"]
+    assert released or row.holder_attempt_id == frame["attempt_id"]
     tokens.append(int(frame["concurrency_token"]))
     # when that lease runs out before Start
     Attempt.objects.filter(id=frame["attempt_id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
