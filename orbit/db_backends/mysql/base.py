@@ -1,5 +1,5 @@
-"""MySQL backend that never creates foreign-key constraints, and whose
-connections accept multi-statement queries.
+"""MySQL backend: no foreign-key constraints, multi-statement queries, and
+autocommit changes that ride on the next statement.
 
 Orbit's schema rule is zero foreign keys in the whole database, Django's own
 contrib apps included. Reporting no foreign-key support makes the schema editor
@@ -10,16 +10,56 @@ statement, in one round trip (orbit.rows.writes_sent_together); that takes
 CLIENT.MULTI_STATEMENTS. Every statement Orbit sends is built with bound
 parameters, escaped by the driver, so a value can never end one statement
 and start another.
+
+Django turns autocommit off to begin each transaction and on again after its
+COMMIT, and the driver sends each change as a statement of its own: two round
+trips per transaction that carry nothing. Here the change is sent as the first
+statement of the next query instead, and not at all when the server already
+has it (a transaction that ran no statement). The server then sees the same
+statements in the same order: a transaction's first statement still runs
+with autocommit off, and the first one after COMMIT with it on.
 """
 
 from typing import Any
 
+from django.db import IntegrityError
 from django.db.backends.mysql import base, features
+from MySQLdb import OperationalError
 from MySQLdb.constants import CLIENT
 
 
 class DatabaseFeatures(features.DatabaseFeatures):
     supports_foreign_keys = False
+
+
+class CursorWrapper(base.CursorWrapper):
+    def __init__(self, cursor: Any, wrapper: "DatabaseWrapper") -> None:
+        super().__init__(cursor)
+        self.wrapper = wrapper
+
+    def _autocommit_change(self) -> str | None:
+        """The SET the server needs to have Django's autocommit, if any."""
+        wanted = self.wrapper.autocommit
+        return None if self.cursor.connection.get_autocommit() == wanted else f"SET autocommit={int(wanted)}"
+
+    def execute(self, query: str, args: Any = None) -> Any:
+        change = self._autocommit_change()
+        if change is None:
+            return super().execute(query, args)
+        super().execute(f"{change}; {query}", args)
+        try:
+            self.cursor.nextset()  # on to the query's own result, as if it had run alone
+        except OperationalError as error:
+            if error.args[0] in self.codes_for_integrityerror:
+                raise IntegrityError(*tuple(error.args)) from error
+            raise
+        return self.cursor.rowcount
+
+    def executemany(self, query: str, args: Any) -> Any:
+        change = self._autocommit_change()
+        if change is not None:
+            super().execute(change)
+        return super().executemany(query, args)
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
@@ -29,3 +69,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
         params = super().get_connection_params()
         params["client_flag"] = params.get("client_flag", 0) | CLIENT.MULTI_STATEMENTS
         return params
+
+    def create_cursor(self, name: str | None = None) -> CursorWrapper:
+        return CursorWrapper(self.connection.cursor(), self)
+
+    def _set_autocommit(self, autocommit: bool) -> None:
+        """Nothing is sent now: see CursorWrapper (Django records `autocommit` itself)."""

@@ -1,0 +1,84 @@
+"""The MySQL backend sends autocommit changes with the next statement
+(orbit/db_backends/mysql/base.py); the server must see exactly the
+transactions Django asked for."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import MySQLdb
+import pytest
+from django.db import connection, transaction
+
+from orbit.models import Event
+
+pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def sent() -> Iterator[list[str]]:
+    """Every query and autocommit call the driver sends on this thread's connection."""
+    connection.ensure_connection()
+    raw = connection.connection
+    calls: list[str] = []
+    query, autocommit = raw.query, raw.autocommit
+    raw.query = lambda sql: (calls.append(sql.decode() if isinstance(sql, bytes) else sql), query(sql))[1]
+    raw.autocommit = lambda on: (calls.append(f"autocommit({on})"), autocommit(on))[1]
+    try:
+        yield calls
+    finally:
+        connection.close()  # the patched connection is not reused
+
+
+def other_connection_sees(subject_id: str) -> bool:
+    settings = connection.settings_dict
+    other = MySQLdb.connect(
+        host=settings["HOST"] or "127.0.0.1",
+        port=int(settings["PORT"] or 3306),
+        user=settings["USER"],
+        passwd=settings["PASSWORD"],
+        db=settings["NAME"],
+    )
+    try:
+        cursor = other.cursor()
+        cursor.execute("SELECT COUNT(*) FROM orbit_event WHERE subject_id = %s", [subject_id])
+        return cursor.fetchone()[0] == 1
+    finally:
+        other.close()
+
+
+def event(subject_id: str) -> None:
+    Event.objects.create(namespace_id="n" * 32, type="backend.test", subject_id=subject_id, data={})
+
+
+def test_a_transaction_begins_with_its_first_statement_and_autocommit_returns_with_the_next(sent):
+    with transaction.atomic():
+        assert sent == []  # nothing is sent to begin
+        event("inside")
+        assert sent[0].startswith("SET autocommit=0; INSERT INTO `orbit_event`")
+        assert connection.connection.get_autocommit() is False
+        assert not other_connection_sees("inside")  # uncommitted
+    assert other_connection_sees("inside")
+    sent.clear()
+    event("after")
+    assert sent[0].startswith("SET autocommit=1; INSERT INTO `orbit_event`")
+    assert other_connection_sees("after")  # committed by itself
+    event("again")
+    assert sent[1].startswith("INSERT INTO `orbit_event`")  # the server has it already
+
+
+def test_a_transaction_that_runs_no_statement_sends_nothing_but_its_commit(sent):
+    with transaction.atomic():
+        pass
+    assert not any(call.startswith(("SET autocommit", "autocommit(")) for call in sent)
+
+
+def test_a_failing_statement_after_the_change_raises_as_django_does(sent):
+    from django.db import IntegrityError
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        # NOT NULL refused: MySQL error 1048, which Django reports as an IntegrityError
+        Event.objects.create(namespace_id="n" * 32, type=None, subject_id="x", data={})  # type: ignore[misc]
+    assert sent[0].startswith("SET autocommit=0; INSERT")
+    event("after-failure")  # the connection goes on, back in autocommit
+    assert other_connection_sees("after-failure")
