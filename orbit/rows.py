@@ -118,14 +118,42 @@ def _select(
         return _instances(db, model, shape, cursor.fetchall())
 
 
-def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
+def pk_in(model: type[models.Model], pks: Iterable[str]) -> tuple[str, list[str]]:
+    """WHERE pk IN (…) ORDER BY pk, and its parameters (the distinct pks, ascending)."""
     wanted = sorted(set(pks))
+    pk = _shape(model, _db()).pk
+    return f"{pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {pk}", wanted
+
+
+def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
+    where, wanted = pk_in(model, pks)
     if not wanted:
         return {}
     db = _db()
     shape = _shape(model, db)
-    where = f"{shape.pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {shape.pk}"
     return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=lock, skip_locked=False)}
+
+
+def select_together(queries: Sequence[tuple[type[models.Model], str, Sequence[Any]]]) -> list[list[Any]]:
+    """Several unlocked select_rows in one round trip (a multi-statement query)
+    on MySQL/MariaDB, one after another elsewhere: the rows of each, in order."""
+    db = _db()
+    if db.vendor != "mysql" or len(queries) < 2:
+        return [select_rows(model, where, params) for model, where, params in queries]
+    shapes = [_shape(model, db) for model, _, _ in queries]
+    sql = "; ".join(
+        f"SELECT {shape.columns} FROM {shape.table} WHERE {where}"
+        for shape, (_, where, _) in zip(shapes, queries, strict=True)
+    )
+    found: list[list[Any]] = []
+    with db.cursor() as cursor:
+        cursor.execute(sql, [param for _, _, params in queries for param in params])
+        for index, (shape, (model, _, _)) in enumerate(zip(shapes, queries, strict=True)):
+            if index:
+                with db.wrap_database_errors:
+                    cursor.cursor.nextset()
+            found.append(_instances(db, model, shape, cursor.fetchall()))
+    return found
 
 
 _held = threading.local()

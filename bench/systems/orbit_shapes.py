@@ -9,8 +9,8 @@ ceiling_tasks_per_s = tasks / (time to push them through all four shapes).
 Grouped, as the server commits them now (tasks.coalesce), with a group size K
 (--group, default 16): rounds, each the submits, results, starts and leases
 of one application in one transaction (tasks.actions.rounds.run_round): the
-unlocked first reads (the submits' idempotency records, the peeks of results
-and starts, the configuration), then the submits' records (each with its final
+unlocked first reads in one round trip (the submits' idempotency records, the
+peeks of results and starts, the configuration), then the submits' records (each with its final
 receipt) and task rows before any lock (batch.write_submissions), the counter
 rows locked once, admission of K submits, results of K running attempts
 (endings.apply_reports with a WriteBook), starts of K leased attempts
@@ -280,19 +280,21 @@ def dispatch_round(
     to `want`, in one transaction. Returns the leased (task id, attempt id) pairs."""
     ns, app, queue = ids["ns"], ids["app"], ids["queue"]
     keys = sorted(f"w0g-{n}" for n in numbers)
-    if keys:  # batch.read_submissions: replays are answered before the transaction
-        c.execute(
-            f"SELECT * FROM orbit_idempotency_record WHERE `key` IN ({marks(len(keys))}) AND namespace_id=%s",
-            (*keys, ns),
+    # The round's first reads, unlocked, in one round trip (run_round's _FirstReads): the
+    # submits' idempotency records (replays are answered before the transaction), the
+    # attempts of its results and starts, the configuration of its application and queue.
+    first = Together(c)
+    if keys:
+        first.write(
+            f"SELECT * FROM orbit_idempotency_record WHERE namespace_id=%s AND `key` IN ({marks(len(keys))})",
+            (ns, *keys),
         )
-        c.fetchall()
-    # Unlocked peeks of the results' and starts' attempts, one statement (run_round).
-    peeked = [a for _, a in (*finishing, *starting)]
+    peeked = sorted(a for _, a in (*finishing, *starting))
     if peeked:
-        c.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(peeked))})", peeked)
-    # dispatch.Configuration.read: unlocked, before the transaction.
-    c.execute("SELECT * FROM orbit_application WHERE id IN (%s)", (app,))
-    c.execute("SELECT * FROM orbit_queue WHERE id IN (%s)", (queue,))
+        first.write(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(peeked))}) ORDER BY id", peeked)
+    first.write("SELECT * FROM orbit_application WHERE id IN (%s) ORDER BY id", (app,))
+    first.write("SELECT * FROM orbit_queue WHERE id IN (%s) ORDER BY id", (queue,))
+    first.send()
     c.execute("BEGIN")
     t = Together(c)  # orbit.rows.writes_sent_together
     events = []

@@ -6,6 +6,7 @@ first used in a batch replays from a single submit and vice versa."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,18 +64,28 @@ def checked_submission(actor: Actor, key: str, body: dict[str, Any]) -> Submissi
     return Submission(key=key, body=body, request_id=actor.request_id, checked=checked)
 
 
+def records_where(namespace_id: str, keys: Iterable[str]) -> tuple[str, list[str]]:
+    """The WHERE of a namespace's idempotency records of `keys` (at least one), and its parameters."""
+    wanted = sorted(set(keys))
+    key = connection.ops.quote_name("key")
+    return f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(wanted))})", [namespace_id, *wanted]
+
+
 def read_submissions(
-    actor: Actor, items: list[Submission], digests: list[str], results: list[Outcome | None]
+    actor: Actor,
+    items: list[Submission],
+    digests: list[str],
+    results: list[Outcome | None],
+    found: list[IdempotencyRecord] | None = None,
 ) -> list[tuple[int, dict[str, Any]]]:
     """The unlocked first pass over the items still without a result: a key
     with a record is answered from it (a replay, or a conflict), an invalid
-    item is refused; returns the rest as (index, validated fields)."""
+    item is refused; returns the rest as (index, validated fields). `found`:
+    the items' records, when the caller read them already."""
     pending: list[tuple[int, dict[str, Any]]] = []
-    keys = sorted({item.key for item in items})
-    key = connection.ops.quote_name("key")
-    where = f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(keys))})"
-    found = select_rows(IdempotencyRecord, where, [actor.namespace_id, *keys]) if keys else []
-    records = {record.key: record for record in found}
+    if found is None and items:
+        found = select_rows(IdempotencyRecord, *records_where(actor.namespace_id, [item.key for item in items]))
+    records = {record.key: record for record in found or []}
     now = timezone.now()
     for index, item in enumerate(items):
         if results[index] is not None:

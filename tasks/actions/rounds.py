@@ -33,13 +33,13 @@ from django.db import IntegrityError, transaction
 from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
-from orbit.models import ApplicationState
-from orbit.rows import holding, read_by_pk, writes_sent_together
+from orbit.models import Application, ApplicationState, IdempotencyRecord
+from orbit.rows import holding, pk_in, read_by_pk, select_together, writes_sent_together
 from queues.locks import lock_queue_states
-from queues.models import QueueState
+from queues.models import Queue, QueueState
 from tasks.actions import batch, dispatch, endings
 from tasks.actions.batch import Submission
-from tasks.actions.dispatch import LeaseOutcome, StartRequest, WorkerContext
+from tasks.actions.dispatch import Configuration, LeaseOutcome, StartRequest, WorkerContext
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
@@ -78,12 +78,9 @@ class _Submits:
     pending: list[tuple[int, dict[str, Any]]]  # into `items`
 
 
-def _take_submits(
-    items: list[RoundItem], answers: list[Answer | BaseException | None]
-) -> tuple[_Submits | None, list[int]]:
-    """The submits this round admits (after their unlocked first pass, which
-    answers replays and invalid items), and the indexes of the others, which
-    are submitted after the round."""
+def _split_submits(items: list[RoundItem]) -> tuple[list[tuple[int, SubmitRequest]], list[int]]:
+    """The submits this round admits (those of the first submit's credential,
+    distinct keys) and the indexes of the others, submitted after the round."""
     mine: list[tuple[int, SubmitRequest]] = []
     later: list[int] = []
     for index, item in enumerate(items):
@@ -96,26 +93,94 @@ def _take_submits(
             mine.append((index, item))
         else:
             later.append(index)
+    return mine, later
+
+
+@dataclass
+class _FirstReads:
+    """A round's unlocked reads before its transaction, sent in one round trip
+    (orbit.rows.select_together): the records of its submits' keys, the
+    attempts of its results and starts, and the applications and queues its
+    items name (their workers' and submits'). A result's or start's attempt
+    in a queue its worker does not name is read after, with its configuration."""
+
+    records: list[IdempotencyRecord]
+    attempts: dict[str, Attempt]
+    application_ids: set[str]
+    queue_ids: set[str]
+    configuration: Configuration
+
+    @classmethod
+    def read(cls, items: list[RoundItem], mine: list[tuple[int, SubmitRequest]]) -> _FirstReads:
+        attempt_ids = {item.attempt_id for item in items if isinstance(item, ResultReport | StartRequest)}
+        application_ids: set[str] = set()
+        queue_ids: set[str] = set()
+        for item in items:
+            if isinstance(item, SubmitRequest):
+                continue
+            application_ids.add(item.worker.application_id)
+            queue_ids.update(item.worker.queue_ids)
+        for _, submit in mine:
+            application_ids.add(submit.actor.principal.application_id)
+            checked = submit.submission.checked
+            queue_id = (checked if isinstance(checked, dict) else submit.submission.body).get("queue_id")
+            if isinstance(queue_id, str):
+                queue_ids.add(queue_id)
+        queries: list[tuple[Any, str, list[Any]]] = []
+        if mine:
+            actor = mine[0][1].actor
+            queries.append(
+                (IdempotencyRecord, *batch.records_where(actor.namespace_id, [s.submission.key for _, s in mine]))
+            )
+        for model, ids in ((Attempt, attempt_ids), (Application, application_ids), (Queue, queue_ids)):
+            if ids:
+                queries.append((model, *pk_in(model, ids)))
+        found = iter(select_together(queries))
+        records: list[IdempotencyRecord] = next(found) if mine else []
+        attempts = {row.pk: row for row in next(found)} if attempt_ids else {}
+        applications = {row.pk: row for row in next(found)} if application_ids else {}
+        queues = {row.pk: row for row in next(found)} if queue_ids else {}
+        return cls(records, attempts, application_ids, queue_ids, Configuration(applications, queues))
+
+    def configuration_of(self, application_ids: set[str], queue_ids: set[str]) -> Configuration:
+        """The configuration of these applications and queues (those not read first, read now)."""
+        unread = [(Application, application_ids - self.application_ids), (Queue, queue_ids - self.queue_ids)]
+        if not any(ids for _, ids in unread):
+            return self.configuration
+        applications, queues = (read_by_pk(model, ids) for model, ids in unread)
+        return Configuration(
+            applications={**self.configuration.applications, **applications},
+            queues={**self.configuration.queues, **queues},
+        )
+
+
+def _take_submits(
+    mine: list[tuple[int, SubmitRequest]], answers: list[Answer | BaseException | None], first: _FirstReads
+) -> _Submits | None:
+    """The round's submits after their unlocked first pass, which answers
+    replays and invalid items."""
     if not mine:
-        return None, later
+        return None
     actor = mine[0][1].actor
     submissions = [item.submission for _, item in mine]
     digests = batch.digests_of(submissions)
     results: list[Receipt | OrbitError | None] = [None] * len(submissions)
-    pending = batch.read_submissions(actor, submissions, digests, results)
+    pending = batch.read_submissions(actor, submissions, digests, results, first.records)
     for (index, _), result in zip(mine, results, strict=True):
         answers[index] = result
     indexes = [index for index, _ in mine]
-    return _Submits(indexes=indexes, actor=actor, items=submissions, digests=digests, pending=pending), later
+    return _Submits(indexes=indexes, actor=actor, items=submissions, digests=digests, pending=pending)
 
 
 def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     """One outcome per item, in order: the reply body (a LeaseOutcome for a
     lease, a Receipt for a submit) or the error that refused it."""
     answers: list[Answer | BaseException | None] = [None] * len(items)
-    submits, later = _take_submits(items, answers)
+    mine, later = _split_submits(items)
+    first = _FirstReads.read(items, mine)
+    submits = _take_submits(mine, answers, first)
     try:
-        _decide_round(items, answers, submits)
+        _decide_round(items, answers, submits, first)
     except IntegrityError:
         if submits is None or not submits.pending:
             raise
@@ -137,7 +202,7 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
 
 
 def _decide_round(
-    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None
+    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
 ) -> None:
     """Fills in `answers` for the round's results, starts, leases and `submits`
     (unlocked first reads, then one transaction)."""
@@ -145,9 +210,8 @@ def _decide_round(
     starts = [(i, item) for i, item in enumerate(items) if isinstance(item, StartRequest)]
     leases = [(i, item) for i, item in enumerate(items) if isinstance(item, LeaseRequest)]
 
-    # Unlocked reads first (the attempts of results and starts in one
-    # statement): requests that need no transaction are answered here.
-    attempts = read_by_pk(Attempt, [item.attempt_id for _, item in (*reports, *starts)])
+    # Requests that need no transaction are answered from the first reads.
+    attempts = first.attempts
     refusals, report_peeks = endings.peek_reports([report for _, report in reports], attempts)
     for (index, _), refusal in zip(reports, refusals, strict=True):
         answers[index] = refusal
@@ -175,7 +239,7 @@ def _decide_round(
     if submitting:
         applications.add(submitting.actor.principal.application_id)
         submit_queue_ids = {fields["queue_id"] for _, fields in submitting.pending}
-    configuration = dispatch.Configuration.read(applications, queue_ids | submit_queue_ids)
+    configuration = first.configuration_of(applications, queue_ids | submit_queue_ids)
     if submitting:
         # Only queues of the submits' namespace are locked: admission refuses
         # the others as not found, without a lock.

@@ -10,7 +10,7 @@ from orbit.errors import IdempotencyConflict, InvalidArgument, LeaseLost, NotFou
 from orbit.fields import new_id
 from orbit.idempotency import Actor
 from orbit.models import IdempotencyRecord
-from tasks.actions import batch, dispatch
+from tasks.actions import batch, dispatch, rounds
 from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
@@ -164,10 +164,11 @@ def test_a_twin_committed_first_elsewhere_sends_the_round_again_without_its_subm
     actor, worker = submitter(tenant), worker_for(tenant, queue["id"])
     raced = submission(queue["id"], "raced")
     twin_receipt = {"deduplicated": False, "task": {"id": "t" * 32}}
-    read_configuration = dispatch.Configuration.read
+    read_first = rounds._FirstReads.read
 
-    def twin_commits_first(application_ids, queue_ids):
-        # After the round's unlocked first pass, before its transaction.
+    def twin_commits_first(items, mine):
+        # After the round's unlocked first reads, before its transaction.
+        first = read_first(items, mine)
         IdempotencyRecord.objects.create(
             namespace_id=tenant.namespace_id,
             key="raced",
@@ -177,10 +178,10 @@ def test_a_twin_committed_first_elsewhere_sends_the_round_again_without_its_subm
             response_data=twin_receipt,
             request_id=new_id(),
         )
-        monkeypatch.setattr(dispatch.Configuration, "read", read_configuration)
-        return read_configuration(application_ids, queue_ids)
+        monkeypatch.setattr(rounds._FirstReads, "read", read_first)
+        return first
 
-    monkeypatch.setattr(dispatch.Configuration, "read", staticmethod(twin_commits_first))
+    monkeypatch.setattr(rounds._FirstReads, "read", staticmethod(twin_commits_first))
 
     submitted, leased = run_round([SubmitRequest(actor, raced), LeaseRequest(worker, 16)])
 
