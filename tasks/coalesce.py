@@ -8,6 +8,8 @@ happened to share its transaction."""
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import Future
 from typing import Any
 
 from orbit.api.auth import Principal
@@ -45,6 +47,13 @@ def submit_coalesced(request: SubmitRequest) -> Receipt:
     return _receipt(ROUNDS.call(request.actor.principal.application_id, request))
 
 
-async def submit_coalesced_async(request: SubmitRequest) -> Receipt:
-    """From the event loop, holding no pool thread while the round runs."""
-    return _receipt(await ROUNDS.call_async(request.actor.principal.application_id, request))
+def join_round(request: SubmitRequest) -> Future[Answer]:
+    """From the thread that prepared the submit: it joins its application's
+    round now, not after a hop back to the event loop (which every request
+    and worker frame shares); the caller awaits it with receipt_of."""
+    return ROUNDS.enqueue(request.actor.principal.application_id, request)
+
+
+async def receipt_of(joined: Future[Answer]) -> Receipt:
+    """The submit's Receipt, or its refusal raised, holding no pool thread while the round runs."""
+    return _receipt(await asyncio.wrap_future(joined))

@@ -17,6 +17,7 @@ rendered here, refusals included."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 from django.conf import settings
@@ -27,8 +28,8 @@ from orbit.api.errors import error_answer
 from orbit.api.handler import HttpAnswer
 from orbit.api.parsers import json_object
 from orbit.fields import new_id
-from tasks.actions.rounds import SubmitRequest
-from tasks.coalesce import submit_coalesced_async, submit_request
+from tasks.actions.rounds import Answer
+from tasks.coalesce import join_round, receipt_of, submit_request
 from workers.db import run_db
 
 PATH = "/v1/tasks"
@@ -73,10 +74,10 @@ def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict
         return None
 
 
-def _prepared(meta: dict[str, str], body: dict[str, Any], request_id: str) -> SubmitRequest:
+def _prepared_and_joined(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer]:
     principal = authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION")))
     principal.require("tasks:submit")
-    return submit_request(principal, body, meta.get("HTTP_IDEMPOTENCY_KEY"), request_id)
+    return join_round(submit_request(principal, body, meta.get("HTTP_IDEMPOTENCY_KEY"), request_id))
 
 
 def _answer(status: int, envelope: dict[str, Any], request_id: str, extra: dict[str, str]) -> HttpAnswer:
@@ -102,11 +103,11 @@ async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
         return None
     request_id = new_id()
     try:
-        request = await run_db(_prepared, meta, body, request_id)
+        joined = await run_db(_prepared_and_joined, meta, body, request_id)
     except Exception:
         return None
     try:
-        receipt = await submit_coalesced_async(request)
+        receipt = await receipt_of(joined)
     except Exception as exc:
         status, envelope, extra = error_answer(request_id, exc)
         return _answer(status, envelope, request_id, extra)

@@ -116,7 +116,8 @@ class GroupCommit(Generic[I, R]):
         self._lanes: dict[str, _Lane[I, R]] = {}
         self._lock = threading.Lock()
 
-    def _enqueue(self, lane_id: str, item: I) -> Future[R]:
+    def enqueue(self, lane_id: str, item: I) -> Future[R]:
+        """From any thread: the item's outcome, to come (cancel it to skip the item)."""
         request: _Request[I, R] = _Request(item)
         with self._lock:  # a lane retires under this lock, only with an empty inbox
             lane = self._lanes.get(lane_id)
@@ -136,10 +137,10 @@ class GroupCommit(Generic[I, R]):
         """From a thread: waits for the item's outcome."""
         if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction
             return unwrap(self.run_group([item])[0])
-        return self._enqueue(lane_id, item).result()
+        return self.enqueue(lane_id, item).result()
 
     async def call_async(self, lane_id: str, item: I) -> R:
         """From the event loop: awaits the item's outcome without holding a pool thread."""
         if settings.ORBIT_INLINE_DB:
             return await run_db(lambda: unwrap(self.run_group([item])[0]))
-        return await asyncio.wrap_future(self._enqueue(lane_id, item))
+        return await asyncio.wrap_future(self.enqueue(lane_id, item))

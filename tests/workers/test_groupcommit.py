@@ -30,9 +30,9 @@ def test_a_cancelled_request_is_skipped_and_its_neighbours_are_answered(settings
     seen: list[list[str]] = []
     gate = threading.Event()
     commit = held_lane(settings, gated(seen, gate))
-    first = commit._enqueue("lane", "first")
+    first = commit.enqueue("lane", "first")
     time.sleep(0.1)  # the lane is inside the first group now
-    gone, kept = commit._enqueue("lane", "gone"), commit._enqueue("lane", "kept")
+    gone, kept = commit.enqueue("lane", "gone"), commit.enqueue("lane", "kept")
     assert gone.cancel()
     gate.set()
     assert first.result(5) == "done first"
@@ -44,9 +44,9 @@ def test_one_refused_item_does_not_refuse_its_group(settings):
     seen: list[list[str]] = []
     gate = threading.Event()
     commit = held_lane(settings, gated(seen, gate))
-    first = commit._enqueue("lane", "first")
+    first = commit.enqueue("lane", "first")
     time.sleep(0.1)
-    refused, kept = commit._enqueue("lane", "refused"), commit._enqueue("lane", "kept")
+    refused, kept = commit.enqueue("lane", "refused"), commit.enqueue("lane", "kept")
     gate.set()
     assert first.result(5) == "done first"
     assert isinstance(refused.exception(5), ValueError)
@@ -58,9 +58,9 @@ def test_a_failing_group_is_retried_item_by_item(settings):
     seen: list[list[str]] = []
     gate = threading.Event()
     commit = held_lane(settings, gated(seen, gate, fail_on="poison"))
-    first = commit._enqueue("lane", "first")
+    first = commit.enqueue("lane", "first")
     time.sleep(0.1)
-    poison, kept = commit._enqueue("lane", "poison"), commit._enqueue("lane", "kept")
+    poison, kept = commit.enqueue("lane", "poison"), commit.enqueue("lane", "kept")
     gate.set()
     assert first.result(5) == "done first"
     assert poison.result(5) == "done poison"  # alone, it goes through
@@ -77,11 +77,11 @@ def test_an_idle_lane_ends_and_the_next_item_starts_it_again(settings):
         return [f"done {item}" for item in items]
 
     commit = GroupCommit("idle", run_group, idle_seconds=0.2)
-    assert commit._enqueue("lane", "a").result(5) == "done a"
+    assert commit.enqueue("lane", "a").result(5) == "done a"
     deadline = time.monotonic() + 5
     while "lane" in commit._lanes and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "lane" not in commit._lanes
     assert not [t for t in threading.enumerate() if t.name == threads[0]]
-    assert commit._enqueue("lane", "b").result(5) == "done b"
+    assert commit.enqueue("lane", "b").result(5) == "done b"
     assert len(threads) == 2
