@@ -337,17 +337,16 @@ def _sending_waiting_writes(
     waiting: list[tuple[str, list[Any]]] | None = getattr(_waiting, "writes", None)
     if not waiting:
         return execute(sql, params, many, context)
-    if many or params is None:
-        # executemany, or SQL not to be %-formatted: the writes go first, on their own.
+    alone = many or not isinstance(params, list | tuple)
+    if alone:
+        # executemany, SQL not to be %-formatted, or named parameters: the writes go first, on their own.
         joined, joined_params, count = _joined(waiting)
     else:
         joined, joined_params, count = _joined([*waiting, (sql, list(params))])
     waiting.clear()
     result = execute(joined, joined_params, False, context)
     _skip_to_last_result(context["cursor"], count)
-    if many or params is None:
-        return execute(sql, params, many, context)
-    return result
+    return execute(sql, params, many, context) if alone else result
 
 
 def _joined(statements: list[tuple[str, list[Any]]]) -> tuple[str, list[Any], int]:

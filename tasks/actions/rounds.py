@@ -14,7 +14,9 @@ its own answer; a lone request is a round of one. A round admits the submits
 of one credential with distinct keys; other submits follow it through the
 batch path, and should a twin elsewhere commit one of the round's keys first,
 the round is decided again without its submits, which then take that path
-(where the twin's record is replayed).
+(where the twin's record is replayed). The round's unlocked first reads go
+to the database together, in one round trip, and its writes with its next
+statement (orbit.rows.select_together, writes_sent_together).
 
 Lock order inside a round: application_state → the union of the round's
 queue_state rows (ascending) → key rows → tasks → attempts. Each part re-locks

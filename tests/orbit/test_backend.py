@@ -52,6 +52,9 @@ def event(subject_id: str) -> None:
 
 
 def test_a_transaction_begins_with_its_first_statement_and_autocommit_returns_with_the_next(sent):
+    Event.objects.exists()  # outside a transaction: the server is in autocommit now
+    assert connection.connection.get_autocommit() is True
+    sent.clear()
     with transaction.atomic():
         assert sent == []  # nothing is sent to begin
         event("inside")
@@ -68,6 +71,8 @@ def test_a_transaction_begins_with_its_first_statement_and_autocommit_returns_wi
 
 
 def test_a_transaction_that_runs_no_statement_sends_nothing_but_its_commit(sent):
+    Event.objects.exists()
+    sent.clear()
     with transaction.atomic():
         pass
     assert not any(call.startswith(("SET autocommit", "autocommit(")) for call in sent)
@@ -76,6 +81,8 @@ def test_a_transaction_that_runs_no_statement_sends_nothing_but_its_commit(sent)
 def test_a_failing_statement_after_the_change_raises_as_django_does(sent):
     from django.db import IntegrityError
 
+    Event.objects.exists()  # outside a transaction: the server is in autocommit now
+    sent.clear()
     with pytest.raises(IntegrityError), transaction.atomic():
         # NOT NULL refused: MySQL error 1048, which Django reports as an IntegrityError
         Event.objects.create(namespace_id="n" * 32, type=None, subject_id="x", data={})  # type: ignore[misc]
