@@ -120,17 +120,28 @@ def _select(
 
 def pk_in(model: type[models.Model], pks: Iterable[str]) -> tuple[str, list[str]]:
     """WHERE pk IN (…) ORDER BY pk, and its parameters (the distinct pks, ascending)."""
+    return _pk_in(_shape(model, _db()), pks)
+
+
+def _pk_in(shape: _Shape, pks: Iterable[str]) -> tuple[str, list[str]]:
     wanted = sorted(set(pks))
-    pk = _shape(model, _db()).pk
-    return f"{pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {pk}", wanted
+    return f"{shape.pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {shape.pk}", wanted
+
+
+def namespace_keys_in(namespace_id: str, keys: Iterable[str]) -> tuple[str, list[str]]:
+    """WHERE namespace_id = %s AND key IN (…), for the rows a namespace keys by
+    `key` (at least one key), and its parameters (the distinct keys ascending)."""
+    wanted = sorted(set(keys))
+    key = _db().ops.quote_name("key")
+    return f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(wanted))})", [namespace_id, *wanted]
 
 
 def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
-    where, wanted = pk_in(model, pks)
-    if not wanted:
-        return {}
     db = _db()
     shape = _shape(model, db)
+    where, wanted = _pk_in(shape, pks)
+    if not wanted:
+        return {}
     return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=lock, skip_locked=False)}
 
 

@@ -12,7 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from orbit.models import ApplicationState
-from orbit.rows import lock_by_pk, select_rows
+from orbit.rows import lock_by_pk, namespace_keys_in, select_rows
 from tasks.models import Attempt, ConcurrencyKey, Task
 
 
@@ -33,11 +33,11 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
     if not wanted:
         return {}
 
-    key = connection.ops.quote_name("key")
-    where = f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {key}"
+    where, params = namespace_keys_in(namespace_id, wanted)
+    where += f" ORDER BY {connection.ops.quote_name('key')}"
 
     def locked() -> dict[str, ConcurrencyKey]:
-        return {row.key: row for row in select_rows(ConcurrencyKey, where, [namespace_id, *wanted], lock=True)}
+        return {row.key: row for row in select_rows(ConcurrencyKey, where, params, lock=True)}
 
     rows = locked()  # the usual case: every row exists, one statement
     missing = [key for key in wanted if key not in rows]

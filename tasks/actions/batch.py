@@ -6,11 +6,10 @@ first used in a batch replays from a single submit and vice versa."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
@@ -18,7 +17,7 @@ from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
-from orbit.rows import insert_rows, select_rows
+from orbit.rows import insert_rows, namespace_keys_in, select_rows
 from tasks.actions.dispatch import Configuration
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import PreparedTasks, admit_prepared, check_times, prepare_tasks
@@ -64,13 +63,6 @@ def checked_submission(actor: Actor, key: str, body: dict[str, Any]) -> Submissi
     return Submission(key=key, body=body, request_id=actor.request_id, checked=checked)
 
 
-def records_where(namespace_id: str, keys: Iterable[str]) -> tuple[str, list[str]]:
-    """The WHERE of a namespace's idempotency records of `keys` (at least one), and its parameters."""
-    wanted = sorted(set(keys))
-    key = connection.ops.quote_name("key")
-    return f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(wanted))})", [namespace_id, *wanted]
-
-
 def read_submissions(
     actor: Actor,
     items: list[Submission],
@@ -84,7 +76,7 @@ def read_submissions(
     the items' records, when the caller read them already."""
     pending: list[tuple[int, dict[str, Any]]] = []
     if found is None and items:
-        found = select_rows(IdempotencyRecord, *records_where(actor.namespace_id, [item.key for item in items]))
+        found = select_rows(IdempotencyRecord, *namespace_keys_in(actor.namespace_id, [item.key for item in items]))
     records = {record.key: record for record in found or []}
     now = timezone.now()
     for index, item in enumerate(items):

@@ -36,7 +36,7 @@ from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import Application, ApplicationState, IdempotencyRecord
-from orbit.rows import holding, pk_in, read_by_pk, select_together, writes_sent_together
+from orbit.rows import holding, namespace_keys_in, pk_in, select_together, writes_sent_together
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions import batch, dispatch, endings
@@ -132,7 +132,7 @@ class _FirstReads:
         if mine:
             actor = mine[0][1].actor
             queries.append(
-                (IdempotencyRecord, *batch.records_where(actor.namespace_id, [s.submission.key for _, s in mine]))
+                (IdempotencyRecord, *namespace_keys_in(actor.namespace_id, [s.submission.key for _, s in mine]))
             )
         for model, ids in ((Attempt, attempt_ids), (Application, application_ids), (Queue, queue_ids)):
             if ids:
@@ -149,10 +149,10 @@ class _FirstReads:
         unread = [(Application, application_ids - self.application_ids), (Queue, queue_ids - self.queue_ids)]
         if not any(ids for _, ids in unread):
             return self.configuration
-        applications, queues = (read_by_pk(model, ids) for model, ids in unread)
+        more = Configuration.read(*(ids for _, ids in unread))
         return Configuration(
-            applications={**self.configuration.applications, **applications},
-            queues={**self.configuration.queues, **queues},
+            applications={**self.configuration.applications, **more.applications},
+            queues={**self.configuration.queues, **more.queues},
         )
 
 
