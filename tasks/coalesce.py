@@ -12,7 +12,7 @@ import asyncio
 from concurrent.futures import Future
 from typing import Any
 
-from orbit.api.auth import Principal
+from orbit.api.auth import Minted, Principal
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, validate_key
 from tasks.actions import batch
@@ -22,15 +22,23 @@ from workers.groupcommit import GroupCommit
 ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit("round", run_round)
 
 
-def submit_request(principal: Principal, body: dict[str, Any], key: str | None, request_id: str) -> SubmitRequest:
+def submit_request(
+    principal: Principal,
+    body: dict[str, Any],
+    key: str | None,
+    request_id: str,
+    credential_to_confirm: Minted | None = None,
+) -> SubmitRequest:
     """POST /v1/tasks up to its round, for a caller holding tasks:submit whose
     body is a JSON object: the queue's range, the Idempotency-Key, and the
     body's validation (kept in the request for the round; see
-    batch.Submission.checked). Raises what refuses the request outright."""
+    batch.Submission.checked). Raises what refuses the request outright.
+    `credential_to_confirm`: see SubmitRequest."""
     if isinstance(body.get("queue_id"), str):
         principal.require_queue(body["queue_id"])
     actor = Actor(principal=principal, request_id=request_id)
-    return SubmitRequest(actor, batch.checked_submission(actor, validate_key(key), body))
+    submission = batch.checked_submission(actor, validate_key(key), body)
+    return SubmitRequest(actor, submission, credential_to_confirm)
 
 
 def _receipt(outcome: Answer) -> Receipt:

@@ -13,7 +13,13 @@ it does not take as is (another Content-Type or Accept, a query string, a
 repeated header, a body over 64 KiB or not a JSON object) and any refusal before
 the submit goes to the full handler unchanged, so each error keeps the one
 place that words it. Once the submit is handed to its round, the answer is
-rendered here, refusals included."""
+rendered here, refusals included.
+
+A credential this process has authenticated before is not read again on the
+database pool: the checks run on the event loop with the principal it was
+minted with, and the round reads its row with its other first reads and
+decides the submit only if the credential still grants it. A revoked (or
+changed) one is handed to the full handler, which answers 401 (or 403)."""
 
 from __future__ import annotations
 
@@ -23,12 +29,12 @@ from typing import Any
 from django.conf import settings
 from rest_framework.renderers import JSONRenderer
 
-from orbit.api.auth import authenticate_token, token_from_header
+from orbit.api.auth import authenticate_token, known_credential, token_from_header
 from orbit.api.errors import error_answer
 from orbit.api.handler import HttpAnswer
 from orbit.api.parsers import json_object
 from orbit.fields import new_id
-from tasks.actions.rounds import Answer
+from tasks.actions.rounds import Answer, CredentialNotConfirmed
 from tasks.coalesce import join_round, receipt_of, submit_request
 from workers.db import run_db
 
@@ -75,9 +81,24 @@ def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict
 
 
 def _prepared_and_joined(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer]:
+    """On the database pool: the credential read, then the view's checks."""
     principal = authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION")))
     principal.require("tasks:submit")
     return join_round(submit_request(principal, body, meta.get("HTTP_IDEMPOTENCY_KEY"), request_id))
+
+
+def _joined_by_known_credential(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer] | None:
+    """On the event loop, for a credential this process has authenticated
+    before: the view's checks with the principal it was minted with, and the
+    submit joins its round, which reads the credential again before deciding
+    it (CredentialNotConfirmed if revoked since). None: the credential is not
+    known here, or its secret does not match; it must be read first."""
+    minted = known_credential(token_from_header(meta.get("HTTP_AUTHORIZATION")))
+    if minted is None:
+        return None
+    minted.principal.require("tasks:submit")
+    key = meta.get("HTTP_IDEMPOTENCY_KEY")
+    return join_round(submit_request(minted.principal, body, key, request_id, credential_to_confirm=minted))
 
 
 def _answer(status: int, envelope: dict[str, Any], request_id: str, extra: dict[str, str]) -> HttpAnswer:
@@ -103,11 +124,15 @@ async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
         return None
     request_id = new_id()
     try:
-        joined = await run_db(_prepared_and_joined, meta, body, request_id)
+        joined = _joined_by_known_credential(meta, body, request_id)
+        if joined is None:
+            joined = await run_db(_prepared_and_joined, meta, body, request_id)
     except Exception:
         return None
     try:
         receipt = await receipt_of(joined)
+    except CredentialNotConfirmed:
+        return None
     except Exception as exc:
         status, envelope, extra = error_answer(request_id, exc)
         return _answer(status, envelope, request_id, extra)

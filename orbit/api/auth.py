@@ -62,6 +62,41 @@ class Principal:
             raise NotFound(f"{what} not found")
 
 
+def _principal_of(credential: Credential) -> Principal:
+    return Principal(
+        credential_id=credential.id,
+        application_id=credential.application_id,
+        namespace_id=credential.namespace_id,
+        scopes=frozenset(credential.scopes),
+        queue_ids=None if credential.queue_ids is None else frozenset(credential.queue_ids),
+    )
+
+
+@dataclass(frozen=True)
+class Minted:
+    """A credential as it was minted: its secret's hash, application,
+    namespace, scopes and queue range never change (orbit.tenancy mints and
+    revokes; nothing else writes the row). Only revocation does."""
+
+    secret_hash: str
+    principal: Principal
+
+    def still_grants(self, credential: Credential | None) -> bool:
+        """Whether this row, read again, still grants the principal: not
+        revoked, not gone, and not changed behind orbit.tenancy's back."""
+        return (
+            credential is not None
+            and credential.revoked_at is None
+            and credential.secret_hash == self.secret_hash
+            and _principal_of(credential) == self.principal
+        )
+
+
+# Credentials this process has authenticated (bounded: emptied when full).
+_MINTED: dict[str, Minted] = {}
+_MINTED_LIMIT = 4096
+
+
 def authenticate_token(token: str) -> Principal:
     match = TOKEN_PATTERN.match(token)
     if match is None:
@@ -72,13 +107,27 @@ def authenticate_token(token: str) -> Principal:
         credential = None
     if credential is None or not hmac.compare_digest(credential.secret_hash, hash_secret(secret)):
         raise Unauthenticated("invalid bearer token")
-    return Principal(
-        credential_id=credential.id,
-        application_id=credential.application_id,
-        namespace_id=credential.namespace_id,
-        scopes=frozenset(credential.scopes),
-        queue_ids=None if credential.queue_ids is None else frozenset(credential.queue_ids),
-    )
+    principal = _principal_of(credential)
+    if len(_MINTED) >= _MINTED_LIMIT:
+        _MINTED.clear()
+    _MINTED[credential.id] = Minted(credential.secret_hash, principal)
+    return principal
+
+
+def known_credential(token: str) -> Minted | None:
+    """The credential of a token this process has authenticated before, its
+    secret checked, without reading the row; None if the credential is not
+    known here or the secret does not match. Whether it has been revoked since
+    is NOT known: the caller reads the row again before acting on the
+    principal (Minted.still_grants)."""
+    match = TOKEN_PATTERN.match(token)
+    if match is None:
+        return None
+    credential_id, secret = match.groups()
+    minted = _MINTED.get(credential_id)
+    if minted is None or not hmac.compare_digest(minted.secret_hash, hash_secret(secret)):
+        return None
+    return minted
 
 
 def token_from_header(value: str | None) -> str:

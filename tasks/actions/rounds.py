@@ -32,10 +32,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from orbit.api.auth import Minted
 from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
-from orbit.models import Application, ApplicationState, IdempotencyRecord
+from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
 from orbit.rows import holding, namespace_keys_in, pk_in, select_together, writes_sent_together
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
@@ -57,10 +58,19 @@ class LeaseRequest:
 @dataclass(frozen=True)
 class SubmitRequest:
     """A single POST /v1/tasks (tasks.actions.batch: its own key, digest,
-    checks and answer)."""
+    checks and answer). `credential_to_confirm`: the caller's credential as
+    this process knew it, its row not read for this request; the round reads
+    it again and decides the submit only if it still grants the principal."""
 
     actor: Actor
     submission: Submission
+    credential_to_confirm: Minted | None = None
+
+
+class CredentialNotConfirmed(Exception):
+    """The round read a submit's credential again and found it revoked (or
+    gone, or not as minted): the submit was not decided; the full handler,
+    which reads the credential itself, answers it."""
 
 
 RoundItem = ResultReport | StartRequest | LeaseRequest | SubmitRequest
@@ -107,6 +117,7 @@ class _FirstReads:
     in a queue its worker does not name is read after, with its configuration."""
 
     records: list[IdempotencyRecord]
+    credentials: dict[str, Credential]
     attempts: dict[str, Attempt]
     application_ids: set[str]
     queue_ids: set[str]
@@ -115,6 +126,11 @@ class _FirstReads:
     @classmethod
     def read(cls, items: list[RoundItem], mine: list[tuple[int, SubmitRequest]]) -> _FirstReads:
         attempt_ids = {item.attempt_id for item in items if isinstance(item, ResultReport | StartRequest)}
+        credential_ids = {
+            item.credential_to_confirm.principal.credential_id
+            for item in items
+            if isinstance(item, SubmitRequest) and item.credential_to_confirm is not None
+        }
         application_ids: set[str] = set()
         queue_ids: set[str] = set()
         for item in items:
@@ -134,15 +150,25 @@ class _FirstReads:
             queries.append(
                 (IdempotencyRecord, *namespace_keys_in(actor.namespace_id, [s.submission.key for _, s in mine]))
             )
-        for model, ids in ((Attempt, attempt_ids), (Application, application_ids), (Queue, queue_ids)):
+        for model, ids in (
+            (Credential, credential_ids),
+            (Attempt, attempt_ids),
+            (Application, application_ids),
+            (Queue, queue_ids),
+        ):
             if ids:
                 queries.append((model, *pk_in(model, ids)))
         found = iter(select_together(queries))
         records: list[IdempotencyRecord] = next(found) if mine else []
+        credentials = {row.pk: row for row in next(found)} if credential_ids else {}
         attempts = {row.pk: row for row in next(found)} if attempt_ids else {}
         applications = {row.pk: row for row in next(found)} if application_ids else {}
         queues = {row.pk: row for row in next(found)} if queue_ids else {}
-        return cls(records, attempts, application_ids, queue_ids, Configuration(applications, queues))
+        return cls(records, credentials, attempts, application_ids, queue_ids, Configuration(applications, queues))
+
+    def confirms(self, item: SubmitRequest) -> bool:
+        minted = item.credential_to_confirm
+        return minted is None or minted.still_grants(self.credentials.get(minted.principal.credential_id))
 
     def configuration_of(self, application_ids: set[str], queue_ids: set[str]) -> Configuration:
         """The configuration of these applications and queues (those not read first, read now)."""
@@ -180,6 +206,11 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     answers: list[Answer | BaseException | None] = [None] * len(items)
     mine, later = _split_submits(items)
     first = _FirstReads.read(items, mine)
+    for index, item in enumerate(items):
+        if isinstance(item, SubmitRequest) and not first.confirms(item):
+            answers[index] = CredentialNotConfirmed()
+    mine = [(index, item) for index, item in mine if answers[index] is None]
+    later = [index for index in later if answers[index] is None]
     submits = _take_submits(mine, answers, first)
     try:
         _decide_round(items, answers, submits, first)

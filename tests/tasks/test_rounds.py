@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.api.auth import authenticate_token
+from orbit.api.auth import authenticate_token, known_credential
 from orbit.errors import IdempotencyConflict, InvalidArgument, LeaseLost, NotFound, QueueFull, StateConflict
 from orbit.fields import new_id
 from orbit.idempotency import Actor
-from orbit.models import IdempotencyRecord
+from orbit.models import Credential, IdempotencyRecord
+from orbit.tenancy import revoke_credential
 from tasks.actions import batch, dispatch, rounds
 from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
-from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
+from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.factories import make_credential
 from tests.tasks.support import assert_invariants, make_queue, submit_ok, task_body
@@ -122,6 +123,36 @@ def test_a_round_admits_its_submits_and_can_lease_them_at_once(tenant):
     submitted = {answer.data["task"]["id"] for answer in answers[:2]}
     assert {entry["task"]["id"] for entry in answers[2].assignments} == submitted
     assert set(Task.objects.filter(id__in=submitted).values_list("state", flat=True)) == {"LEASED"}
+    assert_invariants()
+
+
+def test_a_submit_on_a_known_credential_is_decided_only_if_its_row_still_grants_it(tenant):
+    queue = make_queue(tenant.client, "known", max_concurrency=50, rate_per_second=1000)
+    revoked = make_credential(tenant.namespace)
+    narrowed = make_credential(tenant.namespace)
+    actors = {}
+    for name, issued in (("live", tenant), ("revoked", revoked), ("narrowed", narrowed)):
+        actors[name] = submitter(tenant, issued.token)  # authenticated once: now known to this process
+    known = {
+        name: known_credential(issued.token)
+        for name, issued in (("live", tenant), ("revoked", revoked), ("narrowed", narrowed))
+    }
+    assert all(minted is not None for minted in known.values())
+    revoke_credential(revoked.credential.id)
+    Credential.objects.filter(id=narrowed.credential.id).update(scopes=["tasks:read"])
+
+    answers = run_round(
+        [
+            SubmitRequest(actors[name], submission(queue["id"], name), credential_to_confirm=known[name])
+            for name in ("revoked", "live", "narrowed")
+        ]
+    )
+
+    declined, accepted, changed = answers
+    assert isinstance(declined, CredentialNotConfirmed) and isinstance(changed, CredentialNotConfirmed)
+    assert accepted.status == 201
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 1
+    assert not IdempotencyRecord.objects.filter(key__in=["revoked", "narrowed"]).exists()
     assert_invariants()
 
 

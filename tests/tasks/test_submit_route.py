@@ -16,6 +16,8 @@ import pytest
 from django.test import override_settings
 
 from orbit.fields import new_id
+from orbit.models import Credential
+from orbit.tenancy import revoke_credential
 from tasks import submit_route
 from tasks.models import Task
 from tests.factories import make_credential
@@ -140,6 +142,26 @@ def test_scope_range_and_backpressure_answer_alike(setup, tenant, orbit_server):
         assert both(http, f"fill{n}", json=numbered_task(queue_id, n))[0] == 201
     status, headers, envelope = both(http, "over", json=numbered_task(queue_id, 9))
     assert (status, headers["retry-after"], envelope["error"]["code"]) == (429, "1", "QUEUE_FULL")
+
+
+@pytest.mark.parametrize("change", ["revoked", "narrowed"])
+def test_a_credential_revoked_or_changed_after_use_is_refused_at_once(setup, tenant, orbit_server, change):
+    """The server knows a credential once it has read it; its next submits go
+    by what it knows, and their round reads the row again before deciding."""
+    _, queue_id, _ = setup
+    issued = make_credential(tenant.namespace)
+    with httpx.Client(base_url=orbit_server.url, headers={"Authorization": f"Bearer {issued.token}"}) as client:
+        for n in range(3):
+            accepted = client.post("/v1/tasks", json=numbered_task(queue_id, n), headers={"Idempotency-Key": f"k{n}"})
+            assert accepted.status_code == 201
+        if change == "revoked":
+            revoke_credential(issued.credential.id)
+        else:
+            Credential.objects.filter(id=issued.credential.id).update(scopes=["tasks:read"])
+        status, _, envelope = both(client, "after", json=numbered_task(queue_id, 5))
+    expected = (401, "UNAUTHENTICATED") if change == "revoked" else (403, "PERMISSION_DENIED")
+    assert (status, envelope["error"]["code"]) == expected
+    assert Task.objects.filter(queue_id=queue_id).count() == 3
 
 
 def scope_of(headers: list[tuple[bytes, bytes]], query: bytes = b"") -> dict[str, Any]:
