@@ -9,7 +9,7 @@ from typing import Any
 
 from orbit.idempotency import Actor
 from orbit.models import AuditEntry, Event
-from orbit.rows import insert_rows
+from orbit.rows import insert_rows, new_row
 
 _gathering = threading.local()
 
@@ -30,7 +30,7 @@ def gathered_events() -> Iterator[None]:
 
 
 def emit_event(*, namespace_id: str, type: str, subject_id: str, data: dict[str, Any]) -> None:
-    event = Event(namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
+    event = new_row(Event, namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
     gathering = getattr(_gathering, "events", None)
     if gathering is None:
         event.save()

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models.base import ModelState
-from django.db.models.signals import post_init
+from django.db.models.signals import post_init, pre_init
 
 M = TypeVar("M", bound=models.Model)
 
@@ -95,6 +95,28 @@ def _instances(db: Any, model: type[M], shape: _Shape, rows: Iterable[Sequence[A
         state.adding, state.db = False, db.alias
         built.append(instance)
     return built
+
+
+@cache
+def _new_row_fields(model: type[models.Model]) -> dict[str, models.Field]:
+    return {field.attname: field for field in model._meta.concrete_fields}
+
+
+def new_row(model: type[M], **values: Any) -> M:
+    """model(**values) for a row about to be inserted (insert_rows): every
+    concrete field from `values` (by attname) or its default, minus
+    Model.__init__'s generic keyword handling and its pre_init/post_init
+    signals (a model with receivers of either, or a value given by another
+    name, is built by Model.__init__)."""
+    fields = _new_row_fields(model)
+    if pre_init.has_listeners(model) or post_init.has_listeners(model) or not values.keys() <= fields.keys():
+        return model(**values)
+    instance = model.__new__(model)
+    instance._state = ModelState()
+    instance.__dict__.update(
+        {attname: values[attname] if attname in values else field.get_default() for attname, field in fields.items()}
+    )
+    return instance
 
 
 def select_rows(

@@ -17,7 +17,7 @@ from orbit.api.errors import translate
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
-from orbit.rows import insert_rows, namespace_keys_in, select_rows
+from orbit.rows import insert_rows, namespace_keys_in, new_row, select_rows
 from tasks.actions.dispatch import Configuration
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import PreparedTasks, admit_prepared, check_times, prepare_tasks
@@ -197,7 +197,8 @@ def write_submissions(
                 receipts[index] = {"deduplicated": False, "task": task_detail(task)}
         insert_rows(
             [
-                IdempotencyRecord(
+                new_row(
+                    IdempotencyRecord,
                     namespace_id=actor.namespace_id,
                     key=items[index].key,
                     operation="task.submit",

@@ -17,7 +17,7 @@ from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCa
 from orbit.fields import UINT64_MAX
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import Application, ApplicationState
-from orbit.rows import Add, add_to_row, db_value, insert_rows, read_by_pk, select_rows, update_by_pk
+from orbit.rows import Add, add_to_row, db_value, insert_rows, new_row, read_by_pk, select_rows, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import promote_next
@@ -196,7 +196,8 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         taker = next(takers)
         holder = requests[taker][0]
         task.epoch += 1
-        attempt = Attempt(
+        attempt = new_row(
+            Attempt,
             task_id=task.id,
             namespace_id=task.namespace_id,
             application_id=task.application_id,

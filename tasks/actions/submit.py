@@ -16,7 +16,7 @@ from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, State
 from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import ApplicationState
-from orbit.rows import add_to_row, insert_rows, update_by_pk
+from orbit.rows import add_to_row, insert_rows, new_row, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.dispatch import Configuration
@@ -57,7 +57,8 @@ def new_task(actor: Actor, fields: dict[str, Any], now: datetime) -> Task:
     deadline_at = fields.get("deadline_at")
     if "timeout_seconds" in fields:
         deadline_at = now + timedelta(seconds=fields["timeout_seconds"])
-    return Task(
+    return new_row(
+        Task,
         namespace_id=actor.namespace_id,
         application_id=actor.principal.application_id,
         queue_id=fields["queue_id"],

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 import MySQLdb
 import pytest
 from django.db import connection, transaction
+from MySQLdb.times import DateTime_or_None
 
+from orbit.db_backends.mysql.base import datetime_or_none
 from orbit.models import Event
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
@@ -89,3 +91,30 @@ def test_a_failing_statement_after_the_change_raises_as_django_does(sent):
     assert sent[0].startswith("SET autocommit=0; INSERT")
     event("after-failure")  # the connection goes on, back in autocommit
     assert other_connection_sees("after-failure")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-11-30 12:00:01.123456",
+        "2026-11-30 12:00:01.000000",
+        "2026-11-30 12:00:01",
+        "0001-01-01 00:00:00",
+        "9999-12-31 23:59:59.999999",
+        "0000-00-00 00:00:00",  # a zero date: None
+        "2026-02-30 00:00:00",  # no such day: None
+        "2026-11-30",
+        "2026-11-30 12:00:01.5",
+        "2026-11-30T12:00:01",
+    ],
+)
+def test_datetimes_are_read_as_the_driver_reads_them(text):
+    assert datetime_or_none(text) == DateTime_or_None(text)
+
+
+def test_the_connection_reads_datetime_columns_with_the_fast_parser():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CAST('2026-11-30 12:00:01.123456' AS DATETIME(6)), CAST('2026-11-30' AS DATETIME)")
+        exact, midnight = cursor.fetchone()
+    assert (exact.isoformat(), midnight.isoformat()) == ("2026-11-30T12:00:01.123456", "2026-11-30T00:00:00")
+    assert connection.connection.converter[MySQLdb.constants.FIELD_TYPE.DATETIME].__name__ == "datetime_or_none"

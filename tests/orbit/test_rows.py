@@ -7,10 +7,25 @@ import datetime
 import pytest
 from django.db import IntegrityError, connection, transaction
 
+from orbit.api.auth import authenticate_token
+from orbit.fields import new_id
+from orbit.idempotency import Actor
 from orbit.models import Event, IdempotencyRecord
-from orbit.rows import Add, insert_rows, lock_by_pk, read_by_pk, select_rows, update_by_pk, writes_sent_together
-from tasks.models import Task
-from tests.tasks.support import make_queue, submit_ok
+from orbit.rows import (
+    Add,
+    insert_rows,
+    lock_by_pk,
+    new_row,
+    read_by_pk,
+    select_rows,
+    update_by_pk,
+    writes_sent_together,
+)
+from tasks.actions.batch import Submission
+from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
+from tasks.models import Attempt, Task
+from tests.tasks.support import make_queue, submit_ok, task_body
+from tests.tasks.test_dispatch import worker_for
 
 
 def field_values(row: object) -> dict[str, object]:
@@ -146,3 +161,43 @@ def test_writes_still_waiting_when_the_block_raises_are_never_sent(tenant, djang
         insert_rows([record(namespace_id, "dropped")])
         raise RuntimeError("refused")
     assert not IdempotencyRecord.objects.filter(namespace_id=namespace_id).exists()
+
+
+@pytest.mark.parametrize("model", [Task, Attempt, Event, IdempotencyRecord])
+def test_new_rows_are_built_as_model_init_builds_them(model):
+    given = {"namespace_id": "n" * 32, "payload": {"a": 1}} if model is Task else {"namespace_id": "n" * 32}
+    given = {name: value for name, value in given.items() if hasattr(model, name)}
+    made, by_init = new_row(model, **given), model(**given)
+    # defaults that are fresh per call (ids, times) differ; everything else is equal
+    fresh = {field.attname for field in model._meta.concrete_fields if callable(field.default)}
+    assert made.__dict__.keys() == by_init.__dict__.keys()
+    assert {k: v for k, v in field_values(made).items() if k not in fresh} == {
+        k: v for k, v in field_values(by_init).items() if k not in fresh
+    }
+    assert all(type(getattr(made, name)) is type(getattr(by_init, name)) for name in fresh)
+    assert made._state.adding and made._state.db is None
+
+
+def test_a_value_given_by_another_name_goes_through_model_init():
+    with pytest.raises(TypeError):
+        new_row(Task, not_a_field=1)  # Model.__init__'s own refusal
+    payload = {"kept": True}
+    assert new_row(Task, payload=payload).payload is payload
+
+
+@pytest.mark.django_db
+def test_a_round_builds_its_new_rows_without_model_init(tenant, monkeypatch):
+    queue = make_queue(tenant.client, "fresh-rows", max_concurrency=50, rate_per_second=1000)
+    actor = Actor(principal=authenticate_token(tenant.token), request_id=new_id())
+    worker = worker_for(tenant, queue["id"])
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail("Model.__init__ called for a new row")
+
+    for model in (Task, Attempt, Event, IdempotencyRecord):
+        monkeypatch.setattr(model, "__init__", refuse)
+    submit = SubmitRequest(actor, Submission(key="fresh", body=task_body(queue["id"]), request_id=new_id()))
+    submitted, leased = run_round([submit, LeaseRequest(worker, 1)])
+
+    assert submitted.status == 201 and len(leased.assignments) == 1
+    assert Event.objects.filter(subject_id=submitted.data["task"]["id"]).exists()
