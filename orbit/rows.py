@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS, connections, models
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
@@ -167,15 +167,19 @@ def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
     return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=lock, skip_locked=False)}
 
 
-def select_together(queries: Sequence[tuple[type[models.Model], str, Sequence[Any]]]) -> list[list[Any]]:
-    """Several unlocked select_rows in one round trip (a multi-statement query)
-    on MySQL/MariaDB, one after another elsewhere: the rows of each, in order."""
+def select_together(
+    queries: Sequence[tuple[type[models.Model], str, Sequence[Any]]], *, lock: bool = False
+) -> list[list[Any]]:
+    """Several select_rows in one round trip (a multi-statement query) on
+    MySQL/MariaDB, one after another elsewhere: the rows of each, in order;
+    each FOR UPDATE with `lock`, its locks taken in the order given."""
     db = _db()
     if db.vendor != "mysql" or len(queries) < 2:
-        return [select_rows(model, where, params) for model, where, params in queries]
+        return [select_rows(model, where, params, lock=lock) for model, where, params in queries]
     shapes = [_shape(model, db) for model, _, _ in queries]
+    suffix = " FOR UPDATE" if lock else ""
     sql = "; ".join(
-        f"SELECT {shape.columns} FROM {shape.table} WHERE {where}"
+        f"SELECT {shape.columns} FROM {shape.table} WHERE {where}{suffix}"
         for shape, (_, where, _) in zip(shapes, queries, strict=True)
     )
     found: list[list[Any]] = []
@@ -243,6 +247,23 @@ def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     for pk, row in fresh.items():
         held[(model, pk)] = row
     return {pk: held[(model, pk)] for pk in wanted if (model, pk) in held}
+
+
+def lock_by_pk_together(wanted: Sequence[tuple[type[models.Model], Iterable[str]]]) -> None:
+    """lock_by_pk for the rows of several models of `holding`, in one round
+    trip (select_together), in the order given: locking them again with
+    lock_by_pk then returns them without a statement."""
+    state = getattr(_held, "state", None)
+    assert state is not None and all(model in state.models for model, _ in wanted), "only rows kept by holding"
+    db = _db()
+    queries: list[tuple[type[models.Model], str, Sequence[Any]]] = []
+    for model, pks in wanted:
+        where, fresh = _pk_in(_shape(model, db), [pk for pk in pks if (model, pk) not in state.rows])
+        if fresh:
+            queries.append((model, where, fresh))
+    for (model, _, _), rows in zip(queries, select_together(queries, lock=True), strict=True):
+        for row in rows:
+            state.rows[(model, row.pk)] = row
 
 
 def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
@@ -334,7 +355,7 @@ def _write(db: Any, sql: str, params: list[Any]) -> None:
 
 
 @contextmanager
-def writes_sent_together() -> Iterator[None]:
+def writes_sent_together(*, commit_with_last_writes: bool = False) -> Iterator[None]:
     """Inside one transaction, on MySQL/MariaDB: the UPDATEs and INSERTs of
     update_by_pk and insert_rows (nothing is read back from them) wait, and go
     in one round trip with the next statement on the connection, the ORM's
@@ -344,7 +365,8 @@ def writes_sent_together() -> Iterator[None]:
     rolls back). Writes still waiting when the block raises are dropped with
     the transaction. A round issues a dozen writes between its reads; each
     round trip costs the round thread, which every request of the
-    application waits for, far more than the statement itself."""
+    application waits for, far more than the statement itself.
+    `commit_with_last_writes`: see atomic_sent_together."""
     db = _db()
     if getattr(_waiting, "writes", None) is not None or db.vendor != "mysql":
         yield  # an outer block sends them; elsewhere each write goes at once
@@ -355,13 +377,41 @@ def writes_sent_together() -> Iterator[None]:
         with db.execute_wrapper(_sending_waiting_writes):
             yield
             if waiting:
-                sql, params, count = _joined(waiting)
+                commits = commit_with_last_writes and _commit_may_ride(db)
+                sql, params, count = _joined([*waiting, *([("COMMIT", [])] if commits else [])])
                 waiting.clear()
                 with db.cursor() as cursor:
                     cursor.execute(sql, params)
                     _skip_to_last_result(cursor, count)
+                if commits:
+                    db.commit_sent = True  # the commit Django sends next is done (orbit.db_backends.mysql)
     finally:
         _waiting.writes = None
+
+
+def _commit_may_ride(db: Any) -> bool:
+    """Whether the transaction Django commits next is exactly the one open
+    now, with nothing that would make it roll back instead: one atomic block
+    (the outermost, no savepoint) and no pending rollback."""
+    return (
+        hasattr(db, "commit_sent")
+        and db.in_atomic_block
+        and len(db.atomic_blocks) == 1
+        and not db.savepoint_ids
+        and not db.needs_rollback
+        and not db.closed_in_transaction
+    )
+
+
+@contextmanager
+def atomic_sent_together() -> Iterator[None]:
+    """transaction.atomic() with writes_sent_together() inside, nothing
+    between the two: as the outermost transaction on MySQL/MariaDB, its last
+    writes carry its COMMIT, one round trip for both. A failing write stops
+    the query before the COMMIT and raises inside the block, which rolls
+    back; the COMMIT that Django then sends on leaving the block is skipped."""
+    with transaction.atomic(), writes_sent_together(commit_with_last_writes=True):
+        yield
 
 
 def _sending_waiting_writes(

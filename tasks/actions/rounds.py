@@ -30,14 +30,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from orbit.api.auth import Minted
 from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
-from orbit.rows import holding, namespace_keys_in, pk_in, select_together, writes_sent_together
+from orbit.rows import atomic_sent_together, holding, lock_by_pk_together, namespace_keys_in, pk_in, select_together
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions import batch, dispatch, endings
@@ -279,9 +279,8 @@ def _decide_round(
         namespace_id = submitting.actor.namespace_id
         queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
 
-    @transaction.atomic
     def decide() -> list[tuple[int, Any]]:
-        with writes_sent_together(), holding(ApplicationState, QueueState):
+        with atomic_sent_together(), holding(ApplicationState, QueueState):
             return decide_holding()
 
     def decide_holding() -> list[tuple[int, Any]]:
@@ -292,8 +291,9 @@ def _decide_round(
             written = batch.write_submissions(
                 submitting.actor, submitting.items, submitting.digests, submitting.pending, configuration
             )
+        lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)])  # one round trip
         for application_id in sorted(applications):
-            lock_application_state(application_id)
+            lock_application_state(application_id)  # kept now: raises if it has no row
         lock_queue_states(queue_ids)
         with gathered_events():
             if submitting and written is not None:

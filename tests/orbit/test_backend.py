@@ -8,11 +8,12 @@ from collections.abc import Iterator
 
 import MySQLdb
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from MySQLdb.times import DateTime_or_None
 
 from orbit.db_backends.mysql.base import datetime_or_none
 from orbit.models import Event
+from orbit.rows import atomic_sent_together, insert_rows, new_row
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -81,8 +82,6 @@ def test_a_transaction_that_runs_no_statement_sends_nothing_but_its_commit(sent)
 
 
 def test_a_failing_statement_after_the_change_raises_as_django_does(sent):
-    from django.db import IntegrityError
-
     Event.objects.exists()  # outside a transaction: the server is in autocommit now
     sent.clear()
     with pytest.raises(IntegrityError), transaction.atomic():
@@ -118,3 +117,45 @@ def test_the_connection_reads_datetime_columns_with_the_fast_parser():
         exact, midnight = cursor.fetchone()
     assert (exact.isoformat(), midnight.isoformat()) == ("2026-11-30T12:00:01.123456", "2026-11-30T00:00:00")
     assert connection.connection.converter[MySQLdb.constants.FIELD_TYPE.DATETIME].__name__ == "datetime_or_none"
+
+
+def test_the_last_writes_of_an_outermost_transaction_carry_its_commit(sent):
+    Event.objects.exists()
+    commits: list[str] = []
+    raw = connection.connection
+    commit = raw.commit
+    raw.commit = lambda: (commits.append("commit()"), commit())[1]  # the fixture closes this connection
+    sent.clear()
+    with atomic_sent_together():
+        insert_rows([new_row(Event, namespace_id="n" * 32, type="backend.test", subject_id="rides", data={})])
+        assert sent == []  # waiting
+        assert not other_connection_sees("rides")
+    assert len(sent) == 1 and sent[0].startswith("SET autocommit=0; INSERT INTO `orbit_event`")
+    assert sent[0].endswith("; COMMIT") and commits == []  # one round trip, no commit of its own
+    assert other_connection_sees("rides")
+    assert connection.commit_sent is False  # used up
+    with transaction.atomic():  # the next transaction commits as usual
+        event("next")
+    assert commits == ["commit()"] and other_connection_sees("next")
+
+
+def test_a_failing_last_write_stops_before_the_commit_and_rolls_back(sent):
+    Event.objects.exists()
+    with pytest.raises(IntegrityError), atomic_sent_together():
+        insert_rows([new_row(Event, namespace_id="n" * 32, type="backend.test", subject_id="undone", data={})])
+        insert_rows([new_row(Event, namespace_id="n" * 32, type=None, subject_id="refused", data={})])
+    assert sent[-1].endswith("; COMMIT")  # sent, never reached
+    assert not other_connection_sees("undone")
+    assert connection.commit_sent is False
+    event("after-failure")
+    assert other_connection_sees("after-failure")
+
+
+def test_inside_an_outer_transaction_the_writes_go_without_a_commit(sent):
+    Event.objects.exists()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        with atomic_sent_together():
+            insert_rows([new_row(Event, namespace_id="n" * 32, type="backend.test", subject_id="inner", data={})])
+        assert not sent[-1].endswith("COMMIT")
+        raise RuntimeError("the outer transaction rolls back")
+    assert not other_connection_sees("inner")

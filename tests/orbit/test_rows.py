@@ -100,6 +100,28 @@ def test_rows_held_in_a_transaction_carry_its_own_updates_and_are_written_once(t
         lock_by_pk(ApplicationState, [application_id])
 
 
+@pytest.mark.mysql_only
+@pytest.mark.django_db
+def test_rows_of_several_held_models_are_locked_in_one_round_trip(tenant, django_assert_num_queries):
+    from orbit.models import ApplicationState
+    from orbit.rows import holding, lock_by_pk_together
+    from queues.models import QueueState
+
+    application_id = tenant.namespace.application_id
+    queue_id = make_queue(tenant.client, "together")["id"]
+    with transaction.atomic(), holding(ApplicationState, QueueState):
+        with django_assert_num_queries(1) as captured:
+            lock_by_pk_together([(ApplicationState, [application_id]), (QueueState, [queue_id, "0" * 32])])
+        sql = captured.captured_queries[0]["sql"]
+        assert sql.index("`orbit_application_state`") < sql.index("`orbit_queue_state`")  # in the order given
+        assert sql.count("FOR UPDATE") == 2
+        with django_assert_num_queries(0):  # kept: locked again without a statement
+            assert list(lock_by_pk(ApplicationState, [application_id])) == [application_id]
+            assert list(lock_by_pk(QueueState, [queue_id])) == [queue_id]
+        with django_assert_num_queries(0):  # nothing left to lock: nothing sent
+            lock_by_pk_together([(ApplicationState, [application_id]), (QueueState, [queue_id])])
+
+
 @pytest.mark.django_db
 def test_held_rows_are_not_written_when_the_block_raises(tenant):
     from orbit.models import ApplicationState

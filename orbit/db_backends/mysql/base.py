@@ -84,6 +84,9 @@ class CursorWrapper(base.CursorWrapper):
 
 class DatabaseWrapper(base.DatabaseWrapper):
     features_class = DatabaseFeatures
+    # Set by orbit.rows.atomic_sent_together when a transaction's last writes
+    # carried its COMMIT: the commit Django asks for next is already done.
+    commit_sent = False
 
     def get_connection_params(self) -> dict[str, Any]:
         params = super().get_connection_params()
@@ -94,6 +97,16 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def create_cursor(self, name: str | None = None) -> CursorWrapper:
         return CursorWrapper(self.connection.cursor(), self)
+
+    def _commit(self) -> None:
+        if self.commit_sent:
+            self.commit_sent = False
+            return
+        super()._commit()
+
+    def _rollback(self) -> None:
+        self.commit_sent = False
+        super()._rollback()
 
     def _set_autocommit(self, autocommit: bool) -> None:
         """Nothing is sent now: see CursorWrapper (Django records `autocommit` itself)."""
