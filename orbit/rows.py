@@ -238,32 +238,33 @@ def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     """SELECT … WHERE pk IN (…) ORDER BY pk FOR UPDATE: the rows that exist, by pk,
     locked in ascending key order (rows already held in `holding` are not
     locked again)."""
-    state = _holding(model)
-    if state is None:
-        return _by_pk(model, pks, lock=True)
-    held = state.rows
-    wanted = sorted(set(pks))
-    fresh = _by_pk(model, [pk for pk in wanted if (model, pk) not in held], lock=True)
-    for pk, row in fresh.items():
-        held[(model, pk)] = row
-    return {pk: held[(model, pk)] for pk in wanted if (model, pk) in held}
+    (locked,) = lock_by_pk_together([(model, pks)])
+    return locked
 
 
-def lock_by_pk_together(wanted: Sequence[tuple[type[models.Model], Iterable[str]]]) -> None:
-    """lock_by_pk for the rows of several models of `holding`, in one round
-    trip (select_together), in the order given: locking them again with
-    lock_by_pk then returns them without a statement."""
-    state = getattr(_held, "state", None)
-    assert state is not None and all(model in state.models for model, _ in wanted), "only rows kept by holding"
+def lock_by_pk_together(wanted: Sequence[tuple[type[models.Model], Iterable[str]]]) -> list[dict[str, Any]]:
+    """lock_by_pk for several models in one round trip (select_together), the
+    locks taken in the order given: the rows of each that exist, by pk."""
     db = _db()
+    plans: list[tuple[type[models.Model], list[str], _Holding | None, bool]] = []
     queries: list[tuple[type[models.Model], str, Sequence[Any]]] = []
     for model, pks in wanted:
-        where, fresh = _pk_in(_shape(model, db), [pk for pk in pks if (model, pk) not in state.rows])
+        asked = sorted(set(pks))
+        state = _holding(model)
+        fresh = asked if state is None else [pk for pk in asked if (model, pk) not in state.rows]
         if fresh:
-            queries.append((model, where, fresh))
-    for (model, _, _), rows in zip(queries, select_together(queries, lock=True), strict=True):
-        for row in rows:
-            state.rows[(model, row.pk)] = row
+            queries.append((model, *_pk_in(_shape(model, db), fresh)))
+        plans.append((model, asked, state, bool(fresh)))
+    found = iter(select_together(queries, lock=True))
+    locked: list[dict[str, Any]] = []
+    for model, asked, state, sent in plans:
+        rows = {row.pk: row for row in next(found)} if sent else {}
+        if state is not None:
+            for pk, row in rows.items():
+                state.rows[(model, pk)] = row
+            rows = {pk: state.rows[(model, pk)] for pk in asked if (model, pk) in state.rows}
+        locked.append(rows)
+    return locked
 
 
 def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:

@@ -57,13 +57,3 @@ def lock_task(task_id: str) -> Task | None:
 
 def lock_attempt(attempt_id: str) -> Attempt | None:
     return lock_by_pk(Attempt, [attempt_id]).get(attempt_id)
-
-
-def lock_tasks(task_ids: Iterable[str]) -> dict[str, Task]:
-    """Locks tasks in ascending id order (one statement)."""
-    return lock_by_pk(Task, task_ids)
-
-
-def lock_attempts(attempt_ids: Iterable[str]) -> dict[str, Attempt]:
-    """Locks attempts in ascending id order (one statement)."""
-    return lock_by_pk(Attempt, attempt_ids)

@@ -17,12 +17,22 @@ from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCa
 from orbit.fields import UINT64_MAX
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import Application, ApplicationState
-from orbit.rows import Add, add_to_row, db_value, insert_rows, new_row, read_by_pk, select_rows, update_by_pk
+from orbit.rows import (
+    Add,
+    add_to_row,
+    db_value,
+    insert_rows,
+    lock_by_pk_together,
+    new_row,
+    read_by_pk,
+    select_rows,
+    update_by_pk,
+)
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.readiness import promote_next
 from tasks.actions.serialize import assignment
-from tasks.locks import lock_application_state, lock_attempt, lock_attempts, lock_concurrency_keys, lock_tasks
+from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from workers.groupcommit import unwrap
 
@@ -331,8 +341,12 @@ def apply_starts(
     """Decides Starts (peeked by peek_starts) under their locks; caller holds the
     transaction. One outcome per request."""
     states = lock_queue_states(peeks[request.attempt_id].queue_id for request in requests)
-    tasks = lock_tasks(peeks[request.attempt_id].task_id for request in requests)
-    attempts = lock_attempts(request.attempt_id for request in requests)
+    tasks, attempts = lock_by_pk_together(  # tasks → attempts, one round trip
+        [
+            (Task, [peeks[request.attempt_id].task_id for request in requests]),
+            (Attempt, [request.attempt_id for request in requests]),
+        ]
+    )
     # Read the clock after the locks: a Start that waited on them must judge
     # its lease and the rate window by the time it is decided, not queued.
     now = timezone.now()

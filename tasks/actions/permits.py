@@ -18,11 +18,11 @@ from django.db.models import Model
 from orbit.audit import emit_event
 from orbit.metrics import ATTEMPTS_FINISHED
 from orbit.models import ApplicationState
-from orbit.rows import add_to_row, read_by_pk, update_by_pk
+from orbit.rows import add_to_row, lock_by_pk_together, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions.readiness import enter_waiting, promote_next
-from tasks.locks import lock_application_state, lock_attempts, lock_concurrency_keys, lock_task, lock_tasks
+from tasks.locks import lock_application_state, lock_concurrency_keys, lock_task
 from tasks.models import (
     ACTIVE_ATTEMPT_STATES,
     FINAL_TASK_STATES,
@@ -93,8 +93,8 @@ def lock_attempt_chains(peeks: dict[str, dict[str, Any]], *, counters_held: bool
     if not peeks:
         return {}
     key_rows = _lock_parents(peeks.values(), counters_held=counters_held)
-    tasks = lock_tasks(peek["task_id"] for peek in peeks.values())
-    attempts = lock_attempts(peeks)
+    # tasks → attempts, one round trip
+    tasks, attempts = lock_by_pk_together([(Task, [peek["task_id"] for peek in peeks.values()]), (Attempt, peeks)])
     chains: dict[str, Held] = {}
     for attempt_id, peek in peeks.items():
         task, attempt = tasks.get(peek["task_id"]), attempts.get(attempt_id)
