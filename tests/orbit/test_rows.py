@@ -223,3 +223,19 @@ def test_a_round_builds_its_new_rows_without_model_init(tenant, monkeypatch):
 
     assert submitted.status == 201 and len(leased.assignments) == 1
     assert Event.objects.filter(subject_id=submitted.data["task"]["id"]).exists()
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db
+def test_datetimes_are_made_aware_without_make_aware_on_mysql(tenant):
+    from orbit.rows import _shape
+
+    queue = make_queue(tenant.client, "aware")
+    task_id = submit_ok(tenant.client, queue["id"], "aware-1")["id"]
+    shape = _shape(Task, connection)
+    converters = {shape.attnames[index]: found for index, _, found in shape.converters}
+    assert [convert.__qualname__ for convert in converters["available_at"]] == ["_made_aware.<locals>.convert"]
+    read = read_by_pk(Task, [task_id])[task_id]
+    assert read.available_at == Task.objects.get(id=task_id).available_at
+    assert read.available_at.tzinfo is connection.timezone
+    assert read.start_deadline_at is None
