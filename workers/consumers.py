@@ -14,7 +14,9 @@ import time
 from typing import Any
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
 from django.db import DatabaseError
 from rest_framework import serializers
 
@@ -85,6 +87,21 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], *, 
 class WorkerConsumer(AsyncWebsocketConsumer):
     principal: Principal | None = None
     worker: WorkerContext | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Channels' AsyncConsumer.__call__ without a channel layer (Orbit
+        configures none): each frame is awaited from `receive` and dispatched,
+        in order, instead of through a new task and an asyncio.wait per frame
+        (await_many_dispatch, which multiplexes the client and a channel layer)."""
+        if get_channel_layer(self.channel_layer_alias) is not None:
+            await super().__call__(scope, receive, send)
+            return
+        self.scope = scope
+        self.channel_layer = None
+        self.base_send = send
+        with contextlib.suppress(StopConsumer):
+            while True:
+                await self.dispatch(await receive())
 
     async def connect(self) -> None:
         await self.accept()

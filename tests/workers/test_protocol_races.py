@@ -63,3 +63,19 @@ async def test_no_assignment_follows_drain_ok_even_with_a_lease_in_flight(tenant
     assert frames[kinds.index("task.assign")]["task"]["id"] == task["id"]
     assert await sync_to_async(lambda: Task.objects.get(id=task["id"]).state)() == "LEASED"
     await sync_to_async(assert_invariants)()
+
+
+async def test_the_consumer_answers_every_frame_and_ends_when_its_client_disconnects(tenant):
+    # the consumer reads frames straight from `receive` (no channel layer): it
+    # must still answer each one, and end at the disconnect
+    queue = await sync_to_async(make_queue)(tenant.client)
+    client = ProtocolClient(tenant.token)
+    await client.connect()
+    assert (await client.hello([queue["id"]], capacity=1, worker_id="ender"))["type"] == "hello.ok"
+    for n in range(3):
+        await client.communicator.send_json_to({"id": f"bad-{n}", "type": "nonsense"})
+    replies = [await client.communicator.receive_json_from(timeout=5) for _ in range(3)]
+    assert sorted(reply["reply_to"] for reply in replies) == ["bad-0", "bad-1", "bad-2"]
+    await client.communicator.send_input({"type": "websocket.disconnect", "code": 1000})
+    await client.communicator.wait(timeout=2)  # raises if the application is still running
+    assert client.communicator.future.done() and client.communicator.future.exception() is None
