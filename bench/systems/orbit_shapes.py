@@ -12,12 +12,13 @@ of one application in one transaction (tasks.actions.rounds.run_round): the
 unlocked first reads in one round trip (the submits' idempotency records, the
 peeks of results and starts, the configuration), then the submits' records (each with its final
 receipt) and task rows before any lock (batch.write_submissions), the counter
-rows locked once, admission of K submits, results of K running attempts
-(endings.apply_reports with a WriteBook), starts of K leased attempts
-(dispatch.apply_starts), a lease of K (dispatch.lease), the round's 4K events
-in one insert, and each counter row written once (orbit.rows.holding); the
-writes go with the next statement, in one multi-statement query
-(orbit.rows.writes_sent_together).
+rows locked once (both in one round trip), admission of K submits, results of
+K running attempts (endings.apply_reports with a WriteBook; tasks and attempts
+locked in one round trip), starts of K leased attempts (dispatch.apply_starts,
+the same), a lease of K (dispatch.lease), the round's 4K events in one insert,
+and each counter row written once (orbit.rows.holding); the writes go with the
+next statement, in one multi-statement query (orbit.rows.writes_sent_together),
+and the last ones with the COMMIT (orbit.rows.atomic_sent_together).
 Prints commits_per_s_round (rounds that carry K submits, K results, K starts
 and K leases), transactions_per_task_grouped = 1/K and
 ceiling_tasks_per_s_grouped = tasks / (time to push them through pipelined
@@ -306,19 +307,20 @@ def dispatch_round(
         t.write(*insert_sql(IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ns, key, "d" * 64, receipt, hexid()) for key in keys]))
         task_ids = [hexid() for _ in keys]
         t.write(*insert_sql(TASK_INSERT, TASK_ROW, [(task, ns, app, queue) for task in task_ids]))
-    # The counter rows, locked once; every part's changes to them are written at the end.
-    t.execute(LOCK_APPLICATION_STATE, (app,))
+    # The counter rows, locked once, in one round trip (orbit.rows.lock_by_pk_together);
+    # every part's changes to them are written at the end.
+    t.write(LOCK_APPLICATION_STATE, (app,))
     t.execute(LOCK_QUEUE_STATES, (queue,))
     if keys:  # batch.admit_submissions: counted under the locks
         app_deltas["unfinished_tasks"] += len(keys)
         queue_deltas["unfinished_tasks"] += len(keys)
         events += [(ns, task) for task in task_ids]
     if finishing:
-        # endings.apply_reports: the attempt chains (parents held), then the
-        # WriteBook: one UPDATE per table (equal values).
+        # endings.apply_reports: the attempt chains (parents held; tasks and attempts in
+        # one round trip), then the WriteBook: one UPDATE per table (equal values).
         tasks, attempts = sorted(t for t, _ in finishing), sorted(a for _, a in finishing)
         n = len(finishing)
-        t.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
+        t.write(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
         t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
         t.write(
             "UPDATE orbit_attempt SET finished_at=NOW(6), outcome='SUCCEEDED', output=NULL, state='SUCCEEDED' "
@@ -336,10 +338,10 @@ def dispatch_round(
         queue_deltas["unfinished_tasks"] -= n
         events += [(ns, task) for task, _ in finishing]
     if starting:
-        # dispatch.apply_starts: tasks → attempts (queue_state held), one UPDATE each.
+        # dispatch.apply_starts: tasks → attempts in one round trip (queue_state held), one UPDATE each.
         tasks, attempts = sorted(t for t, _ in starting), sorted(a for _, a in starting)
         n = len(starting)
-        t.execute(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
+        t.write(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
         t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
         queue_deltas["window_count"] += n
         queue_deltas["reserved_starts"] -= n
@@ -396,8 +398,8 @@ def dispatch_round(
             queue,
         ),
     )
+    t.write("COMMIT", ())  # orbit.rows.atomic_sent_together: the last writes carry the COMMIT
     t.send()
-    c.execute("COMMIT")
     return leased
 
 
