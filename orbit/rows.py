@@ -427,9 +427,10 @@ def _commit_may_ride(db: Any) -> bool:
 def atomic_sent_together() -> Iterator[None]:
     """transaction.atomic() with writes_sent_together() inside, nothing
     between the two: as the outermost transaction on MySQL/MariaDB, its last
-    writes carry its COMMIT, one round trip for both. A failing write stops
-    the query before the COMMIT and raises inside the block, which rolls
-    back; the COMMIT that Django then sends on leaving the block is skipped."""
+    writes carry its COMMIT, one round trip for both, and the COMMIT Django
+    sends on leaving the block is skipped (it is done). A failing write stops
+    the query before the COMMIT and raises inside the block, which then rolls
+    back as usual."""
     with transaction.atomic(), writes_sent_together(commit_with_last_writes=True):
         yield
 
