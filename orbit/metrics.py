@@ -11,6 +11,17 @@ ATTEMPTS_STARTED = Counter("orbit_attempts_started_total", "Starts approved")
 ATTEMPTS_FINISHED = Counter("orbit_attempts_finished_total", "Attempts ended", ["state"])
 LEASES_RECOVERED = Counter("orbit_leases_recovered_total", "Expired leases recovered")
 
+_finished_by_state: dict[str, Counter] = {}
+
+
+def count_finished_attempt(state: str) -> None:
+    """ATTEMPTS_FINISHED for one attempt, its labelled child looked up once per
+    state (labels() validates and locks on every call, per attempt, on the round thread)."""
+    child = _finished_by_state.get(state)
+    if child is None:
+        child = _finished_by_state[state] = ATTEMPTS_FINISHED.labels(state=state)
+    child.inc()
+
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

@@ -16,7 +16,7 @@ from typing import Any
 from django.db.models import Model
 
 from orbit.audit import emit_event
-from orbit.metrics import ATTEMPTS_FINISHED
+from orbit.metrics import count_finished_attempt
 from orbit.models import ApplicationState
 from orbit.rows import add_to_row, lock_by_pk_together, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
@@ -258,7 +258,7 @@ def _end_attempt(
     for name, value in fields.items():
         setattr(attempt, name, value)
     _save(attempt, ["state", "finished_at", *fields], book)
-    ATTEMPTS_FINISHED.labels(state=str(state)).inc()
+    count_finished_attempt(str(state))
 
 
 def _move_task(

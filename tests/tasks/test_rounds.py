@@ -239,3 +239,25 @@ def test_a_body_checked_in_advance_is_judged_only_after_its_key(tenant):
     assert isinstance(reused, IdempotencyConflict)  # the key is judged first, as for any submit
     assert isinstance(fresh, InvalidArgument) and fresh.message.startswith("priority")
     assert not IdempotencyRecord.objects.filter(key="fresh").exists()
+
+
+def test_finished_attempts_are_counted_by_state_once_each(tenant):
+    from prometheus_client import REGISTRY
+
+    def finished(state: str) -> float:
+        return REGISTRY.get_sample_value("orbit_attempts_finished_total", {"state": state}) or 0.0
+
+    queue = make_queue(tenant.client, "counted", max_concurrency=4, rate_per_second=1000)
+    for n in range(3):
+        submit_ok(tenant.client, queue["id"], f"c{n}")
+    worker = worker_for(tenant, queue["id"])
+    leased = dispatch.lease_tasks(worker=worker, limit=3)
+    for entry in leased:
+        dispatch.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+    before = {state: finished(state) for state in ("SUCCEEDED", "FAILED")}
+
+    run_round([report(worker, leased[0]), report(worker, leased[1]), report(worker, leased[2], outcome="FAILED")])
+    run_round([report(worker, leased[0])])  # a replay counts nothing
+
+    assert finished("SUCCEEDED") - before["SUCCEEDED"] == 2
+    assert finished("FAILED") - before["FAILED"] == 1
