@@ -177,15 +177,6 @@ def namespace_keys_in(namespace_id: str, keys: Iterable[str]) -> tuple[str, list
     return f"namespace_id = %s AND {key} IN ({', '.join(['%s'] * len(wanted))})", [namespace_id, *wanted]
 
 
-def _by_pk(model: type[M], pks: Iterable[str], *, lock: bool) -> dict[str, M]:
-    db = _db()
-    shape = _shape(model, db)
-    where, wanted = _pk_in(shape, pks)
-    if not wanted:
-        return {}
-    return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=lock, skip_locked=False)}
-
-
 def select_together(
     queries: Sequence[tuple[type[models.Model], str, Sequence[Any]]], *, lock: bool = False
 ) -> list[list[Any]]:
@@ -288,7 +279,12 @@ def lock_by_pk_together(wanted: Sequence[tuple[type[models.Model], Iterable[str]
 
 def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     """The rows that exist, by pk, without a lock (in_bulk)."""
-    return _by_pk(model, pks, lock=False)
+    db = _db()
+    shape = _shape(model, db)
+    where, wanted = _pk_in(shape, pks)
+    if not wanted:
+        return {}
+    return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=False, skip_locked=False)}
 
 
 def db_value(model: type[models.Model], field: str, value: Any) -> Any:

@@ -29,7 +29,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework.renderers import JSONRenderer
 
-from orbit.api.auth import authenticate_token, known_credential, token_from_header
+from orbit.api.auth import Minted, Principal, authenticate_token, known_credential, token_from_header
 from orbit.api.errors import error_answer
 from orbit.api.handler import HttpAnswer
 from orbit.api.parsers import json_object
@@ -80,25 +80,28 @@ def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict
         return None
 
 
-def _prepared_and_joined(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer]:
-    """On the database pool: the credential read, then the view's checks."""
-    principal = authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION")))
+def _joined(
+    principal: Principal, meta: dict[str, str], body: dict[str, Any], request_id: str, minted: Minted | None = None
+) -> Future[Answer]:
+    """The view's checks after the bearer's, then the submit joins its round."""
     principal.require("tasks:submit")
-    return join_round(submit_request(principal, body, meta.get("HTTP_IDEMPOTENCY_KEY"), request_id))
+    key = meta.get("HTTP_IDEMPOTENCY_KEY")
+    return join_round(submit_request(principal, body, key, request_id, credential_to_confirm=minted))
+
+
+def _read_and_joined(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer]:
+    """On the database pool: the credential read first."""
+    return _joined(authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION"))), meta, body, request_id)
 
 
 def _joined_by_known_credential(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer] | None:
     """On the event loop, for a credential this process has authenticated
-    before: the view's checks with the principal it was minted with, and the
-    submit joins its round, which reads the credential again before deciding
-    it (CredentialNotConfirmed if revoked since). None: the credential is not
-    known here, or its secret does not match; it must be read first."""
+    before: the checks with the principal it was minted with; the round reads
+    the credential again before deciding the submit (CredentialNotConfirmed if
+    revoked since). None: the credential is not known here, or its secret does
+    not match; it must be read first."""
     minted = known_credential(token_from_header(meta.get("HTTP_AUTHORIZATION")))
-    if minted is None:
-        return None
-    minted.principal.require("tasks:submit")
-    key = meta.get("HTTP_IDEMPOTENCY_KEY")
-    return join_round(submit_request(minted.principal, body, key, request_id, credential_to_confirm=minted))
+    return None if minted is None else _joined(minted.principal, meta, body, request_id, minted)
 
 
 def _answer(status: int, envelope: dict[str, Any], request_id: str, extra: dict[str, str]) -> HttpAnswer:
@@ -126,7 +129,7 @@ async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
     try:
         joined = _joined_by_known_credential(meta, body, request_id)
         if joined is None:
-            joined = await run_db(_prepared_and_joined, meta, body, request_id)
+            joined = await run_db(_read_and_joined, meta, body, request_id)
     except Exception:
         return None
     try:

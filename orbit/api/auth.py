@@ -97,11 +97,17 @@ _MINTED: dict[str, Minted] = {}
 _MINTED_LIMIT = 4096
 
 
-def authenticate_token(token: str) -> Principal:
+def _token_parts(token: str) -> tuple[str, str] | None:
+    """The credential id and secret of a well-formed token."""
     match = TOKEN_PATTERN.match(token)
-    if match is None:
+    return None if match is None else (match[1], match[2])
+
+
+def authenticate_token(token: str) -> Principal:
+    parts = _token_parts(token)
+    if parts is None:
         raise Unauthenticated("invalid bearer token")
-    credential_id, secret = match.groups()
+    credential_id, secret = parts
     credential = read_by_pk(Credential, [credential_id]).get(credential_id)
     if credential is not None and credential.revoked_at is not None:
         credential = None
@@ -120,10 +126,10 @@ def known_credential(token: str) -> Minted | None:
     known here or the secret does not match. Whether it has been revoked since
     is NOT known: the caller reads the row again before acting on the
     principal (Minted.still_grants)."""
-    match = TOKEN_PATTERN.match(token)
-    if match is None:
+    parts = _token_parts(token)
+    if parts is None:
         return None
-    credential_id, secret = match.groups()
+    credential_id, secret = parts
     minted = _MINTED.get(credential_id)
     if minted is None or not hmac.compare_digest(minted.secret_hash, hash_secret(secret)):
         return None

@@ -38,7 +38,6 @@ from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
 from orbit.rows import atomic_sent_together, holding, lock_by_pk_together, namespace_keys_in, pk_in, select_together
-from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions import batch, dispatch, endings
 from tasks.actions.batch import Submission
@@ -294,7 +293,6 @@ def _decide_round(
         lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)])  # one round trip
         for application_id in sorted(applications):
             lock_application_state(application_id)  # kept now: raises if it has no row
-        lock_queue_states(queue_ids)
         with gathered_events():
             if submitting and written is not None:
                 # Admitted first: the round's leases can hand out what it accepts.
