@@ -252,28 +252,70 @@ def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
     return locked
 
 
-def lock_by_pk_together(wanted: Sequence[tuple[type[models.Model], Iterable[str]]]) -> list[dict[str, Any]]:
+_ahead = threading.local()
+
+
+@contextmanager
+def locked_ahead() -> Iterator[None]:
+    """Inside one transaction: rows that lock_by_pk_together locked `ahead`
+    (in the round trip of its earlier locks) are handed, each once, to the
+    first later lock_by_pk_together that asks for them, which sends no
+    statement for them. The row locks keep other transactions out; the caller
+    makes sure its own code changes none of those rows in between."""
+    _ahead.rows = {}
+    try:
+        yield
+    finally:
+        _ahead.rows = None
+
+
+def lock_by_pk_together(
+    wanted: Sequence[tuple[type[models.Model], Iterable[str]]],
+    *,
+    ahead: Sequence[tuple[type[models.Model], Iterable[str]]] = (),
+) -> list[dict[str, Any]]:
     """lock_by_pk for several models in one round trip (select_together), the
-    locks taken in the order given: the rows of each that exist, by pk."""
+    locks taken in the order given: the rows of each that exist, by pk. The
+    rows of `ahead` are locked after them, in the same round trip, and kept
+    for later (locked_ahead)."""
     db = _db()
-    plans: list[tuple[type[models.Model], list[str], _Holding | None, bool]] = []
+    kept: dict[tuple[type[models.Model], Any], Any] | None = getattr(_ahead, "rows", None)
+    plans: list[tuple[type[models.Model], list[str], _Holding | None, dict[str, Any], bool]] = []
     queries: list[tuple[type[models.Model], str, Sequence[Any]]] = []
     for model, pks in wanted:
         asked = sorted(set(pks))
         state = _holding(model)
-        fresh = asked if state is None else [pk for pk in asked if (model, pk) not in state.rows]
+        given: dict[str, Any] = {}
+        if state is not None:
+            fresh = [pk for pk in asked if (model, pk) not in state.rows]
+        else:
+            if kept:
+                given = {pk: kept.pop((model, pk)) for pk in asked if (model, pk) in kept}
+            fresh = [pk for pk in asked if pk not in given]
         if fresh:
             queries.append((model, *_pk_in(_shape(model, db), fresh)))
-        plans.append((model, asked, state, bool(fresh)))
+        plans.append((model, asked, state, given, bool(fresh)))
+    later: list[tuple[type[models.Model], list[str]]] = []
+    for model, pks in ahead:
+        asked = sorted(set(pks))
+        if asked:
+            assert kept is not None, "lock ahead only inside locked_ahead()"
+            queries.append((model, *_pk_in(_shape(model, db), asked)))
+            later.append((model, asked))
     found = iter(select_together(queries, lock=True))
     locked: list[dict[str, Any]] = []
-    for model, asked, state, sent in plans:
+    for model, asked, state, given, sent in plans:
         rows = {row.pk: row for row in next(found)} if sent else {}
         if state is not None:
             for pk, row in rows.items():
                 state.rows[(model, pk)] = row
             rows = {pk: state.rows[(model, pk)] for pk in asked if (model, pk) in state.rows}
+        rows.update((pk, row) for pk, row in given.items() if row is not None)  # None: asked ahead, not there
         locked.append(rows)
+    for model, asked in later:
+        rows = {row.pk: row for row in next(found)}
+        for pk in asked:
+            kept[(model, pk)] = rows.get(pk)  # type: ignore[index]
     return locked
 
 

@@ -23,7 +23,9 @@ queue_state rows (ascending) → key rows → tasks → attempts. Each part re-l
 the rows it needs (the counter rows the round holds are kept, with the
 round's own changes, and cost no statement: orbit.rows.holding); the rows locked after
 the union are only ever waited for by transactions that hold the same
-application_state row first, so the parts cannot deadlock with other paths."""
+application_state row first, so the parts cannot deadlock with other paths.
+A round with no concurrency key in it locks its results' and starts' tasks
+and attempts in the counters' round trip (orbit.rows.locked_ahead)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,15 @@ from orbit.audit import gathered_events
 from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
-from orbit.rows import atomic_sent_together, holding, lock_by_pk_together, namespace_keys_in, pk_in, select_together
+from orbit.rows import (
+    atomic_sent_together,
+    holding,
+    lock_by_pk_together,
+    locked_ahead,
+    namespace_keys_in,
+    pk_in,
+    select_together,
+)
 from queues.models import Queue, QueueState
 from tasks.actions import batch, dispatch, endings
 from tasks.actions.batch import Submission
@@ -45,7 +55,7 @@ from tasks.actions.dispatch import Configuration, LeaseOutcome, StartRequest, Wo
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
-from tasks.models import Attempt
+from tasks.models import Attempt, Task
 
 
 @dataclass(frozen=True)
@@ -278,8 +288,22 @@ def _decide_round(
         namespace_id = submitting.actor.namespace_id
         queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
 
+    # With no concurrency key anywhere in the round, nothing but a report's or
+    # a start's own part changes its task and attempt rows: they are locked
+    # with the counters, in one round trip, and handed to those parts. (Keyed
+    # rows keep the full order: key rows before their tasks.)
+    ahead: list[tuple[Any, list[str]]] = []
+    keyed = any(report_peeks[r.attempt_id]["concurrency_key"] for _, r in reports)
+    keyed = keyed or any(start_peeks[s.attempt_id].concurrency_key for _, s in starts)
+    keyed = keyed or bool(submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending))
+    if not keyed:
+        ahead_task_ids = [report_peeks[r.attempt_id]["task_id"] for _, r in reports]
+        ahead_task_ids += [start_peeks[s.attempt_id].task_id for _, s in starts]
+        ahead_attempt_ids = [item.attempt_id for _, item in reports + starts]
+        ahead = [(Task, ahead_task_ids), (Attempt, ahead_attempt_ids)]
+
     def decide() -> list[tuple[int, Any]]:
-        with atomic_sent_together(), holding(ApplicationState, QueueState):
+        with atomic_sent_together(), holding(ApplicationState, QueueState), locked_ahead():
             return decide_holding()
 
     def decide_holding() -> list[tuple[int, Any]]:
@@ -290,7 +314,7 @@ def _decide_round(
             written = batch.write_submissions(
                 submitting.actor, submitting.items, submitting.digests, submitting.pending, configuration
             )
-        lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)])  # one round trip
+        lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)], ahead=ahead)  # one round trip
         for application_id in sorted(applications):
             lock_application_state(application_id)  # kept now: raises if it has no row
         with gathered_events():

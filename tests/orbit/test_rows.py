@@ -122,6 +122,34 @@ def test_rows_of_several_held_models_are_locked_in_one_round_trip(tenant, django
             lock_by_pk_together([(ApplicationState, [application_id]), (QueueState, [queue_id])])
 
 
+@pytest.mark.mysql_only
+@pytest.mark.django_db
+def test_rows_locked_ahead_are_handed_once_to_the_lock_that_asks_for_them(tenant, django_assert_num_queries):
+    from orbit.models import ApplicationState
+    from orbit.rows import lock_by_pk_together, locked_ahead
+
+    application_id = tenant.namespace.application_id
+    queue = make_queue(tenant.client, "ahead")
+    task_ids = [submit_ok(tenant.client, queue["id"], f"ahead-{n}")["id"] for n in range(2)]
+    missing = "0" * 32
+    with transaction.atomic(), locked_ahead():
+        with django_assert_num_queries(1) as captured:
+            ahead = [(Task, [*task_ids, missing])]
+            (states,) = lock_by_pk_together([(ApplicationState, [application_id])], ahead=ahead)
+        sql = captured.captured_queries[0]["sql"]
+        assert sql.index("`orbit_application_state`") < sql.index("`orbit_task`")  # the counters first
+        assert sql.count("FOR UPDATE") == 2
+        assert list(states) == [application_id]
+        with django_assert_num_queries(0):  # handed over, with the row that was not there
+            assert sorted(lock_by_pk(Task, [task_ids[0], missing])) == [task_ids[0]]
+        with django_assert_num_queries(1):  # once only: asked again, it is locked (read) again
+            assert list(lock_by_pk(Task, [task_ids[0]])) == [task_ids[0]]
+        with django_assert_num_queries(1):  # the second is still kept; only the first is sent for
+            assert sorted(lock_by_pk(Task, task_ids)) == sorted(task_ids)
+    with transaction.atomic(), pytest.raises(AssertionError, match="locked_ahead"):
+        lock_by_pk_together([], ahead=[(Task, task_ids)])
+
+
 @pytest.mark.django_db
 def test_held_rows_are_not_written_when_the_block_raises(tenant):
     from orbit.models import ApplicationState

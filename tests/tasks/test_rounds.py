@@ -261,3 +261,34 @@ def test_finished_attempts_are_counted_by_state_once_each(tenant):
 
     assert finished("SUCCEEDED") - before["SUCCEEDED"] == 2
     assert finished("FAILED") - before["FAILED"] == 1
+
+
+def locking_statements(captured) -> list[str]:
+    return [query["sql"] for query in captured.captured_queries if "FOR UPDATE" in query["sql"]]
+
+
+@pytest.mark.mysql_only
+@pytest.mark.parametrize("keyed", [False, True])
+def test_reports_and_starts_lock_their_rows_with_the_counters_unless_a_key_comes_first(
+    tenant, keyed, django_assert_max_num_queries
+):
+    queue = make_queue(tenant.client, "ahead", max_concurrency=8, rate_per_second=1000)
+    for n in range(2):
+        submit_ok(tenant.client, queue["id"], f"a{n}", **({"concurrency_key": f"object/{n}"} if keyed else {}))
+    worker = worker_for(tenant, queue["id"])
+    running, leased = dispatch.lease_tasks(worker=worker, limit=2)
+    dispatch.approve_start(worker=worker, attempt_id=running["attempt_id"], epoch=running["epoch"])
+
+    with django_assert_max_num_queries(20) as captured:
+        answers = run_round([report(worker, running), StartRequest(worker, leased["attempt_id"], leased["epoch"])])
+
+    assert answers[0]["task_state"] == "SUCCEEDED" and answers[1]["attempt_number"] == 1
+    counters, *later = locking_statements(captured)
+    assert "`orbit_application_state`" in counters
+    if keyed:  # the key rows are locked before any task
+        assert "`orbit_task`" not in counters
+        assert "`orbit_concurrency_key`" in later[0]
+    else:  # one round trip for every lock of the round
+        assert "`orbit_task`" in counters and "`orbit_attempt`" in counters
+        assert later == []
+    assert_invariants()
