@@ -12,10 +12,11 @@ of one application in one transaction (tasks.actions.rounds.run_round): the
 unlocked first reads in one round trip (the submits' idempotency records, the
 peeks of results and starts, the configuration), then the submits' records (each with its final
 receipt) and task rows before any lock (batch.write_submissions), the counter
-rows locked once (both in one round trip), admission of K submits, results of
-K running attempts (endings.apply_reports with a WriteBook; tasks and attempts
-locked in one round trip), starts of K leased attempts (dispatch.apply_starts,
-the same), a lease of K (dispatch.lease), the round's 4K events in one insert,
+rows locked once and, the round having no concurrency key, the results' and
+starts' tasks and attempts after them (all in one round trip:
+orbit.rows.locked_ahead), admission of K submits, results of K running
+attempts (endings.apply_reports with a WriteBook), starts of K leased attempts
+(dispatch.apply_starts), a lease of K (dispatch.lease), the round's 4K events in one insert,
 and each counter row written once (orbit.rows.holding); the writes go with the
 next statement, in one multi-statement query (orbit.rows.writes_sent_together),
 and the last ones with the COMMIT (orbit.rows.atomic_sent_together).
@@ -307,21 +308,28 @@ def dispatch_round(
         t.write(*insert_sql(IDEMPOTENCY_INSERT, RECEIPT_ROW, [(ns, key, "d" * 64, receipt, hexid()) for key in keys]))
         task_ids = [hexid() for _ in keys]
         t.write(*insert_sql(TASK_INSERT, TASK_ROW, [(task, ns, app, queue) for task in task_ids]))
-    # The counter rows, locked once, in one round trip (orbit.rows.lock_by_pk_together);
-    # every part's changes to them are written at the end.
+    # The counter rows, locked once, and with no concurrency key in the round the results'
+    # and starts' tasks and attempts after them, all in one round trip
+    # (orbit.rows.lock_by_pk_together, locked_ahead); every part's changes to the counter
+    # rows are written at the end.
     t.write(LOCK_APPLICATION_STATE, (app,))
-    t.execute(LOCK_QUEUE_STATES, (queue,))
+    chains = (*finishing, *starting)
+    if chains:
+        tasks, attempts = sorted(t for t, _ in chains), sorted(a for _, a in chains)
+        t.write(LOCK_QUEUE_STATES, (queue,))
+        t.write(f"SELECT * FROM orbit_task WHERE id IN ({marks(len(tasks))}) ORDER BY id FOR UPDATE", tasks)
+        t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(attempts))}) ORDER BY id FOR UPDATE", attempts)
+    else:
+        t.execute(LOCK_QUEUE_STATES, (queue,))
     if keys:  # batch.admit_submissions: counted under the locks
         app_deltas["unfinished_tasks"] += len(keys)
         queue_deltas["unfinished_tasks"] += len(keys)
         events += [(ns, task) for task in task_ids]
     if finishing:
-        # endings.apply_reports: the attempt chains (parents held; tasks and attempts in
-        # one round trip), then the WriteBook: one UPDATE per table (equal values).
+        # endings.apply_reports: the attempt chains (locked ahead), then the WriteBook:
+        # one UPDATE per table (equal values).
         tasks, attempts = sorted(t for t, _ in finishing), sorted(a for _, a in finishing)
         n = len(finishing)
-        t.write(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
-        t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
         t.write(
             "UPDATE orbit_attempt SET finished_at=NOW(6), outcome='SUCCEEDED', output=NULL, state='SUCCEEDED' "
             f"WHERE id IN ({marks(n)})",
@@ -338,11 +346,9 @@ def dispatch_round(
         queue_deltas["unfinished_tasks"] -= n
         events += [(ns, task) for task, _ in finishing]
     if starting:
-        # dispatch.apply_starts: tasks → attempts in one round trip (queue_state held), one UPDATE each.
+        # dispatch.apply_starts: tasks and attempts locked ahead (queue_state held), one UPDATE each.
         tasks, attempts = sorted(t for t, _ in starting), sorted(a for _, a in starting)
         n = len(starting)
-        t.write(f"SELECT * FROM orbit_task WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", tasks)
-        t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(n)}) ORDER BY id FOR UPDATE", attempts)
         queue_deltas["window_count"] += n
         queue_deltas["reserved_starts"] -= n
         t.write(
