@@ -9,7 +9,6 @@ happened to share its transaction."""
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import Future
 from typing import Any
 
 from orbit.api.auth import Minted, Principal
@@ -55,13 +54,14 @@ def submit_coalesced(request: SubmitRequest) -> Receipt:
     return _receipt(ROUNDS.call(request.actor.principal.application_id, request))
 
 
-def join_round(request: SubmitRequest) -> Future[Answer]:
-    """From the thread that prepared the submit: it joins its application's
-    round now, not after a hop back to the event loop (which every request
-    and worker frame shares); the caller awaits it with receipt_of."""
-    return ROUNDS.enqueue(request.actor.principal.application_id, request)
+def join_round(loop: asyncio.AbstractEventLoop, request: SubmitRequest) -> asyncio.Future[Answer]:
+    """From the thread that prepared the submit (the event loop `loop`, or a
+    pool thread working for it): it joins its application's round now, not
+    after a hop back to the event loop (which every request and worker frame
+    shares); the caller awaits it on `loop` with receipt_of."""
+    return ROUNDS.enqueue_for(loop, request.actor.principal.application_id, request)
 
 
-async def receipt_of(joined: Future[Answer]) -> Receipt:
+async def receipt_of(joined: asyncio.Future[Answer]) -> Receipt:
     """The submit's Receipt, or its refusal raised, holding no pool thread while the round runs."""
-    return _receipt(await asyncio.wrap_future(joined))
+    return _receipt(await joined)

@@ -23,7 +23,7 @@ changed) one is handed to the full handler, which answers 401 (or 403)."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+import asyncio
 from typing import Any
 
 from django.conf import settings
@@ -81,27 +81,37 @@ def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict
 
 
 def _joined(
-    principal: Principal, meta: dict[str, str], body: dict[str, Any], request_id: str, minted: Minted | None = None
-) -> Future[Answer]:
+    loop: asyncio.AbstractEventLoop,
+    principal: Principal,
+    meta: dict[str, str],
+    body: dict[str, Any],
+    request_id: str,
+    minted: Minted | None = None,
+) -> asyncio.Future[Answer]:
     """The view's checks after the bearer's, then the submit joins its round."""
     principal.require("tasks:submit")
     key = meta.get("HTTP_IDEMPOTENCY_KEY")
-    return join_round(submit_request(principal, body, key, request_id, credential_to_confirm=minted))
+    return join_round(loop, submit_request(principal, body, key, request_id, credential_to_confirm=minted))
 
 
-def _read_and_joined(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer]:
+def _read_and_joined(
+    loop: asyncio.AbstractEventLoop, meta: dict[str, str], body: dict[str, Any], request_id: str
+) -> asyncio.Future[Answer]:
     """On the database pool: the credential read first."""
-    return _joined(authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION"))), meta, body, request_id)
+    principal = authenticate_token(token_from_header(meta.get("HTTP_AUTHORIZATION")))
+    return _joined(loop, principal, meta, body, request_id)
 
 
-def _joined_by_known_credential(meta: dict[str, str], body: dict[str, Any], request_id: str) -> Future[Answer] | None:
+def _joined_by_known_credential(
+    loop: asyncio.AbstractEventLoop, meta: dict[str, str], body: dict[str, Any], request_id: str
+) -> asyncio.Future[Answer] | None:
     """On the event loop, for a credential this process has authenticated
     before: the checks with the principal it was minted with; the round reads
     the credential again before deciding the submit (CredentialNotConfirmed if
     revoked since). None: the credential is not known here, or its secret does
     not match; it must be read first."""
     minted = known_credential(token_from_header(meta.get("HTTP_AUTHORIZATION")))
-    return None if minted is None else _joined(minted.principal, meta, body, request_id, minted)
+    return None if minted is None else _joined(loop, minted.principal, meta, body, request_id, minted)
 
 
 def _answer(status: int, envelope: dict[str, Any], request_id: str, extra: dict[str, str]) -> HttpAnswer:
@@ -126,10 +136,11 @@ async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
     if meta is None or body is None:
         return None
     request_id = new_id()
+    loop = asyncio.get_running_loop()
     try:
-        joined = _joined_by_known_credential(meta, body, request_id)
+        joined = _joined_by_known_credential(loop, meta, body, request_id)
         if joined is None:
-            joined = await run_db(_read_and_joined, meta, body, request_id)
+            joined = await run_db(_read_and_joined, loop, meta, body, request_id)
     except Exception:
         return None
     try:

@@ -19,9 +19,9 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings
 from django.db import connection
@@ -44,8 +44,32 @@ def unwrap(outcome: R | BaseException) -> R:
 
 @dataclass
 class _Request(Generic[I, R]):
+    """An item and where its outcome goes: a concurrent Future (a caller on a
+    thread), or an asyncio Future of `loop` (a caller on that event loop)."""
+
     item: I
-    future: Future[R] = field(default_factory=Future)
+    future: Future[R] | None = None
+    waiter: asyncio.Future[R] | None = None
+    loop: asyncio.AbstractEventLoop | None = None
+
+    def claim(self) -> bool:
+        """False if the caller went away (cancelled) before its item ran; once
+        claimed, a thread caller can no longer cancel."""
+        if self.future is not None:
+            return self.future.set_running_or_notify_cancel()
+        assert self.waiter is not None
+        return not self.waiter.cancelled()  # a read: the waiter belongs to its loop
+
+
+def _deliver(answers: list[tuple[asyncio.Future[Any], Any]]) -> None:
+    """On the event loop: a group's outcomes for the waiters still waiting."""
+    for waiter, outcome in answers:
+        if waiter.done():  # cancelled after its item was claimed
+            continue
+        if isinstance(outcome, BaseException):
+            waiter.set_exception(outcome)
+        else:
+            waiter.set_result(outcome)
 
 
 class _Lane(Generic[I, R]):
@@ -72,35 +96,46 @@ class _Lane(Generic[I, R]):
                         break
                 # A caller that went away (its connection closed) cancelled its
                 # future: its item is skipped; the others are now bound to run.
-                group = [request for request in group if request.future.set_running_or_notify_cancel()]
+                group = [request for request in group if request.claim()]
                 if not group:
                     continue
                 try:
-                    self._settle(group)
+                    outcomes = self._decide(group)
                 except BaseException as exc:  # never leave a caller waiting
                     logger.exception("group commit failed")
-                    for request in group:
-                        if not request.future.done():
-                            request.future.set_exception(exc)
+                    outcomes = [exc] * len(group)
+                _answer(group, outcomes)
         finally:
             connection.close()  # an idle lane gives its database connection back
 
-    def _settle(self, group: list[_Request[I, R]]) -> None:
+    def _decide(self, group: list[_Request[I, R]]) -> list[R | BaseException]:
         try:
-            outcomes = call_guarded(self.owner.run_group, [request.item for request in group])
+            return call_guarded(self.owner.run_group, [request.item for request in group])
         except Exception as exc:
             if len(group) == 1:
-                group[0].future.set_exception(exc)
-                return
+                return [exc]
             logger.warning("group of %d failed; trying each item alone", len(group), exc_info=True)
-            for request in group:
-                self._settle([request])
-            return
-        for request, outcome in zip(group, outcomes, strict=True):
+            return [outcome for request in group for outcome in self._decide([request])]
+
+
+def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException]) -> None:
+    """Each caller its outcome; the callers on one event loop in one hand-off
+    (one wake-up of the loop for the whole group, not one per item)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
+    for request, outcome in zip(group, outcomes, strict=True):
+        if request.future is not None:
             if isinstance(outcome, BaseException):
                 request.future.set_exception(outcome)
             else:
                 request.future.set_result(outcome)
+        else:
+            assert request.loop is not None and request.waiter is not None
+            by_loop.setdefault(request.loop, []).append((request.waiter, outcome))
+    for loop, answers in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, answers)
+        except RuntimeError:  # the loop has closed: nobody is waiting any more
+            logger.warning("%d answers for a closed event loop dropped", len(answers))
 
 
 class GroupCommit(Generic[I, R]):
@@ -118,13 +153,24 @@ class GroupCommit(Generic[I, R]):
 
     def enqueue(self, lane_id: str, item: I) -> Future[R]:
         """From any thread: the item's outcome, to come (cancel it to skip the item)."""
-        request: _Request[I, R] = _Request(item)
+        request: _Request[I, R] = _Request(item, future=Future())
+        self._put(lane_id, request)
+        assert request.future is not None
+        return request.future
+
+    def enqueue_for(self, loop: asyncio.AbstractEventLoop, lane_id: str, item: I) -> asyncio.Future[R]:
+        """From any thread: the item's outcome, to come on `loop`, the caller's
+        event loop (cancel it there to skip the item)."""
+        waiter: asyncio.Future[R] = loop.create_future()
+        self._put(lane_id, _Request(item, waiter=waiter, loop=loop))
+        return waiter
+
+    def _put(self, lane_id: str, request: _Request[I, R]) -> None:
         with self._lock:  # a lane retires under this lock, only with an empty inbox
             lane = self._lanes.get(lane_id)
             if lane is None:
                 lane = self._lanes[lane_id] = _Lane(self, lane_id)
             lane.inbox.put(request)
-        return request.future
 
     def _retire(self, lane: _Lane[I, R]) -> bool:
         with self._lock:
@@ -143,4 +189,4 @@ class GroupCommit(Generic[I, R]):
         """From the event loop: awaits the item's outcome without holding a pool thread."""
         if settings.ORBIT_INLINE_DB:
             return await run_db(lambda: unwrap(self.run_group([item])[0]))
-        return await asyncio.wrap_future(self.enqueue(lane_id, item))
+        return await self.enqueue_for(asyncio.get_running_loop(), lane_id, item)

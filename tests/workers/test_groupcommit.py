@@ -3,6 +3,7 @@ exactly its own outcome, whatever happens to the rest of its group."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -85,3 +86,67 @@ def test_an_idle_lane_ends_and_the_next_item_starts_it_again(settings):
     assert not [t for t in threading.enumerate() if t.name == threads[0]]
     assert commit.enqueue("lane", "b").result(5) == "done b"
     assert len(threads) == 2
+
+
+def test_callers_on_an_event_loop_get_a_group_s_answers_in_one_wake_up(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        wake_ups: list[object] = []
+        wake = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            wake_ups.append(callback)
+            return wake(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        first = commit.enqueue("lane", "first")  # holds the lane while the others gather
+        await asyncio.sleep(0.1)
+        waiters = [commit.enqueue_for(loop, "lane", item) for item in ("a", "refused", "b")]
+        gone = commit.enqueue_for(loop, "lane", "gone")
+        gone.cancel()  # its caller went away before the group ran
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+        assert len([callback for callback in wake_ups if callback.__name__ == "_deliver"]) == 1
+        return outcomes
+
+    done_a, refused, done_b = asyncio.run(scenario())
+    assert (done_a, done_b) == ("done a", "done b")
+    assert isinstance(refused, ValueError)
+    assert seen == [["first"], ["a", "refused", "b"]]
+
+
+def test_a_waiter_cancelled_while_its_group_runs_leaves_the_others_answered(settings):
+    first_gate, running, gate = threading.Event(), threading.Event(), threading.Event()
+    seen: list[list[str]] = []
+
+    def run_group(items: list[str]) -> list[object]:
+        seen.append(list(items))
+        if items == ["first"]:
+            first_gate.wait(5)
+        else:
+            running.set()
+            gate.wait(5)
+        return [f"done {item}" for item in items]
+
+    commit = held_lane(settings, run_group)
+
+    async def scenario() -> object:
+        loop = asyncio.get_running_loop()
+        first = commit.enqueue("lane", "first")
+        await asyncio.sleep(0.1)
+        gone, kept = commit.enqueue_for(loop, "lane", "gone"), commit.enqueue_for(loop, "lane", "kept")
+        first_gate.set()
+        while not running.is_set():
+            await asyncio.sleep(0.01)
+        gone.cancel()  # too late to skip its item: its answer is dropped, not delivered
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        return await asyncio.wait_for(kept, 5)
+
+    assert asyncio.run(scenario()) == "done kept"
+    assert seen == [["first"], ["gone", "kept"]]
