@@ -15,10 +15,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
@@ -380,24 +382,80 @@ def _update(model: type[models.Model], pks: list[Any], values: dict[str, Any]) -
     _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
 
 
+_MISSING = object()
+
+# Field classes whose save path (pre_save, get_db_prep_save, get_db_prep_value,
+# get_prep_value, to_python) returns a value of these exact types unchanged.
+_PASSED_AS_IS: tuple[tuple[type[models.Field], tuple[type, ...]], ...] = (
+    (models.CharField, (str,)),
+    (models.IntegerField, (int,)),
+    (models.BooleanField, (bool,)),
+    (models.FloatField, (float,)),
+)
+_SAVE_PATH = ("pre_save", "get_db_prep_save", "get_db_prep_value", "get_prep_value", "to_python")
+
+
+def _saves_as(field: models.Field, base: type[models.Field]) -> bool:
+    return isinstance(field, base) and all(getattr(type(field), name) is getattr(base, name) for name in _SAVE_PATH)
+
+
+@dataclass(frozen=True)
+class _Column:
+    field: models.Field
+    attname: str
+    as_is: tuple[type, ...]  # values of these types (and None, for a plain field) go as they are
+    aware_datetime: bool  # an aware datetime goes through adapt_datetimefield_value only
+
+
+@cache
+def _insert_columns(model: type[models.Model], vendor: str) -> tuple[_Column, ...]:
+    """Each inserted field and the values it would pass through unchanged.
+    (Other values, and every field that is not a plain Django one, take the
+    field's own pre_save and get_db_prep_save.)"""
+    columns = []
+    for field in model._meta.concrete_fields:
+        if field.primary_key and isinstance(field, models.AutoField):
+            continue
+        as_is = next((types for base, types in _PASSED_AS_IS if _saves_as(field, base)), ())
+        if isinstance(field, models.IntegerField) and as_is:
+            ops = type(_db().ops)
+            as_is = as_is if ops.adapt_integerfield_value is BaseDatabaseOperations.adapt_integerfield_value else ()
+        aware_datetime = _saves_as(field, models.DateTimeField) and not (field.auto_now or field.auto_now_add)
+        if as_is or aware_datetime:
+            as_is = (*as_is, type(None))
+        columns.append(_Column(field, field.attname, as_is, aware_datetime))
+    return tuple(columns)
+
+
 def insert_rows(objs: Sequence[models.Model]) -> None:
     """One INSERT of new rows of one model (bulk_create without returning
-    generated keys): each field's pre_save and get_db_prep_save, as the ORM does."""
+    generated keys): each field's pre_save and get_db_prep_save, as the ORM
+    does (for plain fields and values they pass unchanged, the value itself)."""
     if not objs:
         return
     model = type(objs[0])
-    meta = model._meta
-    fields = [f for f in meta.concrete_fields if not (f.primary_key and isinstance(f, models.AutoField))]
     db = _db()
+    columns = _insert_columns(model, db.vendor)
+    adapt_datetime = db.ops.adapt_datetimefield_value
     quote = db.ops.quote_name
-    row = f"({', '.join(['%s'] * len(fields))})"
+    row = f"({', '.join(['%s'] * len(columns))})"
     params: list[Any] = []
+    append = params.append
     for obj in objs:
-        params += [field.get_db_prep_save(field.pre_save(obj, True), db) for field in fields]
+        values = obj.__dict__
+        for column in columns:
+            value = values.get(column.attname, _MISSING)
+            if type(value) in column.as_is:
+                append(value)
+            elif column.aware_datetime and type(value) is datetime and value.utcoffset() is not None:
+                append(adapt_datetime(value))
+            else:
+                field = column.field
+                append(field.get_db_prep_save(field.pre_save(obj, True), db))
         obj._state.adding = False
         obj._state.db = db.alias
-    columns = ", ".join(quote(field.column) for field in fields)
-    _write(db, f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(objs))}", params)
+    names = ", ".join(quote(column.field.column) for column in columns)
+    _write(db, f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES {', '.join([row] * len(objs))}", params)
 
 
 _waiting = threading.local()

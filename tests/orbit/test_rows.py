@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 
 from orbit.api.auth import authenticate_token
 from orbit.fields import new_id
@@ -70,6 +70,54 @@ def test_updates_and_inserts_store_what_the_orm_stores(tenant):
     event = Event.objects.get(type="rows.test")
     assert (event.subject_id, event.data) == (task_id, {"x": 1})
     assert event.created_at is not None
+
+
+@pytest.mark.django_db
+def test_each_inserted_value_is_the_one_its_field_would_save(monkeypatch):
+    import copy
+
+    from django.utils import timezone
+    from django.utils.functional import lazy
+
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
+    monkeypatch.setattr(timezone, "now", lambda: moment)  # Event.created_at is auto_now_add
+    east = datetime.timezone(datetime.timedelta(hours=8))
+    common = {"namespace_id": "n" * 32, "application_id": "a" * 32, "queue_id": "q" * 32, "handler": "h"}
+    common |= {"handler_version": "v1", "payload_version": "v1", "state": "WAITING"}
+    tasks = [
+        new_row(
+            Task, id=new_id(), **common, payload={"k": 1}, available_at=moment, created_at=moment, updated_at=moment
+        ),
+        new_row(
+            Task,
+            id=new_id(),
+            **common,
+            payload=None,
+            business_key=lazy(lambda: "lazy", str)(),  # resolved by the field, not sent as is
+            priority="7",  # a number the field converts
+            key_ready=1,
+            retry_multiplier=3,  # an int in a FloatField
+            available_at=moment.astimezone(east),
+            deadline_at=moment,
+            created_at=moment,
+            updated_at=moment,
+            output={"ok": [1, 2]},
+        ),
+    ]
+    events = [Event(namespace_id="n" * 32, type="rows.values", subject_id="s" * 32, data={"x": None})]
+    sent: list[list[object]] = []
+    monkeypatch.setattr("orbit.rows._write", lambda db, sql, params: sent.append(params))
+    for rows in (tasks, events):
+        expected = [
+            field.get_db_prep_save(field.pre_save(row, True), connection)
+            for row in copy.deepcopy(rows)
+            for field in type(row)._meta.concrete_fields
+            if not isinstance(field, models.AutoField)
+        ]
+        sent.clear()
+        insert_rows(rows)
+        assert sent == [expected]
+        assert [type(value) for value in sent[0]] == [type(value) for value in expected]
 
 
 @pytest.mark.django_db
