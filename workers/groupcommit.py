@@ -5,7 +5,8 @@ its queues') counter rows first, so concurrent requests of one kind queue up on
 the same lock anyway. A lane's thread instead takes whatever has gathered while
 its previous transaction ran and applies it as one group: one lock hand-off and
 one commit (one redo fsync) for many requests. A lone request commits at once:
-nothing waits for company.
+nothing waits for company. The callers waiting on one event loop get a group's
+outcomes in one hand-off to that loop, not one wake-up each.
 
 The group function returns one outcome per item (a value or the exception that
 refused that item), so one item's refusal never fails its neighbours. Should a
@@ -45,12 +46,11 @@ def unwrap(outcome: R | BaseException) -> R:
 @dataclass
 class _Request(Generic[I, R]):
     """An item and where its outcome goes: a concurrent Future (a caller on a
-    thread), or an asyncio Future of `loop` (a caller on that event loop)."""
+    thread), or an asyncio Future (a caller on that future's event loop)."""
 
     item: I
     future: Future[R] | None = None
     waiter: asyncio.Future[R] | None = None
-    loop: asyncio.AbstractEventLoop | None = None
 
     def claim(self) -> bool:
         """False if the caller went away (cancelled) before its item ran; once
@@ -129,8 +129,8 @@ def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException]) -> N
             else:
                 request.future.set_result(outcome)
         else:
-            assert request.loop is not None and request.waiter is not None
-            by_loop.setdefault(request.loop, []).append((request.waiter, outcome))
+            assert request.waiter is not None
+            by_loop.setdefault(request.waiter.get_loop(), []).append((request.waiter, outcome))
     for loop, answers in by_loop.items():
         try:
             loop.call_soon_threadsafe(_deliver, answers)
@@ -153,16 +153,15 @@ class GroupCommit(Generic[I, R]):
 
     def enqueue(self, lane_id: str, item: I) -> Future[R]:
         """From any thread: the item's outcome, to come (cancel it to skip the item)."""
-        request: _Request[I, R] = _Request(item, future=Future())
-        self._put(lane_id, request)
-        assert request.future is not None
-        return request.future
+        future: Future[R] = Future()
+        self._put(lane_id, _Request(item, future=future))
+        return future
 
     def enqueue_for(self, loop: asyncio.AbstractEventLoop, lane_id: str, item: I) -> asyncio.Future[R]:
         """From any thread: the item's outcome, to come on `loop`, the caller's
         event loop (cancel it there to skip the item)."""
         waiter: asyncio.Future[R] = loop.create_future()
-        self._put(lane_id, _Request(item, waiter=waiter, loop=loop))
+        self._put(lane_id, _Request(item, waiter=waiter))
         return waiter
 
     def _put(self, lane_id: str, request: _Request[I, R]) -> None:
