@@ -18,7 +18,12 @@ from tasks.actions import batch
 from tasks.actions.rounds import Answer, RoundItem, SubmitRequest, run_round
 from workers.groupcommit import GroupCommit
 
-ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit("round", run_round)
+# A round's submits are answered before its worker frames: a submit's caller
+# sends nothing more until it hears back, while a worker keeps its other
+# slots busy meanwhile.
+ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit(
+    "round", run_round, answer_first=lambda item: isinstance(item, SubmitRequest)
+)
 
 
 def submit_request(

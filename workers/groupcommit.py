@@ -104,7 +104,7 @@ class _Lane(Generic[I, R]):
                 except BaseException as exc:  # never leave a caller waiting
                     logger.exception("group commit failed")
                     outcomes = [exc] * len(group)
-                _answer(group, outcomes)
+                _answer(group, outcomes, self.owner.answer_first)
         finally:
             connection.close()  # an idle lane gives its database connection back
 
@@ -118,11 +118,13 @@ class _Lane(Generic[I, R]):
             return [outcome for request in group for outcome in self._decide([request])]
 
 
-def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException]) -> None:
+def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException], first: Callable[[I], bool]) -> None:
     """Each caller its outcome; the callers on one event loop in one hand-off
-    (one wake-up of the loop for the whole group, not one per item)."""
+    (one wake-up of the loop for the whole group, not one per item), those of
+    the items `first` picks ahead of the rest."""
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
-    for request, outcome in zip(group, outcomes, strict=True):
+    answered = sorted(zip(group, outcomes, strict=True), key=lambda pair: not first(pair[0].item))
+    for request, outcome in answered:
         if request.future is not None:
             if isinstance(outcome, BaseException):
                 request.future.set_exception(outcome)
@@ -141,11 +143,21 @@ def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException]) -> N
 class GroupCommit(Generic[I, R]):
     """Applies items through `run_group`, gathering concurrent items of one lane.
     A lane's thread (and its database connection) ends after `idle_seconds`
-    without work and is started again by the next item."""
+    without work and is started again by the next item. The callers of the
+    items `answer_first` picks get their outcomes ahead of the group's others."""
 
-    def __init__(self, name: str, run_group: GroupFunction, *, max_group: int = 200, idle_seconds: float = 60) -> None:
+    def __init__(
+        self,
+        name: str,
+        run_group: GroupFunction,
+        *,
+        max_group: int = 200,
+        idle_seconds: float = 60,
+        answer_first: Callable[[I], bool] = lambda item: False,
+    ) -> None:
         self.name = name
         self.run_group = run_group
+        self.answer_first = answer_first
         self.max_group = max_group
         self.idle_seconds = idle_seconds
         self._lanes: dict[str, _Lane[I, R]] = {}

@@ -150,3 +150,27 @@ def test_a_waiter_cancelled_while_its_group_runs_leaves_the_others_answered(sett
 
     assert asyncio.run(scenario()) == "done kept"
     assert seen == [["first"], ["gone", "kept"]]
+
+
+def test_the_items_picked_to_go_first_are_answered_ahead_of_their_group(settings):
+    settings.ORBIT_INLINE_DB = False
+    gate = threading.Event()
+    seen: list[list[str]] = []
+    commit = GroupCommit("first", gated(seen, gate), answer_first=lambda item: item.startswith("submit"))
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        first = commit.enqueue("lane", "first")
+        await asyncio.sleep(0.1)
+        answered: list[str] = []
+        waiters = [commit.enqueue_for(loop, "lane", item) for item in ("start-1", "submit-1", "result-1", "submit-2")]
+        for waiter in waiters:
+            waiter.add_done_callback(lambda done: answered.append(done.result()))
+        gate.set()
+        await asyncio.wrap_future(first)
+        await asyncio.gather(*waiters)
+        return answered
+
+    answered = asyncio.run(scenario())
+    assert answered == ["done submit-1", "done submit-2", "done start-1", "done result-1"]
+    assert seen == [["first"], ["start-1", "submit-1", "result-1", "submit-2"]]  # decided in arrival order
