@@ -49,27 +49,28 @@ class _Request(Generic[I, R]):
     thread), or an asyncio Future (a caller on that future's event loop)."""
 
     item: I
-    future: Future[R] | None = None
-    waiter: asyncio.Future[R] | None = None
+    future: Future[R] | asyncio.Future[R]
 
     def claim(self) -> bool:
         """False if the caller went away (cancelled) before its item ran; once
         claimed, a thread caller can no longer cancel."""
-        if self.future is not None:
-            return self.future.set_running_or_notify_cancel()
-        assert self.waiter is not None
-        return not self.waiter.cancelled()  # a read: the waiter belongs to its loop
+        if isinstance(self.future, asyncio.Future):
+            return not self.future.cancelled()  # a read: the future belongs to its loop
+        return self.future.set_running_or_notify_cancel()
+
+
+def _settle(future: Future[Any] | asyncio.Future[Any], outcome: Any) -> None:
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 def _deliver(answers: list[tuple[asyncio.Future[Any], Any]]) -> None:
-    """On the event loop: a group's outcomes for the waiters still waiting."""
-    for waiter, outcome in answers:
-        if waiter.done():  # cancelled after its item was claimed
-            continue
-        if isinstance(outcome, BaseException):
-            waiter.set_exception(outcome)
-        else:
-            waiter.set_result(outcome)
+    """On the event loop: a group's outcomes for the futures still waiting."""
+    for future, outcome in answers:
+        if not future.done():  # done: cancelled after its item was claimed
+            _settle(future, outcome)
 
 
 class _Lane(Generic[I, R]):
@@ -125,14 +126,10 @@ def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException], firs
     by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], Any]]] = {}
     answered = sorted(zip(group, outcomes, strict=True), key=lambda pair: not first(pair[0].item))
     for request, outcome in answered:
-        if request.future is not None:
-            if isinstance(outcome, BaseException):
-                request.future.set_exception(outcome)
-            else:
-                request.future.set_result(outcome)
+        if isinstance(request.future, asyncio.Future):
+            by_loop.setdefault(request.future.get_loop(), []).append((request.future, outcome))
         else:
-            assert request.waiter is not None
-            by_loop.setdefault(request.waiter.get_loop(), []).append((request.waiter, outcome))
+            _settle(request.future, outcome)
     for loop, answers in by_loop.items():
         try:
             loop.call_soon_threadsafe(_deliver, answers)
@@ -166,14 +163,14 @@ class GroupCommit(Generic[I, R]):
     def enqueue(self, lane_id: str, item: I) -> Future[R]:
         """From any thread: the item's outcome, to come (cancel it to skip the item)."""
         future: Future[R] = Future()
-        self._put(lane_id, _Request(item, future=future))
+        self._put(lane_id, _Request(item, future))
         return future
 
     def enqueue_for(self, loop: asyncio.AbstractEventLoop, lane_id: str, item: I) -> asyncio.Future[R]:
         """From any thread: the item's outcome, to come on `loop`, the caller's
         event loop (cancel it there to skip the item)."""
         waiter: asyncio.Future[R] = loop.create_future()
-        self._put(lane_id, _Request(item, waiter=waiter))
+        self._put(lane_id, _Request(item, waiter))
         return waiter
 
     def _put(self, lane_id: str, request: _Request[I, R]) -> None:

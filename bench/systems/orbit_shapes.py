@@ -313,14 +313,13 @@ def dispatch_round(
     # (orbit.rows.lock_by_pk_together, locked_ahead); every part's changes to the counter
     # rows are written at the end.
     t.write(LOCK_APPLICATION_STATE, (app,))
+    t.write(LOCK_QUEUE_STATES, (queue,))
     chains = (*finishing, *starting)
     if chains:
         tasks, attempts = sorted(t for t, _ in chains), sorted(a for _, a in chains)
-        t.write(LOCK_QUEUE_STATES, (queue,))
         t.write(f"SELECT * FROM orbit_task WHERE id IN ({marks(len(tasks))}) ORDER BY id FOR UPDATE", tasks)
-        t.execute(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(attempts))}) ORDER BY id FOR UPDATE", attempts)
-    else:
-        t.execute(LOCK_QUEUE_STATES, (queue,))
+        t.write(f"SELECT * FROM orbit_attempt WHERE id IN ({marks(len(attempts))}) ORDER BY id FOR UPDATE", attempts)
+    t.send()
     if keys:  # batch.admit_submissions: counted under the locks
         app_deltas["unfinished_tasks"] += len(keys)
         queue_deltas["unfinished_tasks"] += len(keys)
