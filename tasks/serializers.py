@@ -12,6 +12,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from orbit.api.fields import (
+    DEFER,
     NameField,
     ReasonField,
     StrictCharField,
@@ -59,16 +60,26 @@ class TimeField(StrictCharField):
     default_error_messages = {"time": "must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z"}
 
     def to_internal_value(self, data: Any) -> datetime:  # type: ignore[override]
-        text = super().to_internal_value(data)
-        if len(text) < 20 or text[10] not in "Tt":
+        value = _utc_time(super().to_internal_value(data))
+        if value is None:
             self.fail("time")
-        try:
-            value = datetime.fromisoformat(text.replace("z", "Z"))
-        except ValueError:
-            self.fail("time")
-        if value.tzinfo is None:
-            self.fail("time")
-        return value.astimezone(UTC)
+        return value
+
+    def plain_value(self, data: Any) -> Any:
+        text = StrictCharField.plain_value(self, data)
+        value = None if text is DEFER else _utc_time(text)
+        return DEFER if value is None else value
+
+
+def _utc_time(text: str) -> datetime | None:
+    """`text` as an RFC 3339 time with an offset, in UTC; None if it is not one."""
+    if len(text) < 20 or text[10] not in "Tt":
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace("z", "Z"))
+    except ValueError:
+        return None
+    return None if value.tzinfo is None else value.astimezone(UTC)
 
 
 class ConcurrencyKeyField(StrictCharField):
@@ -92,6 +103,13 @@ class ConcurrencyKeyField(StrictCharField):
         if is_unicode_whitespace(value[0]) or is_unicode_whitespace(value[-1]):
             self.fail("edge_space")
         return value
+
+    def plain_value(self, data: Any) -> Any:
+        # Printable ASCII has no control character and one whitespace, the space.
+        value = StrictCharField.plain_value(self, data)
+        if value is DEFER or value == "":
+            return value
+        return value if value.isprintable() and value[0] != " " and value[-1] != " " else DEFER
 
 
 class RetryInput(StrictSerializer):
@@ -118,11 +136,22 @@ class PayloadField(serializers.Field):
             raise PayloadTooLarge(f"payload: {size} bytes encoded, over the {MAX_PAYLOAD_BYTES} byte limit")
         return data
 
+    def plain_value(self, data: Any) -> Any:
+        if data is None:
+            return DEFER
+        try:
+            size = encoded_payload_size(data)
+        except Exception:
+            return DEFER
+        return data if size <= MAX_PAYLOAD_BYTES else DEFER
+
     def to_representation(self, value: Any) -> Any:
         return value
 
 
 class SubmitTaskInput(StrictSerializer):
+    plain_path = True  # every submit validates its body on the event loop (tasks/submit_route.py)
+
     queue_id = StrictCharField(max_length=32)
     handler = NameField(max_length=128)
     handler_version = NameField(max_length=64)
