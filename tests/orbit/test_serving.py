@@ -1,11 +1,19 @@
-"""The Content-Type fast path gives Twisted the answer its own parser gives."""
+"""orbit.serving: the Content-Type fast path gives Twisted the answer its own
+parser gives; a connection is asked once whether it is secure; Twisted
+formats no access line of its own beside daphne's."""
 
 from __future__ import annotations
 
-import pytest
-from twisted.web import http
+import io
 
-from orbit.serving import fast_content_type, tune_twisted
+import pytest
+from daphne.http_protocol import HTTPFactory
+from twisted.internet.interfaces import ISSLTransport
+from twisted.internet.testing import StringTransport
+from twisted.web import http
+from zope.interface import directlyProvides
+
+from orbit.serving import fast_content_type, secure_once, tune_twisted
 
 ORIGINAL = getattr(http._parseContentType, "__wrapped__", http._parseContentType)
 
@@ -44,3 +52,44 @@ def test_tuning_installs_once_and_keeps_the_original_behind_it() -> None:
     tune_twisted()
     assert http._parseContentType.__wrapped__ is ORIGINAL
     assert http._parseContentType(b"Application/Json; charset=utf-8") == b"application/json"
+
+
+class TLSTransport(StringTransport):
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        pass
+
+
+def channel_over(tls: bool = False) -> http.HTTPChannel:
+    transport = TLSTransport() if tls else StringTransport()
+    if tls:
+        directlyProvides(transport, ISSLTransport)
+    channel = http.HTTPChannel()
+    channel.makeConnection(transport)
+    return channel
+
+
+@pytest.mark.parametrize("over_tls", [False, True])
+def test_secure_transport_is_asked_once_per_connection(over_tls: bool) -> None:
+    tune_twisted()
+    original = http.HTTPChannel.isSecure.__wrapped__
+    asked: list[http.HTTPChannel] = []
+    counting = secure_once(lambda channel: asked.append(channel) or original(channel))
+    channel, other = channel_over(over_tls), channel_over()
+    assert [counting(channel), counting(channel), counting(other)] == [over_tls, over_tls, False]
+    assert asked == [channel, other]
+    assert http.HTTPChannel.isSecure(channel_over(over_tls)) is over_tls  # the installed one
+
+
+def test_daphne_keeps_the_access_log_and_twisted_formats_none() -> None:
+    tune_twisted()
+    factory = HTTPFactory.__new__(HTTPFactory)
+    http.HTTPFactory.__init__(factory)
+    factory._logFile = io.StringIO()
+    request = http.Request(channel_over())
+    request.method, request.uri, request.clientproto, request.code = b"POST", b"/v1/tasks", b"HTTP/1.1", 201
+    factory.log(request)
+    assert factory._logFile.getvalue() == ""
+    plain = http.HTTPFactory()  # Twisted's own factory is untouched
+    plain._logFile = io.StringIO()
+    plain.log(request)
+    assert '"POST /v1/tasks HTTP/1.1" 201' in plain._logFile.getvalue()
