@@ -165,7 +165,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             error = InvalidArgument("frame: must be valid UTF-8 (no lone surrogates)")
             await self.send_error(request_id if readable else None, error)
             return
-        if message.get("type") == "hello" or self.worker is None:
+        kind = message.get("type")
+        if (isinstance(kind, str) and kind in self.ANSWERED_IN_TURN) or self.worker is None:
             await self.handle(message)
         else:
             # Frames of one connection are independent requests (a worker with
@@ -322,6 +323,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.draining = True
         self.wake.set()
         return {}
+
+    # Frames handled before the next one is read: hello (nothing else may
+    # run before it), and the ack, which reads no row (a task per frame would
+    # cost more than its handling).
+    ANSWERED_IN_TURN = frozenset({"hello", "task.assign.ack"})
 
     HANDLERS = {
         "hello": on_hello,

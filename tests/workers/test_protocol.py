@@ -169,6 +169,9 @@ def test_unknown_type_and_bad_frames_are_invalid_argument(queue, connect):
     assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
     worker.ws.send("{not json")
     assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+    worker.ws.send('{"type": ["task.assign.ack"], "id": "odd-type"}')  # a type that is no string
+    assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+    assert_error_frame(worker.request("task.assign.ack", attempt_id=7), "INVALID_ARGUMENT")  # answered in turn
     assert worker.request("drain")["type"] == "drain.ok"
 
 
