@@ -516,3 +516,36 @@ def test_credentials_errors(tmp_path, monkeypatch):
     bad.write_text(json.dumps({"url": "http://x"}))
     with pytest.raises(orbit_sdk.CredentialsError):
         orbit_sdk.load_credentials(bad)
+
+
+@pytest.mark.parametrize("base", ["http://127.0.0.1:8080", "https://orbit.example/behind/a/prefix", "http://h:1/a/"])
+@pytest.mark.parametrize(
+    "path", ["/v1/tasks", "/v1/tasks:batch", f"/v1/tasks/{TASK_ID}/attempts", "/v1/queues/a%2Fb%20c:configure"]
+)
+def test_request_urls_are_the_ones_httpx_would_join(base: str, path: str) -> None:
+    seen: list[httpx.URL] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url)
+        return httpx.Response(200, json={"request_id": REQUEST_ID, "data": [TASK_SUMMARY]})
+
+    client = orbit_sdk.Client(base, TOKEN, transport=httpx.MockTransport(handler))
+    client._request("GET", path, params={"page_size": 5})
+    client._request("GET", path)
+    joined = httpx.Client(base_url=base.rstrip("/")).build_request("GET", path, params={"page_size": 5}).url
+    assert [str(url) for url in seen] == [str(joined), str(joined.copy_with(query=None))]
+
+
+def test_a_cookie_set_in_front_of_the_server_is_sent_back() -> None:
+    """The jar is read only when a response sets a cookie, but then as httpx reads it (a sticky session)."""
+    sent: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("cookie"))
+        headers = {"Set-Cookie": "lb=node-2; Path=/"} if len(sent) == 2 else {}
+        return httpx.Response(200, json={"request_id": REQUEST_ID, "data": QUEUE}, headers=headers)
+
+    client = orbit_sdk.Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(handler))
+    for _ in range(4):
+        client.get_queue(QUEUE_ID)
+    assert sent == [None, None, "lb=node-2", "lb=node-2"]
