@@ -50,7 +50,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(ROOT / ".local" / f"live-server-{self.port}.log", "w")  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
+            [sys.executable, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
             cwd=ROOT,
             env=env,
             stdout=self.log,

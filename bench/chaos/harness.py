@@ -162,7 +162,7 @@ class Server:
         with open(self.log_path, "a") as out:
             out.write(f"\n==== start #{self.starts} at {time.strftime('%H:%M:%S')} ====\n")
         self.process = self.procs.popen(
-            [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
+            [PYTHON, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
             self.log_path,
             self.env,
         )

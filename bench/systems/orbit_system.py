@@ -91,7 +91,7 @@ class Server:
             [
                 str(common.ORBIT_PYTHON),
                 "-m",
-                "daphne",
+                "orbit.serve",
                 "-b",
                 "127.0.0.1",
                 "-p",

@@ -1,10 +1,14 @@
 """orbit.serving: the Content-Type fast path gives Twisted the answer its own
 parser gives; a connection is asked once whether it is secure; Twisted
-formats no access line of its own beside daphne's."""
+formats no access line of its own beside daphne's; orbit.serve puts daphne
+on uvloop."""
 
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from daphne.http_protocol import HTTPFactory
@@ -15,6 +19,7 @@ from zope.interface import directlyProvides
 
 from orbit.serving import fast_content_type, secure_once, tune_twisted
 
+ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL = getattr(http._parseContentType, "__wrapped__", http._parseContentType)
 
 HEADERS = [
@@ -93,3 +98,10 @@ def test_daphne_keeps_the_access_log_and_twisted_formats_none() -> None:
     plain._logFile = io.StringIO()
     plain.log(request)
     assert '"POST /v1/tasks HTTP/1.1" 201' in plain._logFile.getvalue()
+
+
+def test_orbit_serve_runs_daphne_on_uvloop() -> None:
+    """daphne makes its event loop when imported: orbit.serve must set the policy first."""
+    probe = "import orbit.serve, daphne.server as s; print(type(s.twisted_loop).__module__)"
+    found = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert found.stdout.strip().startswith("uvloop")
