@@ -118,9 +118,27 @@ def _instances(db: Any, model: type[M], shape: _Shape, rows: Iterable[Sequence[A
     return built
 
 
+@dataclass(frozen=True)
+class _Defaults:
+    """A model's field defaults for new rows: every attname (in field order)
+    with its default where that is one value for every row, and the fields
+    whose default is made per row (a callable, or a database default)."""
+
+    template: dict[str, Any]
+    made: tuple[tuple[str, Callable[[], Any]], ...]
+
+
 @cache
-def _new_row_fields(model: type[models.Model]) -> dict[str, models.Field]:
-    return {field.attname: field for field in model._meta.concrete_fields}
+def _new_row_defaults(model: type[models.Model]) -> _Defaults:
+    template: dict[str, Any] = {}
+    made = []
+    for field in model._meta.concrete_fields:
+        per_row = callable(field.default) if field.has_default() else field.db_default is not models.NOT_PROVIDED
+        # get_default gives a non-callable default itself, and None or "" for a field without one
+        template[field.attname] = None if per_row else field.get_default()
+        if per_row:
+            made.append((field.attname, field.get_default))
+    return _Defaults(template, tuple(made))
 
 
 def new_row(model: type[M], **values: Any) -> M:
@@ -129,14 +147,17 @@ def new_row(model: type[M], **values: Any) -> M:
     Model.__init__'s generic keyword handling and its pre_init/post_init
     signals (a model with receivers of either, or a value given by another
     name, is built by Model.__init__)."""
-    fields = _new_row_fields(model)
-    if pre_init.has_listeners(model) or post_init.has_listeners(model) or not values.keys() <= fields.keys():
+    defaults = _new_row_defaults(model)
+    if pre_init.has_listeners(model) or post_init.has_listeners(model) or not values.keys() <= defaults.template.keys():
         return model(**values)
     instance = model.__new__(model)
     instance._state = ModelState()
-    instance.__dict__.update(
-        {attname: values[attname] if attname in values else field.get_default() for attname, field in fields.items()}
-    )
+    row = instance.__dict__
+    row.update(defaults.template)
+    for attname, make in defaults.made:
+        if attname not in values:
+            row[attname] = make()
+    row.update(values)
     return instance
 
 

@@ -276,6 +276,19 @@ def test_new_rows_are_built_as_model_init_builds_them(model):
     assert made._state.adding and made._state.db is None
 
 
+@pytest.mark.parametrize("model", [Task, Attempt, Event, IdempotencyRecord])
+def test_defaults_made_per_row_are_made_for_each_row(model):
+    fresh = [field for field in model._meta.concrete_fields if field.has_default() and callable(field.default)]
+    first, second = new_row(model), new_row(model)
+    for field in fresh:
+        made = getattr(first, field.attname), getattr(second, field.attname)
+        assert made[0] is not None, field.name
+        if isinstance(made[0], (dict, list)):
+            assert made[0] is not made[1], field.name  # never one object shared by two rows
+        elif field.primary_key:
+            assert made[0] != made[1]
+
+
 def test_a_value_given_by_another_name_goes_through_model_init():
     with pytest.raises(TypeError):
         new_row(Task, not_a_field=1)  # Model.__init__'s own refusal
