@@ -7,10 +7,11 @@
 1. Starts a private MariaDB (bench/chaos/mariadb.py: own datadir, port and socket; the
    shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
    credential with `manage.py orbit_bootstrap` and creates a second queue.
-2. Starts daphne servers A and B on that database with SDK workers (bench/chaos/worker.py)
-   split across them, server C that serves the API only, and submitter threads that send
-   keyed and unkeyed tasks to A and B with unique Idempotency-Keys, re-sending the same
-   key and body after a 503 or a network error (plus concurrent twins and late replays).
+2. Starts Orbit servers A and B (`python -m orbit.serve`, daphne on uvloop) on that database
+   with SDK workers (bench/chaos/worker.py) split across them, server C that serves the API
+   only, and submitter threads that send keyed and unkeyed tasks to A and B with unique
+   Idempotency-Keys, re-sending the same key and body after a 503 or a network error (plus
+   concurrent twins and late replays).
 3. Chaos while the load continues: kill -9 a worker (back under a new worker_id), kill -9 a
    server (restarted), kill -9 MariaDB and a clean SIGTERM restart (same datadir and port);
    the full run adds a same-worker_id restart, a server started while the database is

@@ -1,6 +1,6 @@
 """Orbit's server memory over a long run (issue 5: "memory flat").
 
-Starts a daphne server on a fresh MariaDB database and 4 SDK workers
+Starts an Orbit server (python -m orbit.serve) on a fresh MariaDB database and 4 SDK workers
 (capacity 32), keeps a backlog of about --backlog tasks topped up with
 POST /v1/tasks:batch (--single: single POST /v1/tasks from 16 concurrent
 submitters) until --tasks have been submitted, and samples the

@@ -1,6 +1,6 @@
 """Orbit under the benchmark contract (bench/systems/__init__.py).
 
-Orbit runs as a user runs it: `daphne orbit.asgi:application` against a fresh
+Orbit runs as a user runs it: `python -m orbit.serve orbit.asgi:application` (daphne on uvloop) against a fresh
 MariaDB database, real SDK Worker processes (bench/systems/orbit_worker.py),
 submitters in this process calling the SDK's Client (W1's one-by-one submits,
 from threads, as the Celery and django-q2 harnesses call theirs) or httpx (queue
