@@ -66,7 +66,7 @@ class TimeField(StrictCharField):
         return value
 
     def plain_value(self, data: Any) -> Any:
-        text = StrictCharField.plain_value(self, data)
+        text = super().plain_value(data)
         value = None if text is DEFER else _utc_time(text)
         return DEFER if value is None else value
 
@@ -106,7 +106,7 @@ class ConcurrencyKeyField(StrictCharField):
 
     def plain_value(self, data: Any) -> Any:
         # Printable ASCII has no control character and one whitespace, the space.
-        value = StrictCharField.plain_value(self, data)
+        value = super().plain_value(data)
         if value is DEFER or value == "":
             return value
         return value if value.isprintable() and value[0] != " " and value[-1] != " " else DEFER
@@ -140,10 +140,9 @@ class PayloadField(serializers.Field):
         if data is None:
             return DEFER
         try:
-            size = encoded_payload_size(data)
-        except Exception:
+            return self.to_internal_value(data)
+        except (serializers.ValidationError, PayloadTooLarge):
             return DEFER
-        return data if size <= MAX_PAYLOAD_BYTES else DEFER
 
     def to_representation(self, value: Any) -> Any:
         return value

@@ -132,7 +132,7 @@ class NameField(StrictCharField):
         return value
 
     def plain_value(self, data: Any) -> Any:
-        value = StrictCharField.plain_value(self, data)
+        value = super().plain_value(data)
         return value if value is not DEFER and NAME_PATTERN.fullmatch(value) else DEFER
 
 
