@@ -1,12 +1,14 @@
 """Tuning of the serving stack (daphne on Twisted) that Orbit's own code cannot reach.
 
-Content-Type: Twisted parses the Content-Type of every request with a body through the
-standard library's email package, only to decide whether to decode an HTML
-form into `request.args`. Daphne never reads `request.args` (it hands the raw
-body to the ASGI application), yet that parse cost ~13% of the event loop's
-time under a stream of single submits. Plain `type/subtype` values, which is
-what every JSON client sends, are read directly; anything else still goes
-through Twisted's own parser.
+Forms: Twisted decodes the body of a POST sent as an HTML form (urlencoded or
+multipart) into `request.args`, after parsing every POST's Content-Type
+through the standard library's email package to find out (~13% of the event
+loop's time under a stream of single submits), and answers a bare 400 of its
+own, without the API's envelope, to a multipart body it cannot parse. Daphne
+never reads `request.args` (it hands the raw body to the ASGI application),
+so daphne's requests are made without that decoding: the application sees
+every body as sent and answers it (a form is refused there: the API takes
+JSON only).
 
 Access log: Twisted's HTTPFactory formats a combined-log line for every
 request and hands it to Twisted's log, which daphne sends nowhere (at its
@@ -21,25 +23,19 @@ is kept on the connection."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 
-_PLAIN_MEDIA_TYPE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
+def without_form_decoding(init: Callable[..., None]) -> Callable[..., None]:
+    """A Request's __init__ (`init`) that turns Twisted's form decoding off."""
 
-def fast_content_type(parse: Callable[[bytes], bytes]) -> Callable[[bytes], bytes]:
-    """`parse` (Twisted's Content-Type parser) with a fast path for plain values:
-    the lowercased `type/subtype`, as the email package returns it."""
+    def made(request: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("parsePOSTFormSubmission", False)
+        init(request, *args, **kwargs)
 
-    def parsed(line: bytes) -> bytes:
-        media = line.split(b";", 1)[0].strip(b" \t")
-        if _PLAIN_MEDIA_TYPE.fullmatch(media):
-            return media.lower()
-        return parse(line)
-
-    parsed.__wrapped__ = parse  # type: ignore[attr-defined]
-    return parsed
+    made.__wrapped__ = init  # type: ignore[attr-defined]
+    return made
 
 
 def secure_once(is_secure: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -60,11 +56,11 @@ def _no_twisted_access_line(factory: Any, request: Any) -> None:
 
 
 def tune_twisted() -> None:
-    from daphne.http_protocol import HTTPFactory
+    from daphne.http_protocol import HTTPFactory, WebRequest
     from twisted.web import http
 
-    if not hasattr(http._parseContentType, "__wrapped__"):
-        http._parseContentType = fast_content_type(http._parseContentType)
+    if not hasattr(WebRequest.__init__, "__wrapped__"):
+        WebRequest.__init__ = without_form_decoding(WebRequest.__init__)
     if not hasattr(http.HTTPChannel.isSecure, "__wrapped__"):
         http.HTTPChannel.isSecure = secure_once(http.HTTPChannel.isSecure)
     HTTPFactory.log = _no_twisted_access_line

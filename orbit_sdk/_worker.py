@@ -65,6 +65,7 @@ RENEW_TICK_SECONDS = 0.25  # how often the renewer looks for attempts whose rene
 MIN_RENEW_DELAY = 0.2  # seconds; floor for a renewal's delay when a lease is nearly over
 QUEUE_PAUSED_BACKOFF = 0.5  # seconds before asking Start again on a paused queue; doubles up to renew_seconds
 TRANSIENT_BACKOFF = 0.5  # seconds after UNAVAILABLE/INTERNAL; doubles up to renew_seconds
+MAX_OUTPUT_DEPTH = 20  # the server refuses an output nested deeper (MariaDB stores JSON up to 32 levels)
 MISSING_RETRY_AFTER = 1.0  # seconds to wait on a RATE_LIMITED reply without retry_after_ms
 
 # Answers that say "not now" rather than "no".
@@ -305,6 +306,18 @@ class _Attempt:
         except TimeoutError:
             pass
         self.wake.clear()
+
+
+def _deeper_than(value: Any, levels: int) -> bool:
+    """Whether JSON `value` nests lists and dicts more than `levels` deep."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth == levels:
+                return True
+            stack.extend((inner, depth + 1) for inner in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _failure(outcome: str, retryable: bool, exc: BaseException) -> dict[str, Any]:
@@ -1000,6 +1013,8 @@ class Worker:
             return {"outcome": "SUCCEEDED", "retryable": False}
         try:
             json.dumps(value, allow_nan=False)
+            if _deeper_than(value, MAX_OUTPUT_DEPTH):
+                raise ValueError(f"nested more than {MAX_OUTPUT_DEPTH} levels deep")
         except (TypeError, ValueError) as exc:
             # The handler finished (its effect happened) but the output cannot be reported: that
             # is an unknown outcome for the platform, not a failure that could be retried.

@@ -25,10 +25,32 @@ from orbit.errors import PayloadTooLarge
 MAX_PAYLOAD_BYTES = 256 * 1024
 MAX_KEY_CHARACTERS = 191
 MAX_TIMEOUT_SECONDS = 366 * 24 * 3600
+# MariaDB refuses a JSON document nested more than 32 deep, and a payload or
+# an output is stored inside up to three more levels (an idempotency record's
+# answer holds the task, which holds the payload): 20 leaves room.
+MAX_JSON_DEPTH = 20
+TOO_DEEP = f"must not nest arrays and objects more than {MAX_JSON_DEPTH} levels deep"
 
 
 def encoded_payload_size(payload: Any) -> int:
     return len(json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
+def nested_too_deeply(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether a parsed JSON value nests arrays and objects more than `limit`
+    levels deep (a scalar is 0 deep, [] and {} are 1). Level by level, not
+    recursively: the value may be as deep as the JSON parser allowed."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        level = [
+            inner
+            for item in level
+            if isinstance(item, dict | list)
+            for inner in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return any(isinstance(item, dict | list) for item in level)
 
 
 def is_unicode_whitespace(ch: str) -> bool:
@@ -77,9 +99,9 @@ def _utc_time(text: str) -> datetime | None:
         return None
     try:
         value = datetime.fromisoformat(text.replace("z", "Z"))
-    except ValueError:
+        return None if value.tzinfo is None else value.astimezone(UTC)
+    except (ValueError, OverflowError):  # OverflowError: the offset moves it out of years 1-9999
         return None
-    return None if value.tzinfo is None else value.astimezone(UTC)
 
 
 class ConcurrencyKeyField(StrictCharField):
@@ -125,7 +147,11 @@ class RetryInput(StrictSerializer):
 
 @extend_schema_field(OpenApiTypes.ANY)
 class PayloadField(serializers.Field):
-    default_error_messages = {"null": "must not be null", "utf8": "must be valid UTF-8 (no lone surrogates)"}
+    default_error_messages = {
+        "null": "must not be null",
+        "utf8": "must be valid UTF-8 (no lone surrogates)",
+        "depth": TOO_DEEP,
+    }
 
     def to_internal_value(self, data: Any) -> Any:
         try:
@@ -134,6 +160,8 @@ class PayloadField(serializers.Field):
             self.fail("utf8")
         if size > MAX_PAYLOAD_BYTES:
             raise PayloadTooLarge(f"payload: {size} bytes encoded, over the {MAX_PAYLOAD_BYTES} byte limit")
+        if nested_too_deeply(data):
+            self.fail("depth")
         return data
 
     def plain_value(self, data: Any) -> Any:

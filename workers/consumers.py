@@ -23,12 +23,14 @@ from rest_framework import serializers
 from orbit.api.auth import Principal, authenticate_token, token_from_header
 from orbit.api.errors import translate
 from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, is_valid_utf8, uint32_field
+from orbit.api.parsers import strict_loads
 from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
 from orbit.fields import new_id
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import StartRequest, WorkerContext
 from tasks.actions.rounds import LeaseRequest
 from tasks.coalesce import ROUNDS
+from tasks.serializers import TOO_DEEP, nested_too_deeply
 from workers.actions import current_session, register_worker
 from workers.db import run_db
 from workers.wakeup import registry
@@ -151,8 +153,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             return
         try:
             text = text_data if text_data is not None else (bytes_data or b"").decode("utf-8")
-            message = json.loads(text)
-        except (ValueError, UnicodeDecodeError):
+            message = strict_loads(text)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
             return
         if not isinstance(message, dict):
@@ -298,6 +300,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         if outcome not in endings.OUTCOMES:
             raise InvalidArgument("outcome: must be SUCCEEDED, FAILED or UNKNOWN")
         retryable = field(message, "retryable", bool, optional=True) or False
+        for name in ("output", "error"):
+            if nested_too_deeply(message.get(name)):
+                raise InvalidArgument(f"{name}: {TOO_DEEP}")
         assert self.worker is not None
         report = endings.ResultReport(
             worker=self.worker,

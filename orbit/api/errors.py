@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import RequestDataTooBig
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions as drf_exceptions
@@ -47,6 +48,8 @@ def translate(exc: BaseException) -> OrbitError | None:
         return exc
     if isinstance(exc, RequestDataTooBig):
         return errors.PayloadTooLarge("request body too large")
+    if isinstance(exc, TooManyFieldsSent):
+        return errors.InvalidArgument(f"query: more than {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} parameters")
     if isinstance(exc, drf_exceptions.ParseError):
         return errors.InvalidArgument(str(exc.detail))
     if isinstance(exc, drf_exceptions.UnsupportedMediaType):

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
@@ -14,8 +15,22 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-# json.loads builds a decoder per call when given parse_constant; one is enough.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999: JSON no column can store once it is parsed (Infinity)
+        raise ValueError(f"{text} is out of range for a number")
+    return value
+
+
+# json.loads builds a decoder per call when given these hooks; one is enough.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def strict_loads(text: str) -> Any:
+    """Standard JSON only: NaN, Infinity and numbers that overflow to them are
+    refused (ValueError), as a JSON column would refuse them later; a leading
+    BOM too. RecursionError: nested deeper than the parser goes."""
+    return _DECODER.decode(text)
 
 
 class StrictJSONParser(BaseParser):
@@ -47,7 +62,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
         raise ParseError("request body: invalid UTF-8") from exc
     try:
         # json.loads also refuses a leading BOM, with its own message: kept for that case
-        data = json.loads(text, parse_constant=_reject_constant) if text.startswith("\ufeff") else _DECODER.decode(text)
+        data = json.loads(text) if text.startswith("\ufeff") else strict_loads(text)
     except ValueError as exc:
         raise ParseError(f"request body: malformed JSON ({exc})") from exc
     except RecursionError as exc:

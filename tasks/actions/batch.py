@@ -144,14 +144,25 @@ def submit_each_credential(requests: list[tuple[Actor, Submission]]) -> list[Out
             else:
                 batch.append(index)
         for batch in batches.values():
-            try:
-                results = submit_batch(actor=requests[batch[0]][0], items=[requests[i][1] for i in batch])
-            except Exception as exc:
-                results = [exc] * len(batch)
-            for index, result in zip(batch, results, strict=True):
+            for index, result in zip(batch, _submitted_apart_if_failing(requests, batch), strict=True):
                 outcomes[index] = result
         pending = later
     return outcomes  # type: ignore[return-value]
+
+
+def _submitted_apart_if_failing(
+    requests: list[tuple[Actor, Submission]], batch: list[int]
+) -> list[Outcome | BaseException]:
+    """One batch's outcomes; should the batch fail as a whole (its transaction
+    kept nothing), each submit is tried again alone, so one that cannot be
+    stored fails only itself, not the callers it happened to be batched with."""
+    actor = requests[batch[0]][0]
+    try:
+        return submit_batch(actor=actor, items=[requests[i][1] for i in batch])
+    except Exception as exc:
+        if len(batch) == 1:
+            return [exc]
+    return [outcome for index in batch for outcome in _submitted_apart_if_failing(requests, [index])]
 
 
 @transaction.atomic(durable=True)

@@ -151,7 +151,10 @@ class _FirstReads:
             application_ids.add(submit.actor.principal.application_id)
             checked = submit.submission.checked
             queue_id = (checked if isinstance(checked, dict) else submit.submission.body).get("queue_id")
-            if isinstance(queue_id, str):
+            # An unchecked body's queue_id may hold anything, a lone surrogate
+            # included, which no query can carry; ids are ASCII, and one that is
+            # not names no queue (its submit is refused or read again later).
+            if isinstance(queue_id, str) and queue_id.isascii():
                 queue_ids.add(queue_id)
         queries: list[tuple[Any, str, list[Any]]] = []
         if mine:

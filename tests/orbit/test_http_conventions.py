@@ -180,6 +180,15 @@ def test_wrong_method_is_a_json_envelope_not_internal(tenant):
     assert_error(tenant.client.put("/v1/queues/" + "0" * 32), 405, "INVALID_ARGUMENT")
 
 
+@pytest.mark.parametrize("path", ["/v1/queues", "/v1/queues/" + "0" * 32, "/v1/tasks", "/v1/tasks:batch"])
+def test_options_answers_in_the_success_envelope(tenant, path):
+    response = tenant.client.options(path)
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body) == {"request_id", "data"} and response["X-Request-Id"] == body["request_id"]
+    assert body["data"]["renders"] == ["application/json"] and body["data"]["parses"] == ["application/json"]
+
+
 @pytest.mark.parametrize("errno", [2006, 2013, 1040], ids=["server-gone", "lost-connection", "too-many-connections"])
 def test_database_unreachable_is_unavailable(tenant, monkeypatch, errno):
     def unreachable(**kwargs):

@@ -113,6 +113,13 @@ def test_hello_then_start_before_handler_then_result():
     run(scenario)
 
 
+def nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_outcomes_of_sync_and_async_handlers(kind):
     class Boom(Exception):
@@ -132,6 +139,12 @@ def test_outcomes_of_sync_and_async_handlers(kind):
                 raise Boom("bad input")
             case "unserializable":
                 return {"when": object()}
+            case "nan":
+                return {"ratio": float("nan")}
+            case "twenty deep":
+                return nested(20)
+            case "too deep":
+                return nested(21)
 
     threads: list[int] = []
 
@@ -148,7 +161,7 @@ def test_outcomes_of_sync_and_async_handlers(kind):
         async with FakeServer() as server:
             handler = sync_handler if kind == "sync" else async_handler
             worker = make_worker(server, {("echo", "v1"): handler}, capacity=6)
-            cases = ["ok", "none", "retry", "unknown", "boom", "unserializable"]
+            cases = ["ok", "none", "retry", "unknown", "boom", "unserializable", "nan", "twenty deep", "too deep"]
             for case in cases:
                 server.assign(case, payload={"case": case})
             async with running(worker):
@@ -177,6 +190,18 @@ def test_outcomes_of_sync_and_async_handlers(kind):
             }
             assert result("unserializable")["outcome"] == "UNKNOWN"
             assert result("unserializable")["error"]["type"] == "OutputNotSerializable"
+            for case in ("nan", "too deep"):  # what the server would refuse is reported as an unknown outcome
+                assert result(case)["outcome"] == "UNKNOWN"
+                assert result(case)["error"]["type"] == "OutputNotSerializable"
+            assert (
+                result("too deep")["error"]["message"] == "handler output is not JSON: nested more than 20 levels deep"
+            )
+            assert result("twenty deep") == {
+                "outcome": "SUCCEEDED",
+                "retryable": False,
+                "output": nested(20),
+                "error": None,
+            }
             if kind == "sync":
                 assert loop_thread not in threads
             else:

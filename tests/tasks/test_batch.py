@@ -1,12 +1,14 @@
 """POST /v1/tasks:batch: one transaction, per-item idempotency and results."""
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
 
 from orbit.models import IdempotencyRecord
 from queues.models import QueueState
+from tasks.actions import batch
 from tasks.invariants import find_violations
 from tasks.models import Task
 from tests.conftest import api_client, post_json
@@ -41,6 +43,38 @@ def test_batch_accepts_each_item_with_its_own_receipt(tenant):
     again = post_batch(tenant.client, items)
     assert all(r["status"] == 200 and r["deduplicated"] is True for r in again.json()["data"]["results"])
     assert Task.objects.filter(queue_id=queue["id"]).count() == 5
+
+
+def nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.django_db
+def test_items_a_database_cannot_store_are_refused_by_name_and_fail_alone(tenant):
+    # given items with a payload nested past the limit and a time the offset moves out of range
+    queue = make_queue(tenant)
+    items = [
+        {"idempotency_key": "ok", "task": {**numbered_task(queue["id"], 1), "payload": nested(20)}},
+        {"idempotency_key": "deep", "task": {**numbered_task(queue["id"], 2), "payload": {"a": nested(20)}}},
+        {"idempotency_key": "late", "task": numbered_task(queue["id"], 3, deadline_at="9999-12-31T23:59:59-01:00")},
+        {"idempotency_key": "early", "task": numbered_task(queue["id"], 4, available_at="0001-01-01T00:00:00+01:00")},
+    ]
+    # when they are sent in one batch
+    response = post_batch(tenant.client, items)
+    # then each is answered on its own: the 20 levels are kept, the rest refused by field
+    assert response.status_code == 200, response.content
+    results = response.json()["data"]["results"]
+    assert [r["status"] for r in results] == [201, 400, 400, 400]
+    assert results[0]["task"]["payload"] == nested(20)
+    assert [r["error"]["message"] for r in results[1:]] == [
+        "payload: must not nest arrays and objects more than 20 levels deep",
+        "deadline_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+        "available_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+    ]
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 1
 
 
 @pytest.mark.django_db
@@ -130,3 +164,24 @@ def test_keys_differing_only_in_case_or_spaces_keep_their_own_receipts(tenant):
     for n, (first, replay) in enumerate(zip(results, replays, strict=True)):
         assert replay["task"] == first["task"] and replay["task"]["payload"] == {"n": n}
     assert len({r["task"]["id"] for r in results}) == len(keys)
+
+
+def test_a_batch_that_fails_whole_is_tried_again_item_by_item(monkeypatch):
+    # given submits of one credential, one of which fails any batch it is in
+    calls: list[list[str]] = []
+
+    def submit_batch(*, actor, items):
+        calls.append([item.key for item in items])
+        if any(item.key == "poison" for item in items):
+            raise RuntimeError("cannot store")
+        return [f"stored {item.key}" for item in items]
+
+    monkeypatch.setattr(batch, "submit_batch", submit_batch)
+    actor = SimpleNamespace(principal=SimpleNamespace(credential_id="c1"))
+    requests = [(actor, SimpleNamespace(key=key)) for key in ("a", "poison", "b")]
+    # when they are submitted together
+    outcomes = batch.submit_each_credential(requests)
+    # then only the poisonous one fails; the others are stored, each alone after the failed batch
+    assert outcomes[0] == "stored a" and outcomes[2] == "stored b"
+    assert isinstance(outcomes[1], RuntimeError)
+    assert calls == [["a", "poison", "b"], ["a"], ["poison"], ["b"]]

@@ -128,6 +128,101 @@ def test_refusals_answer_alike(setup, case):
     assert not Task.objects.filter(queue_id=queue_id).exists()
 
 
+def deeply(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("payload 21 deep", "payload: must not nest arrays and objects more than 20 levels deep"),
+        ("payload 1e999", "request body: malformed JSON (1e999 is out of range for a number)"),
+        ("queue_id a lone surrogate", "queue_id: must be valid UTF-8 (no lone surrogates)"),
+        (
+            "time past year 9999 in UTC",
+            "deadline_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+        ),
+        (
+            "time before year 1 in UTC",
+            "available_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+        ),
+    ],
+)
+def test_what_no_column_can_store_is_refused_by_name_not_internal(setup, case, message):
+    # given a body whose value MariaDB (or Python's datetime) cannot hold
+    http, queue_id, _ = setup
+    task = numbered_task(queue_id, 8)
+    plain = {"Content-Type": "application/json"}
+    requests: dict[str, dict[str, Any]] = {
+        "payload 21 deep": {"json": {**task, "payload": {"a": deeply(20)}}},
+        "payload 1e999": {"content": json.dumps(task)[:-1] + ', "business_key": "b", "payload": [1e999]}'},
+        "queue_id a lone surrogate": {"content": json.dumps({**task, "queue_id": "\ud800"})},
+        "time past year 9999 in UTC": {"json": {**task, "deadline_at": "9999-12-31T23:59:59-01:00"}},
+        "time before year 1 in UTC": {"json": {**task, "available_at": "0001-01-01T00:00:00+01:00"}},
+    }
+    # when it is submitted, through the route and through the view
+    status, _, envelope = both(http, "k", headers=plain, **requests[case])
+    # then both refuse it by field, and nothing is stored
+    assert (status, envelope["error"]) == (400, {"code": "INVALID_ARGUMENT", "message": message})
+    assert not Task.objects.filter(queue_id=queue_id).exists()
+    # and 20 levels are accepted
+    assert both(http, "twenty", json={**task, "payload": deeply(20)})[0] == 201
+
+
+def test_a_refused_submit_does_not_fail_the_submits_decided_beside_it(setup, tenant, orbit_server):
+    # given sixteen good submits and one whose payload is too deep, sent at once, five times
+    http, _, _ = setup
+    created = http.post(
+        "/v1/queues",
+        json={"name": "crowd", "max_concurrency": 5, "rate_per_second": 5, "max_unfinished_tasks": 1000},
+        headers={"Idempotency-Key": "crowd"},
+    )
+    queue_id = created.json()["data"]["queue"]["id"]
+
+    async def one_round(round_number: int) -> list[int]:
+        headers = {"Authorization": f"Bearer {tenant.token}"}
+        async with httpx.AsyncClient(base_url=orbit_server.url, headers=headers, timeout=30) as client:
+            bodies = [numbered_task(queue_id, 100 * round_number + n) for n in range(16)]
+            bodies.append({**numbered_task(queue_id, 100 * round_number + 99), "payload": deeply(40)})
+            answers = await asyncio.gather(
+                *(
+                    client.post("/v1/tasks", json=body, headers={"Idempotency-Key": f"r{round_number}-{n}"})
+                    for n, body in enumerate(bodies)
+                )
+            )
+            return [answer.status_code for answer in answers]
+
+    for round_number in range(5):
+        # then each good submit is accepted and stored, and only the deep one refused
+        assert asyncio.run(one_round(round_number)) == [201] * 16 + [400]
+    assert Task.objects.filter(queue_id=queue_id).count() == 16 * 5
+
+
+@pytest.mark.parametrize("body", [b"{}", b"--x\r\nnot a part"])
+def test_a_form_content_type_is_answered_by_the_api_not_by_twisted(setup, body):
+    # given a body Twisted would have decoded as a form (and refused bare when it could not)
+    http, queue_id, _ = setup
+    headers = {"Content-Type": "multipart/form-data; boundary=x", "Idempotency-Key": "form"}
+    # when it is posted
+    response = http.post("/v1/tasks", content=body, headers=headers)
+    # then the API answers it, in its envelope
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": "INVALID_ARGUMENT", "message": "Content-Type must be application/json"}
+    assert response.headers["x-request-id"] == response.json()["request_id"]
+
+
+def test_more_query_parameters_than_django_reads_is_invalid_argument(setup):
+    http, _, _ = setup
+    query = "&".join(["a=1"] * 1001)
+    for path in ("/v1/queues", "/v1/tasks"):
+        response = http.get(f"{path}?{query}")
+        assert response.status_code == 400, response.text
+        assert response.json()["error"] == {"code": "INVALID_ARGUMENT", "message": "query: more than 1000 parameters"}
+
+
 def test_scope_range_and_backpressure_answer_alike(setup, tenant, orbit_server):
     http, queue_id, other_id = setup
     narrow = make_credential(tenant.namespace, scopes=["tasks:submit"], queue_ids=[queue_id])

@@ -201,6 +201,34 @@ def test_a_lone_surrogate_in_a_frame_is_invalid_argument_not_internal(tenant, qu
     assert get_task(tenant.client, task["id"])["output"] == {"text": "\U0001f600"}
 
 
+def test_frames_nested_too_deeply_or_holding_nan_are_invalid_argument_and_the_connection_lives(tenant, queue, connect):
+    # given a started task
+    task, worker, assign = started_task(tenant, queue, connect)
+    ref = {"attempt_id": assign["attempt_id"], "epoch": assign["epoch"]}
+    # when frames too deep for the JSON parser arrive
+    for deep in ("[" * 990, '{"a":' * 3000):
+        worker.ws.send(deep)
+        assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+    # and results whose output no JSON column can store: not standard JSON,
+    for number in ("NaN", "Infinity", "-Infinity", "1e999"):
+        frame = json.dumps({"id": number, "type": "task.result", **ref, "outcome": "SUCCEEDED"})
+        worker.ws.send(frame[:-1] + f', "output": {number}}}')
+        assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+    # or nested 21 levels deep, in the output or the error
+    deep_output: list = []
+    for _ in range(20):
+        deep_output = [deep_output]
+    for name, outcome in (("output", "SUCCEEDED"), ("error", "FAILED")):
+        reply = worker.result(assign, outcome=outcome, **{name: deep_output})
+        assert_error_frame(reply, "INVALID_ARGUMENT")
+        assert reply["message"] == f"{name}: must not nest arrays and objects more than 20 levels deep"
+    # then nothing was recorded, the connection still answers, and 20 levels are stored
+    assert Attempt.objects.get(id=assign["attempt_id"]).state == "RUNNING"
+    done = worker.result(assign, output=deep_output[0])
+    assert done["type"] == "task.result.ok", done
+    assert get_task(tenant.client, task["id"])["output"] == deep_output[0]
+
+
 def test_changing_concurrency_keys_for_a_worker_id_is_refused(queue, connect):
     connect().hello_as([queue["id"]], worker_id="fixed", concurrency_keys=True)
     worker = connect()
