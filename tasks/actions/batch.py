@@ -6,6 +6,7 @@ first used in a batch replays from a single submit and vice versa."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ MAX_BATCH_ITEMS = 500
 # transaction fail on the unique index; it is re-read and retried this often.
 TWIN_RETRIES = 3
 
+
+logger = logging.getLogger("orbit.submit")
 
 Outcome = Receipt | OrbitError
 
@@ -156,12 +159,12 @@ def _submitted_apart_if_failing(
     """One batch's outcomes; should the batch fail as a whole (its transaction
     kept nothing), each submit is tried again alone, so one that cannot be
     stored fails only itself, not the callers it happened to be batched with."""
-    actor = requests[batch[0]][0]
     try:
-        return submit_batch(actor=actor, items=[requests[i][1] for i in batch])
+        return submit_batch(actor=requests[batch[0]][0], items=[requests[i][1] for i in batch])
     except Exception as exc:
         if len(batch) == 1:
             return [exc]
+        logger.warning("batch of %d submits failed; trying each alone", len(batch), exc_info=True)
     return [outcome for index in batch for outcome in _submitted_apart_if_failing(requests, [index])]
 
 
