@@ -13,8 +13,9 @@ from workers.models import WorkerIdentity
 
 def register_worker(
     *, principal: Principal, worker_id: str, session_id: str, concurrency_keys: bool, queue_ids: list[str]
-) -> None:
-    """Checks the queues and fixes `concurrency_keys` for this worker identity.
+) -> int:
+    """Checks the queues and fixes `concurrency_keys` for this worker identity,
+    which from now on leases only for `session_id`; returns the identity's row id.
 
     The flag is a property of the process identity: a reconnect that changes it
     is refused, an upgraded process must use a new worker_id."""
@@ -34,13 +35,15 @@ def register_worker(
                 raise StateConflict(
                     "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
                 )
+            # Waits for a lease of the previous session still deciding (it
+            # holds this row), so the hello's held attempts include that lease's.
             WorkerIdentity.objects.filter(pk=identity.pk).update(
                 session_id=session_id, credential_id=principal.credential_id, connected_at=now
             )
-            return
+            return identity.pk
         try:
             with transaction.atomic():
-                WorkerIdentity.objects.create(
+                created = WorkerIdentity.objects.create(
                     namespace_id=principal.namespace_id,
                     worker_id=worker_id,
                     concurrency_keys=concurrency_keys,
@@ -48,7 +51,7 @@ def register_worker(
                     session_id=session_id,
                     connected_at=now,
                 )
-            return
+            return created.pk
         except IntegrityError:
             continue  # a twin connection registered first; compare with its row
     raise StateConflict("worker registration raced; reconnect")

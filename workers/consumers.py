@@ -28,7 +28,7 @@ from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenie
 from orbit.fields import new_id
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import StartRequest, WorkerContext
-from tasks.actions.rounds import LeaseRequest
+from tasks.actions.rounds import SUPERSEDED, LeaseRequest
 from tasks.coalesce import ROUNDS
 from tasks.serializers import TOO_DEEP, nested_too_deeply
 from workers.actions import current_session, register_worker
@@ -221,7 +221,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         principal.require("workers:consume")
         session_id = new_id()
         queue_ids = list(dict.fromkeys(hello["queues"]))
-        await run_db(
+        identity_id = await run_db(
             register_worker,
             principal=principal,
             worker_id=hello["worker_id"],
@@ -237,6 +237,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             queue_ids=tuple(queue_ids),
             handlers=tuple((h["handler"], h["handler_version"]) for h in hello.get("handlers", [])),
             concurrency_keys=hello["concurrency_keys"],
+            identity_id=identity_id,
         )
         self.capacity = hello["capacity"]
         held = await run_db(
@@ -367,9 +368,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                         async with self.lease_lock:
                             assignments = []
                             if not self.draining:
-                                outcome = await ROUNDS.call_async(
-                                    self.worker.application_id, LeaseRequest(self.worker, free)
-                                )
+                                try:
+                                    outcome = await ROUNDS.call_async(
+                                        self.worker.application_id, LeaseRequest(self.worker, free)
+                                    )
+                                except StateConflict as superseded:
+                                    await self.close_superseded(superseded)
+                                    return
                                 assignments = outcome.assignments
                                 if outcome.rate_reopens_in is not None:
                                     # Come back when the start window reopens, not a poll later.
@@ -394,6 +399,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 logger.warning("dispatch cycle failed", exc_info=True)
                 await asyncio.sleep(1.0)
 
+    async def close_superseded(self, error: StateConflict) -> None:
+        """A newer connection of this worker_id took over (this one is a
+        half-open leftover, or its worker reconnected): it leases no more."""
+        await self.send_error(None, error)
+        await self.close(code=CLOSE_CONFLICT)
+
     async def on_idle(self) -> None:
         """Reconciles held attempts with the database (leases recovered elsewhere)
         and re-checks the credential now and then."""
@@ -407,10 +418,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 current_session, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
             )
             if current != self.worker.session_id:
-                # A newer connection of this worker_id took over (this one is a
-                # half-open leftover): stop leasing for it.
-                await self.send_error(None, StateConflict("superseded by a newer connection of this worker_id"))
-                await self.close(code=CLOSE_CONFLICT)
+                await self.close_superseded(StateConflict(SUPERSEDED))
                 raise asyncio.CancelledError
             headers = dict(self.scope.get("headers") or [])
             token = token_from_header((headers.get(b"authorization") or b"").decode("latin-1"))

@@ -15,6 +15,7 @@ from django.utils import timezone
 from orbit.audit import emit_event
 from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
 from orbit.fields import UINT64_MAX
+from orbit.idempotency import run_retrying
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import Application, ApplicationState
 from orbit.rows import (
@@ -53,6 +54,10 @@ class WorkerContext:
     queue_ids: tuple[str, ...]
     handlers: tuple[tuple[str, str], ...]
     concurrency_keys: bool
+    # The connection's worker identity row, whose session must still be this
+    # one for a lease (a newer hello of the worker_id supersedes it); None for
+    # in-process callers, which have no connection.
+    identity_id: int | None = None
 
 
 def window_open(state: QueueState, now: datetime) -> bool:
@@ -447,6 +452,10 @@ def renew_lease(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[s
     """Extends an active lease (and with it the key permit the attempt holds).
 
     Locks the attempt row alone; never past the task's total deadline."""
+    return run_retrying(lambda: _renew(worker, attempt_id, epoch))
+
+
+def _renew(worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
     from orbit.timefmt import format_time
 
     with transaction.atomic():

@@ -123,11 +123,11 @@ def lock_task_chain(task_id: str) -> tuple[Task, Held | None] | None:
     task = lock_task(task_id)
     if task is None:
         return None
-    attempt = (
-        Attempt.objects.select_for_update()
-        .filter(task_id=task_id, epoch=task.epoch, state__in=list(ACTIVE_ATTEMPT_STATES))
-        .first()
-    )
+    # Found by (task_id, epoch) alone, the state checked here: with the state
+    # in the WHERE, MariaDB may filter through the expiry index and lock other
+    # tasks' attempts too (a deadlock with their renewals).
+    found = Attempt.objects.select_for_update().filter(task_id=task_id, epoch=task.epoch).order_by("id")
+    attempt = next((attempt for attempt in found if attempt.state in ACTIVE_ATTEMPT_STATES), None)
     return task, (Held(task=task, attempt=attempt, key_row=key_row) if attempt else None)
 
 

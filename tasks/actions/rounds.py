@@ -19,7 +19,8 @@ to the database together, in one round trip, and its writes with its next
 statement (orbit.rows.select_together, writes_sent_together).
 
 Lock order inside a round: application_state → the union of the round's
-queue_state rows (ascending) → key rows → tasks → attempts. Each part re-locks
+queue_state rows (ascending) → its leases' worker identity rows → key rows
+→ tasks → attempts. Each part re-locks
 the rows it needs (the counter rows the round holds are kept, with the
 round's own changes, and cost no statement: orbit.rows.holding); the rows locked after
 the union are only ever waited for by transactions that hold the same
@@ -36,12 +37,13 @@ from django.db import IntegrityError
 
 from orbit.api.auth import Minted
 from orbit.audit import gathered_events
-from orbit.errors import OrbitError
+from orbit.errors import OrbitError, StateConflict
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
 from orbit.rows import (
     atomic_sent_together,
     holding,
+    lock_by_pk,
     lock_by_pk_together,
     locked_ahead,
     namespace_keys_in,
@@ -56,6 +58,7 @@ from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
 from tasks.models import Attempt, Task
+from workers.models import WorkerIdentity
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class CredentialNotConfirmed(Exception):
     gone, or not as minted): the submit was not decided; the full handler,
     which reads the credential itself, answers it."""
 
+
+SUPERSEDED = "superseded by a newer connection of this worker_id"
 
 RoundItem = ResultReport | StartRequest | LeaseRequest | SubmitRequest
 Answer = dict[str, Any] | LeaseOutcome | Receipt
@@ -246,6 +251,23 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     return answers  # type: ignore[return-value]
 
 
+def _current_sessions(
+    leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]
+) -> list[tuple[int, LeaseRequest]]:
+    """The leases whose connection is still its worker identity's session;
+    the others are refused into `decided` (their identity rows are locked)."""
+    identities = lock_by_pk(WorkerIdentity, {lease.worker.identity_id for _, lease in leases} - {None})
+    current: list[tuple[int, LeaseRequest]] = []
+    for index, lease in leases:
+        identity_id = lease.worker.identity_id
+        identity = identities.get(identity_id) if identity_id is not None else None
+        if identity_id is None or (identity is not None and identity.session_id == lease.worker.session_id):
+            current.append((index, lease))
+        else:
+            decided.append((index, StateConflict(SUPERSEDED)))
+    return current
+
+
 def _decide_round(
     items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
 ) -> None:
@@ -304,6 +326,11 @@ def _decide_round(
         ahead_task_ids += [start_peeks[s.attempt_id].task_id for _, s in starts]
         ahead_attempt_ids = [item.attempt_id for _, item in reports + starts]
         ahead = [(Task, ahead_task_ids), (Attempt, ahead_attempt_ids)]
+    # A lease is for its connection's session only: the worker identity rows
+    # are locked with the counters (a hello of the same worker_id waits for
+    # this round, then counts what it leased as held).
+    identity_ids = {lease.worker.identity_id for _, lease in leases if lease.worker.identity_id is not None}
+    ahead.append((WorkerIdentity, sorted(identity_ids)))
 
     def decide() -> list[tuple[int, Any]]:
         with atomic_sent_together(), holding(ApplicationState, QueueState), locked_ahead():
@@ -335,7 +362,7 @@ def _decide_round(
                 decided.extend(zip([i for i, _ in starts], outcomes, strict=True))
             # Workers of one kind lease together: one candidate scan for all.
             kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
-            for index, lease in leases:
+            for index, lease in _current_sessions(leases, decided):
                 worker = lease.worker
                 kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
                 kinds.setdefault(kind, []).append((index, lease))

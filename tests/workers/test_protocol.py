@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
+import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
@@ -33,6 +35,7 @@ from tests.tasks.support import (
     snapshot,
     submit,
     submit_ok,
+    task_body,
     wait_until,
 )
 
@@ -488,6 +491,61 @@ def test_drain_stops_assignments_and_closes_when_idle(tenant, queue, connect):
     assert worker.result(assign)["task_state"] == "SUCCEEDED"
     assert worker.wait_closed() == 1000
     assert not [f for f in worker.pending if f.get("type") == "task.assign"]
+
+
+def test_a_superseded_connection_leases_nothing_more_for_its_worker_id(tenant, queue, connect):
+    # given two connections that said hello as the same worker_id, capacity 2, the second one last
+    old = connect()
+    old.hello_as([queue["id"]], capacity=2, worker_id="twice")
+    new = connect()
+    new.hello_as([queue["id"]], capacity=2, worker_id="twice")
+    # when six tasks arrive
+    for n in range(6):
+        submit_ok(tenant.client, queue["id"], f"t-{n}")
+    # then only the newest connection is assigned work, up to the identity's capacity
+    assert len(new.assignments(2)) == 2
+    new.no_assignment(within=0.5)
+    assert active_attempts_of("twice") == 2
+    # and the superseded one is told so and closed, with nothing assigned
+    assert old.wait_closed() == 4409
+    assert not [frame for frame in old.pending if frame.get("type") == "task.assign"]
+    superseded = [frame for frame in old.pending if frame.get("type") == "error"]
+    assert [frame["code"] for frame in superseded] == ["STATE_CONFLICT"], old.pending
+    assert superseded[0]["message"] == "superseded by a newer connection of this worker_id"
+
+
+def test_a_renewal_racing_a_cancel_is_answered_ok_or_lease_lost(tenant, queue, orbit_server, connect):
+    # given leased, unstarted attempts renewed at the moment their tasks are cancelled, many times over
+    headers = {"Authorization": f"Bearer {tenant.token}"}
+    queues = [queue] + [make_queue(tenant.client, f"race-{n}") for n in (1, 2)]  # one worker each
+    workers = [connect() for _ in queues]
+    for n, (worker, own) in enumerate(zip(workers, queues, strict=True)):
+        worker.hello_as([own["id"]], capacity=1, worker_id=f"racer-{n}")
+
+    def race(n: int, worker) -> list[str]:
+        answers = []
+        with httpx.Client(base_url=orbit_server.url, headers=headers, timeout=30) as http:
+            for round_number in range(25):
+                body = {**task_body(queues[n]["id"]), "payload": {"round": round_number}}
+                key = f"race-{n}-{round_number}"
+                submitted = http.post("/v1/tasks", json=body, headers={"Idempotency-Key": key})
+                task_id = submitted.json()["data"]["task"]["id"]
+                assign = worker.assignment()
+                with ThreadPoolExecutor(1) as pool:
+                    cancel_key = {"Idempotency-Key": f"{key}-cancel"}
+                    path = f"/v1/tasks/{task_id}:cancel"
+                    cancelled = pool.submit(http.post, path, json={"reason": "race"}, headers=cancel_key)
+                    renewed = worker.renew(assign)
+                    assert cancelled.result().status_code == 200
+                worker.release(assign, reason="cancelled")  # as the SDK gives back a cancelled lease
+                answers.append(renewed["type"] if renewed["type"] != "error" else renewed["code"])
+        return answers
+
+    # when the renewals and cancels run side by side on three connections
+    with ThreadPoolExecutor(len(workers)) as pool:
+        answers = [answer for done in pool.map(race, range(len(workers)), workers) for answer in done]
+    # then each renewal is answered as one side or the other won, never as if the database were down
+    assert set(answers) <= {"task.renew.ok", "LEASE_LOST"}, answers
 
 
 def test_reconnect_within_the_lease_keeps_attempts(tenant, queue, connect):
