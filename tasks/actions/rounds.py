@@ -19,12 +19,13 @@ to the database together, in one round trip, and its writes with its next
 statement (orbit.rows.select_together, writes_sent_together).
 
 Lock order inside a round: application_state → the union of the round's
-queue_state rows (ascending) → its leases' worker identity rows → key rows
-→ tasks → attempts. Each part re-locks
-the rows it needs (the counter rows the round holds are kept, with the
-round's own changes, and cost no statement: orbit.rows.holding); the rows locked after
-the union are only ever waited for by transactions that hold the same
-application_state row first, so the parts cannot deadlock with other paths.
+queue_state rows (ascending) → its leases' worker identity rows → key rows →
+tasks → attempts. Each part re-locks the rows it needs (the counter rows the
+round holds are kept, with the round's own changes, and cost no statement:
+orbit.rows.holding); the rows locked after the union are only ever waited for
+by transactions that hold the same application_state row first, or by a
+hello's update of its identity row, which holds nothing else, so the parts
+cannot deadlock with other paths.
 A round with no concurrency key in it locks its results' and starts' tasks
 and attempts in the counters' round trip (orbit.rows.locked_ahead)."""
 
@@ -251,17 +252,22 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     return answers  # type: ignore[return-value]
 
 
+def _identity_ids(leases: list[tuple[int, LeaseRequest]]) -> list[int]:
+    return sorted({lease.worker.identity_id for _, lease in leases if lease.worker.identity_id is not None})
+
+
 def _current_sessions(
     leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]
 ) -> list[tuple[int, LeaseRequest]]:
     """The leases whose connection is still its worker identity's session;
     the others are refused into `decided` (their identity rows are locked)."""
-    identities = lock_by_pk(WorkerIdentity, {lease.worker.identity_id for _, lease in leases} - {None})
+    sessions = {
+        identity.pk: identity.session_id for identity in lock_by_pk(WorkerIdentity, _identity_ids(leases)).values()
+    }
     current: list[tuple[int, LeaseRequest]] = []
     for index, lease in leases:
         identity_id = lease.worker.identity_id
-        identity = identities.get(identity_id) if identity_id is not None else None
-        if identity_id is None or (identity is not None and identity.session_id == lease.worker.session_id):
+        if identity_id is None or sessions.get(identity_id) == lease.worker.session_id:
             current.append((index, lease))
         else:
             decided.append((index, StateConflict(SUPERSEDED)))
@@ -329,8 +335,7 @@ def _decide_round(
     # A lease is for its connection's session only: the worker identity rows
     # are locked with the counters (a hello of the same worker_id waits for
     # this round, then counts what it leased as held).
-    identity_ids = {lease.worker.identity_id for _, lease in leases if lease.worker.identity_id is not None}
-    ahead.append((WorkerIdentity, sorted(identity_ids)))
+    ahead.append((WorkerIdentity, _identity_ids(leases)))
 
     def decide() -> list[tuple[int, Any]]:
         with atomic_sent_together(), holding(ApplicationState, QueueState), locked_ahead():
