@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Max, Q
 
-from orbit.models import ApplicationState
-from queues.models import QueueState
+from orbit.models import Application, ApplicationState
+from queues.models import Queue, QueueState
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 
 UNFINISHED_STATES = [TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
@@ -109,16 +109,55 @@ def find_violations() -> list[str]:
     for ident, row in holders.items():
         if row.holder_attempt_id and ident not in active_keyed:
             problems.append(f"key {ident}: held by {row.holder_attempt_id}, which is not active")
-        max_token = (
-            Attempt.objects.filter(namespace_id=ident[0], concurrency_key=ident[1])
-            .order_by("-concurrency_token")
-            .values_list("concurrency_token", flat=True)
-            .first()
-        )
-        if max_token is not None and max_token > row.version:
-            problems.append(f"key {ident}: token {max_token} issued beyond row version {row.version}")
+    # A key's row is its token sequence: it must exist wherever a token was
+    # issued (a new row would issue token 1 again) and be at or past the highest.
+    issued = (
+        Attempt.objects.exclude(concurrency_key="")
+        .values_list("namespace_id", "concurrency_key")
+        .annotate(highest=Max("concurrency_token"))
+    )
+    for namespace_id, key, highest in issued:
+        row = holders.get((namespace_id, key))
+        if row is None:
+            problems.append(f"key {(namespace_id, key)}: tokens issued up to {highest} but it has no key row")
+        elif highest is not None and highest > row.version:
+            problems.append(f"key {(namespace_id, key)}: token {highest} issued beyond row version {row.version}")
+    problems.extend(state_row_violations())
+    problems.extend(attempt_count_violations())
     problems.extend(token_order_violations())
     problems.extend(readiness_violations())
+    return problems
+
+
+def state_row_violations() -> list[str]:
+    """Every application and queue has its counter row (submits, leases and
+    results lock it; without it they fail)."""
+    problems = []
+    counted = set(ApplicationState.objects.values_list("application_id", flat=True))
+    for application_id in Application.objects.values_list("id", flat=True):
+        if application_id not in counted:
+            problems.append(f"application {application_id}: has no application_state row")
+    counted = set(QueueState.objects.values_list("queue_id", flat=True))
+    for queue_id in Queue.objects.values_list("id", flat=True):
+        if queue_id not in counted:
+            problems.append(f"queue {queue_id}: has no queue_state row")
+    return problems
+
+
+def attempt_count_violations() -> list[str]:
+    """A task's `attempts` is the number of its attempts that were started."""
+    problems = []
+    started = dict(
+        Attempt.objects.filter(number__isnull=False)
+        .values_list("task_id")
+        .annotate(n=Count("id"))
+        .values_list("task_id", "n")
+    )
+    counted = dict(Task.objects.filter(attempts__gt=0).values_list("id", "attempts"))
+    for task_id in sorted(set(started) | set(counted)):
+        expected, actual = started.get(task_id, 0), counted.get(task_id, 0)
+        if expected != actual:
+            problems.append(f"task {task_id}: attempts={actual} but {expected} attempts were started")
     return problems
 
 
