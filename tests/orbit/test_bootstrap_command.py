@@ -11,6 +11,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import OperationalError
 
 from orbit.models import Application, ApplicationState, Credential, Namespace
 from queues.models import Queue, QueueState
@@ -192,3 +193,60 @@ def test_bootstrap_refuses_limits_the_api_would_reject(db, tmp_path, limits):
         bootstrap(output, **limits)
     assert not output.exists()
     assert counts() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("missing-dir-is-a-file/creds.json", "missing-dir-is-a-file: File exists"),
+        ("a-directory", "Is a directory"),
+    ],
+)
+def test_an_output_that_cannot_be_written_mints_nothing_and_says_why_in_one_line(db, tmp_path, output, message):
+    # given a file where a directory is needed, and a directory where the file should go
+    (tmp_path / "missing-dir-is-a-file").write_text("")
+    (tmp_path / "a-directory").mkdir()
+    # when bootstrap writes there (--overwrite gets past the existence check)
+    with pytest.raises(CommandError) as refused:
+        bootstrap(tmp_path / output, overwrite=True)
+    # then the error is one line, and nothing was created
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    assert counts() == (0, 0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"application": ""}, "--application: must be 1-128 characters"),
+        ({"application": "x" * 129}, "--application: must be 1-128 characters"),
+        ({"output": ""}, "--output: a file path is required"),
+    ],
+)
+def test_names_outside_their_columns_are_refused_before_anything_is_created(db, tmp_path, options, message):
+    arguments = {"output": tmp_path / "creds.json", **options}
+    with pytest.raises(CommandError, match=message):
+        bootstrap(**arguments)
+    assert counts() == (0, 0, 0, 0)
+
+
+def test_a_retired_queue_is_not_handed_out_again(db, tmp_path):
+    # given a bootstrapped queue that was retired
+    bootstrap(tmp_path / "first.json")
+    Queue.objects.update(retired_at=Queue.objects.get().created_at)
+    before = counts()
+    # when bootstrap is run again for it
+    with pytest.raises(CommandError, match="queue 'bootstrap' of this namespace is retired"):
+        bootstrap(tmp_path / "second.json")
+    # then no credential is minted and no file written
+    assert counts() == before and not (tmp_path / "second.json").exists()
+
+
+def test_the_database_down_is_one_line(db, tmp_path, monkeypatch):
+    def unreachable(name):
+        raise OperationalError(2003, "Can't connect to MySQL server on '127.0.0.1:3307' (111)")
+
+    monkeypatch.setattr("orbit.management.commands.orbit_bootstrap.ensure_application", unreachable)
+    with pytest.raises(CommandError) as refused:
+        bootstrap(tmp_path / "creds.json")
+    assert str(refused.value) == "database: Can't connect to MySQL server on '127.0.0.1:3307' (111)"
+    assert not (tmp_path / "creds.json").exists()

@@ -1,14 +1,19 @@
-"""The credentials file both commands write: JSON, mode 0600, never overwritten silently."""
+"""The credentials file both commands write: JSON, mode 0600, never overwritten
+silently, and written before the credential's transaction commits, so a run
+that cannot write it mints nothing. Both commands answer a failure in one line."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import CommandError
+from django.db import DatabaseError, transaction
 
 
 def server_url() -> str:
@@ -17,12 +22,48 @@ def server_url() -> str:
 
 def refuse_existing(path: str, *, overwrite: bool) -> None:
     """Checked before anything is created, so a refused run mints nothing."""
+    if not path:
+        raise CommandError("--output: a file path is required")
     if Path(path).exists() and not overwrite:
         raise CommandError(f"{path} already exists; pass --overwrite to replace it")
 
 
-def write_credentials_file(path: str, content: dict[str, Any], *, overwrite: bool) -> None:
+def check_name(option: str, value: str, longest: int) -> str:
+    if not 1 <= len(value) <= longest:
+        raise CommandError(f"{option}: must be 1-{longest} characters")
+    return value
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A database or file failure as a one-line CommandError, not a traceback."""
+    try:
+        yield
+    except DatabaseError as exc:
+        raise CommandError(f"database: {exc.args[-1] if exc.args else exc}") from exc
+    except OSError as exc:
+        raise CommandError(f"{exc.filename or 'output'}: {exc.strerror or exc}") from exc
+
+
+def mint_and_write(path: str, *, overwrite: bool, mint: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Runs `mint` (which creates rows and returns the file's content) in a
+    transaction that commits only once the file is written; should the commit
+    fail after all, the file is removed again."""
     refuse_existing(path, overwrite=overwrite)
+    written = False
+    try:
+        with transaction.atomic():
+            content = mint()
+            _write(path, content, overwrite=overwrite)
+            written = True
+    except BaseException:
+        if written:
+            Path(path).unlink(missing_ok=True)
+        raise
+    return content
+
+
+def _write(path: str, content: dict[str, Any], *, overwrite: bool) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if overwrite else os.O_EXCL)

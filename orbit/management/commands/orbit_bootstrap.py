@@ -3,11 +3,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
-from orbit.management.commands._credentials_file import refuse_existing, server_url, write_credentials_file
+from orbit.management.commands._credentials_file import (
+    check_name,
+    mint_and_write,
+    one_line_errors,
+    refuse_existing,
+    server_url,
+)
+from orbit.models import Application, Namespace
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
 from queues.models import Queue, QueueState
 from queues.serializers import QueueCreateInput
@@ -45,10 +51,19 @@ class Command(BaseCommand):
         parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with one_line_errors():
+            self.bootstrap(options)
+
+    def bootstrap(self, options: dict[str, Any]) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
+        check_name("--application", options["application"], Application._meta.get_field("name").max_length)
+        check_name("--environment", options["environment"], Namespace._meta.get_field("environment").max_length)
+        check_name("--namespace", options["namespace"], Namespace._meta.get_field("name").max_length)
         check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
-        with transaction.atomic():
+        credential_ids: list[str] = []
+
+        def mint() -> dict[str, Any]:
             application = ensure_application(options["application"])
             namespace = ensure_namespace(application, options["environment"], options["namespace"])
             queue = Queue.objects.filter(namespace_id=namespace.id, name=options["queue"]).first()
@@ -61,15 +76,19 @@ class Command(BaseCommand):
                     rate_per_second=options["rate_per_second"],
                 )
                 QueueState.objects.create(queue_id=queue.id, application_id=application.id)
+            elif queue.retired_at is not None:
+                raise CommandError(f"queue {options['queue']!r} of this namespace is retired; choose another name")
             issued = issue_credential(namespace, scopes=scopes, queue_ids=None, name="bootstrap")
-        content = {
-            "url": server_url(),
-            "token": issued.token,
-            "application_id": application.id,
-            "namespace_id": namespace.id,
-            "environment": namespace.environment,
-            "queue_id": queue.id,
-            "scopes": issued.credential.scopes,
-        }
-        write_credentials_file(options["output"], content, overwrite=options["overwrite"])
-        self.stdout.write(f"wrote {options['output']} (credential {issued.credential.id}, queue {queue.id})")
+            credential_ids.append(issued.credential.id)
+            return {
+                "url": server_url(),
+                "token": issued.token,
+                "application_id": application.id,
+                "namespace_id": namespace.id,
+                "environment": namespace.environment,
+                "queue_id": queue.id,
+                "scopes": issued.credential.scopes,
+            }
+
+        content = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
+        self.stdout.write(f"wrote {options['output']} (credential {credential_ids[-1]}, queue {content['queue_id']})")

@@ -5,7 +5,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from orbit.errors import OrbitError
-from orbit.management.commands._credentials_file import refuse_existing, server_url, write_credentials_file
+from orbit.management.commands._credentials_file import (
+    mint_and_write,
+    one_line_errors,
+    refuse_existing,
+    server_url,
+)
 from orbit.models import Application, Credential, Namespace
 from orbit.tenancy import issue_credential, revoke_credential
 from queues.models import Queue
@@ -31,12 +36,16 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            getattr(self, f"handle_{options['verb']}")(options)
+            with one_line_errors():
+                getattr(self, f"handle_{options['verb']}")(options)
         except OrbitError as exc:
             raise CommandError(exc.message) from exc
 
     def handle_create(self, options: dict[str, Any]) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
+        longest = Credential._meta.get_field("name").max_length
+        if len(options["name"]) > longest:
+            raise CommandError(f"--name: must be at most {longest} characters")
         application = Application.objects.filter(name=options["application"]).first()
         namespace = (
             Namespace.objects.filter(
@@ -53,20 +62,28 @@ class Command(BaseCommand):
             unknown = [queue_id for queue_id in queue_ids if queue_id not in known]
             if unknown or not queue_ids:
                 raise CommandError(f"--queues: not queues of this namespace: {', '.join(unknown) or '(none given)'}")
-        issued = issue_credential(
-            namespace, scopes=[s for s in options["scopes"].split(",") if s], queue_ids=queue_ids, name=options["name"]
-        )
-        content = {
-            "url": server_url(),
-            "token": issued.token,
-            "application_id": application.id,
-            "namespace_id": namespace.id,
-            "environment": namespace.environment,
-            "queue_id": (queue_ids or [""])[0],
-            "scopes": issued.credential.scopes,
-        }
-        write_credentials_file(options["output"], content, overwrite=options["overwrite"])
-        self.stdout.write(f"wrote {options['output']} (credential {issued.credential.id})")
+        credential_ids: list[str] = []
+
+        def mint() -> dict[str, Any]:
+            issued = issue_credential(
+                namespace,
+                scopes=[s for s in options["scopes"].split(",") if s],
+                queue_ids=queue_ids,
+                name=options["name"],
+            )
+            credential_ids.append(issued.credential.id)
+            return {
+                "url": server_url(),
+                "token": issued.token,
+                "application_id": application.id,
+                "namespace_id": namespace.id,
+                "environment": namespace.environment,
+                "queue_id": (queue_ids or [""])[0],
+                "scopes": issued.credential.scopes,
+            }
+
+        mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
+        self.stdout.write(f"wrote {options['output']} (credential {credential_ids[-1]})")
 
     def handle_revoke(self, options: dict[str, Any]) -> None:
         credential = revoke_credential(options["credential_id"])
