@@ -20,6 +20,19 @@ def server_url() -> str:
     return os.environ.get("ORBIT_URL") or f"http://{settings.ORBIT_HTTP_ADDR}"
 
 
+def file_content(issued: Any, namespace: Any, queue_id: str) -> dict[str, Any]:
+    """What the file holds for a credential just issued (orbit.tenancy.issue_credential)."""
+    return {
+        "url": server_url(),
+        "token": issued.token,
+        "application_id": namespace.application_id,
+        "namespace_id": namespace.id,
+        "environment": namespace.environment,
+        "queue_id": queue_id,
+        "scopes": issued.credential.scopes,
+    }
+
+
 def refuse_existing(path: str, *, overwrite: bool) -> None:
     """Checked before anything is created, so a refused run mints nothing."""
     if not path:

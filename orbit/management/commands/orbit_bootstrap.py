@@ -8,10 +8,10 @@ from rest_framework.exceptions import ValidationError
 from orbit.api.errors import translate
 from orbit.management.commands._credentials_file import (
     check_name,
+    file_content,
     mint_and_write,
     one_line_errors,
     refuse_existing,
-    server_url,
 )
 from orbit.models import Application, Namespace
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
@@ -80,15 +80,7 @@ class Command(BaseCommand):
                 raise CommandError(f"queue {options['queue']!r} of this namespace is retired; choose another name")
             issued = issue_credential(namespace, scopes=scopes, queue_ids=None, name="bootstrap")
             credential_ids.append(issued.credential.id)
-            return {
-                "url": server_url(),
-                "token": issued.token,
-                "application_id": application.id,
-                "namespace_id": namespace.id,
-                "environment": namespace.environment,
-                "queue_id": queue.id,
-                "scopes": issued.credential.scopes,
-            }
+            return file_content(issued, namespace, queue.id)
 
         content = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
         self.stdout.write(f"wrote {options['output']} (credential {credential_ids[-1]}, queue {content['queue_id']})")

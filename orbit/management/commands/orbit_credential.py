@@ -6,10 +6,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from orbit.errors import OrbitError
 from orbit.management.commands._credentials_file import (
+    file_content,
     mint_and_write,
     one_line_errors,
     refuse_existing,
-    server_url,
 )
 from orbit.models import Application, Credential, Namespace
 from orbit.tenancy import issue_credential, revoke_credential
@@ -72,15 +72,7 @@ class Command(BaseCommand):
                 name=options["name"],
             )
             credential_ids.append(issued.credential.id)
-            return {
-                "url": server_url(),
-                "token": issued.token,
-                "application_id": application.id,
-                "namespace_id": namespace.id,
-                "environment": namespace.environment,
-                "queue_id": (queue_ids or [""])[0],
-                "scopes": issued.credential.scopes,
-            }
+            return file_content(issued, namespace, (queue_ids or [""])[0])
 
         mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
         self.stdout.write(f"wrote {options['output']} (credential {credential_ids[-1]})")
