@@ -66,6 +66,8 @@ MIN_RENEW_DELAY = 0.2  # seconds; floor for a renewal's delay when a lease is ne
 QUEUE_PAUSED_BACKOFF = 0.5  # seconds before asking Start again on a paused queue; doubles up to renew_seconds
 TRANSIENT_BACKOFF = 0.5  # seconds after UNAVAILABLE/INTERNAL; doubles up to renew_seconds
 MAX_OUTPUT_DEPTH = 20  # the server refuses an output nested deeper (MariaDB stores JSON up to 32 levels)
+MAX_OUTPUT_BYTES = 1_000_000  # a task.result frame must fit the server's 1 MiB WebSocket message limit
+MAX_ERROR_MESSAGE = 4096  # characters of an exception's message reported as the error
 MISSING_RETRY_AFTER = 1.0  # seconds to wait on a RATE_LIMITED reply without retry_after_ms
 
 # Answers that say "not now" rather than "no".
@@ -324,7 +326,8 @@ def _failure(outcome: str, retryable: bool, exc: BaseException) -> dict[str, Any
     return {
         "outcome": outcome,
         "retryable": retryable,
-        "error": {"type": type(exc).__name__, "message": str(exc)},
+        # A message is kept short enough for its frame (the server takes frames up to 1 MiB).
+        "error": {"type": type(exc).__name__, "message": str(exc)[:MAX_ERROR_MESSAGE]},
     }
 
 
@@ -1012,7 +1015,11 @@ class Worker:
         if value is None:
             return {"outcome": "SUCCEEDED", "retryable": False}
         try:
-            json.dumps(value, allow_nan=False)
+            # As it will be sent (ASCII-escaped); UTF-8 refuses a lone surrogate, as the server would.
+            encoded = json.dumps(value, allow_nan=False)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            if len(encoded) > MAX_OUTPUT_BYTES:
+                raise ValueError(f"{len(encoded)} bytes encoded, over the {MAX_OUTPUT_BYTES} byte limit")
             if _deeper_than(value, MAX_OUTPUT_DEPTH):
                 raise ValueError(f"nested more than {MAX_OUTPUT_DEPTH} levels deep")
         except (TypeError, ValueError) as exc:

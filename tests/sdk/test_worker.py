@@ -145,6 +145,12 @@ def test_outcomes_of_sync_and_async_handlers(kind):
                 return nested(20)
             case "too deep":
                 return nested(21)
+            case "too big":
+                return "x" * 1_000_001
+            case "surrogate":
+                return {"s": "\ud800"}
+            case "long message":
+                raise Boom("m" * 10_000)
 
     threads: list[int] = []
 
@@ -162,6 +168,7 @@ def test_outcomes_of_sync_and_async_handlers(kind):
             handler = sync_handler if kind == "sync" else async_handler
             worker = make_worker(server, {("echo", "v1"): handler}, capacity=6)
             cases = ["ok", "none", "retry", "unknown", "boom", "unserializable", "nan", "twenty deep", "too deep"]
+            cases += ["too big", "surrogate", "long message"]
             for case in cases:
                 server.assign(case, payload={"case": case})
             async with running(worker):
@@ -190,7 +197,7 @@ def test_outcomes_of_sync_and_async_handlers(kind):
             }
             assert result("unserializable")["outcome"] == "UNKNOWN"
             assert result("unserializable")["error"]["type"] == "OutputNotSerializable"
-            for case in ("nan", "too deep"):  # what the server would refuse is reported as an unknown outcome
+            for case in ("nan", "too deep", "too big", "surrogate"):  # what the server would refuse: unknown outcome
                 assert result(case)["outcome"] == "UNKNOWN"
                 assert result(case)["error"]["type"] == "OutputNotSerializable"
             assert (
