@@ -68,6 +68,10 @@ TRANSIENT_BACKOFF = 0.5  # seconds after UNAVAILABLE/INTERNAL; doubles up to ren
 MAX_OUTPUT_DEPTH = 20  # the server refuses an output nested deeper (MariaDB stores JSON up to 32 levels)
 MAX_OUTPUT_BYTES = 1_000_000  # a task.result frame must fit the server's 1 MiB WebSocket message limit
 MAX_ERROR_MESSAGE = 4096  # characters of an exception's message reported as the error
+# A task no handler of this worker serves is handed back after this long, not at once: with
+# bare handler names the hello advertises every handler, and the server would assign the same
+# task straight back (a lease and release a few milliseconds apart, forever).
+NO_HANDLER_HOLD_SECONDS = 1.0
 MISSING_RETRY_AFTER = 1.0  # seconds to wait on a RATE_LIMITED reply without retry_after_ms
 
 # Answers that say "not now" rather than "no".
@@ -361,7 +365,8 @@ class Worker:
 
     When every key is a tuple the hello advertises exactly those pairs; one bare name makes it
     advertise ``[]`` (any handler) and assignments the worker cannot serve are released with
-    reason ``"no handler"``.
+    reason ``"no handler"`` after a one-second hold (at once, the server would assign them
+    straight back), with a warning once per handler and version.
     """
 
     def __init__(
@@ -429,6 +434,7 @@ class Worker:
         self._conn: _Connection | None = None
         self._attempts: dict[str, _Attempt] = {}
         self._rejected: dict[str, tuple[int, str]] = {}  # releases not yet acknowledged
+        self._unserved: set[tuple[str, str]] = set()  # (handler, version) pairs warned about once
         self._tasks: set[asyncio.Task[Any]] = set()
         self._draining = False
         self._stopping = False
@@ -758,20 +764,30 @@ class Worker:
             return
         handler = self._handler_for(assignment.task)
         if handler is None:
-            self._reject(attempt_id, epoch, "no handler")
+            self._reject(attempt_id, epoch, "no handler", hold=NO_HANDLER_HOLD_SECONDS)
+            pair = (assignment.task.handler, assignment.task.handler_version)
+            if pair not in self._unserved:
+                self._unserved.add(pair)
+                logger.warning(
+                    "orbit worker %s: assigned %s %s, which it has no handler for (a bare handler name "
+                    "advertises every handler); each such task is handed back after %.1f s",
+                    self.worker_id,
+                    *pair,
+                    NO_HANDLER_HOLD_SECONDS,
+                )
             return
         attempt = _Attempt(assignment, handler, conn.generation, self._renew_seconds)
         self._attempts[attempt_id] = attempt
         self._spawn(self._drive(attempt))
 
-    def _reject(self, attempt_id: str, epoch: int, reason: str) -> None:
-        """Hand an attempt back without running anything."""
+    def _reject(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
+        """Hand an attempt back without running anything (after `hold` seconds)."""
         if reason.startswith("protocol error"):
             logger.error("orbit worker %s: %s; releasing attempt %s", self.worker_id, reason, attempt_id)
         else:
             logger.info("orbit worker %s: releasing attempt %s (%s)", self.worker_id, attempt_id, reason)
         self._rejected[attempt_id] = (epoch, reason)
-        self._spawn(self._release(attempt_id, epoch, reason))
+        self._spawn(self._release(attempt_id, epoch, reason, hold))
 
     def _conflict(self, attempt: _Attempt, reason: str) -> None:
         """The server contradicts what it told us about an attempt we hold."""
@@ -793,7 +809,9 @@ class Worker:
         if attempt.execution is not None:
             attempt.execution._mark_lease_lost()
 
-    async def _release(self, attempt_id: str, epoch: int, reason: str) -> None:
+    async def _release(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
+        if hold:
+            await asyncio.sleep(hold)
         frame = {"type": "task.release", "attempt_id": attempt_id, "epoch": epoch, "reason": reason}
         try:
             reply = await self._call(frame)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -14,7 +15,7 @@ import pytest
 
 import orbit_sdk
 from orbit_sdk import _worker
-from orbit_sdk._worker import default_worker_id, websocket_url
+from orbit_sdk._worker import NO_HANDLER_HOLD_SECONDS, default_worker_id, websocket_url
 from tests.sdk.fake_server import FakeAttempt, FakeServer
 
 TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
@@ -555,6 +556,29 @@ def test_bare_handler_names_advertise_any_and_unknown_handlers_are_released():
             assert server.received("task.start", "a2") == []
 
     run(scenario)
+
+
+def test_a_task_no_handler_serves_is_handed_back_after_a_hold_not_at_once(caplog):
+    # given a worker of bare handler names (it advertises every handler)
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {"echo": lambda e: None})
+            server.assign("a1", handler="other")
+            server.assign("a2", handler="other")
+            async with running(worker):
+                # when it is assigned tasks of another handler
+                began = time.monotonic()
+                await server.wait_for(lambda: server.attempts["a2"].release_reason)
+                held_for = time.monotonic() - began
+        # then each is released after the hold (not straight back into a lease/release loop)
+        assert held_for >= NO_HANDLER_HOLD_SECONDS * 0.9
+        assert {server.attempts[a].release_reason for a in ("a1", "a2")} == {"no handler"}
+
+    with caplog.at_level(logging.WARNING, logger="orbit_sdk"):
+        run(scenario)
+    # and the misconfiguration is logged once, naming the handler
+    warnings = [r.getMessage() for r in caplog.records if "no handler for" in r.getMessage()]
+    assert len(warnings) == 1 and "other v1" in warnings[0]
 
 
 # --------------------------------------------------------------------------- protocol errors
