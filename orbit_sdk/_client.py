@@ -162,6 +162,12 @@ class Client:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        # Checked here, not left to the first request: a header httpx cannot send would
+        # surface as a TransportError, which says "outcome unknown, send again".
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
+        if not isinstance(token, str) or not token or not all(0x21 <= ord(ch) <= 0x7E for ch in token):
+            raise ValueError("token must be a non-empty string of printable ASCII without spaces")
         self.url = url.rstrip("/")
         self._http = _HttpClient(
             base_url=self.url,

@@ -386,6 +386,8 @@ class Worker:
     ) -> None:
         self.url = websocket_url(url)
         self._token = token
+        if isinstance(queues, str):  # a list of one id was meant, not its characters
+            raise ValueError("queues must be a list of queue ids, not a string")
         self.queues = list(queues)
         if not self.queues or not all(isinstance(queue, str) and queue for queue in self.queues):
             raise ValueError("queues must be a non-empty list of queue ids")
@@ -687,6 +689,9 @@ class Worker:
             try:
                 await conn.ws.send(json.dumps({**frame, "id": request_id}))
             except ConnectionClosed as exc:
+                # Our own future first: nobody awaits it, and failing it would log
+                # "Future exception was never retrieved".
+                conn.pending.pop(request_id, None)
                 self._drop_connection(conn)
                 raise _NoAnswer("connection closed") from exc
             try:

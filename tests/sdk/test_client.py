@@ -549,3 +549,20 @@ def test_a_cookie_set_in_front_of_the_server_is_sent_back() -> None:
     for _ in range(4):
         client.get_queue(QUEUE_ID)
     assert sent == [None, None, "lb=node-2", "lb=node-2"]
+
+
+@pytest.mark.parametrize(
+    ("url", "token", "message"),
+    [
+        ("http://orbit", "", "token must be a non-empty string"),
+        ("http://orbit", "orb_x\n", "token must be a non-empty string"),
+        ("http://orbit", "tök", "token must be a non-empty string"),
+        ("http://orbit", None, "token must be a non-empty string"),
+        (None, "orb_x", "url must be an http:// or https:// URL"),
+        ("orbit:8000", "orb_x", "url must be an http:// or https:// URL"),
+    ],
+)
+def test_a_client_that_could_never_send_is_refused_when_made(url, token, message):
+    # (not as a TransportError at the first call, which would say "outcome unknown, send again")
+    with pytest.raises(ValueError, match=message):
+        orbit_sdk.Client(url, token)

@@ -818,3 +818,8 @@ def test_blocking_run_in_its_own_thread_ends_after_a_drain_from_a_handler():
                 await asyncio.to_thread(worker.run)
 
     run(scenario)
+
+
+def test_queues_given_as_a_string_is_refused_not_split_into_characters():
+    with pytest.raises(ValueError, match="queues must be a list of queue ids, not a string"):
+        orbit_sdk.Worker("http://orbit", "orb_x", "0123456789abcdef0123456789abcdef", {"echo": print})
