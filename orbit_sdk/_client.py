@@ -100,6 +100,12 @@ def _segment(value: str) -> str:
     return quote(value, safe="")
 
 
+def _body_of(request: Any, kind: type[Any]) -> dict[str, Any]:
+    if not isinstance(request, kind):
+        raise TypeError(f"request must be a {kind.__name__}, got {type(request).__name__}")
+    return request.to_json()
+
+
 @lru_cache(maxsize=256)
 def _full_url(base: str, path: str) -> httpx.URL:
     """The request URL of `path`, parsed once for the paths a caller keeps
@@ -227,9 +233,11 @@ class Client:
             content = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
         query = {name: value for name, value in (params or {}).items() if value is not None}
         try:
-            response = self._http.request(
-                method, _full_url(self.url, path), content=content, params=query or None, headers=headers
-            )
+            url = _full_url(self.url, path)
+        except httpx.InvalidURL as exc:  # e.g. an id too long for a URL: nothing was sent
+            raise ValueError(f"{method} {path[:80]}: {exc}") from exc
+        try:
+            response = self._http.request(method, url, content=content, params=query or None, headers=headers)
         except httpx.TimeoutException as exc:
             raise TransportError(f"{method} {path}: timed out ({exc.__class__.__name__})") from exc
         except httpx.TransportError as exc:
@@ -248,7 +256,9 @@ class Client:
 
     def create_queue(self, key: str, request: CreateQueueRequest) -> CreateQueueResult:
         """``POST /v1/queues``: 201 first, replay 200 with ``deduplicated=True``."""
-        return CreateQueueResult.from_json(self._request("POST", "/v1/queues", key=key, body=request.to_json()))
+        return CreateQueueResult.from_json(
+            self._request("POST", "/v1/queues", key=key, body=_body_of(request, CreateQueueRequest))
+        )
 
     def get_queue(self, queue_id: str) -> Queue:
         return Queue.from_json(self._request("GET", f"/v1/queues/{_segment(queue_id)}"))
@@ -260,7 +270,9 @@ class Client:
     def configure_queue(self, queue_id: str, key: str, request: ConfigureQueueRequest) -> CreateQueueResult:
         """Full replacement of the queue's controls, checked against ``expected_revision``."""
         path = f"/v1/queues/{_segment(queue_id)}:configure"
-        return CreateQueueResult.from_json(self._request("POST", path, key=key, body=request.to_json()))
+        return CreateQueueResult.from_json(
+            self._request("POST", path, key=key, body=_body_of(request, ConfigureQueueRequest))
+        )
 
     def retire_queue(self, queue_id: str, key: str, expected_revision: int, reason: str) -> CreateQueueResult:
         """Retire a paused, empty queue for good (reads keep working, the name stays taken)."""
@@ -272,7 +284,9 @@ class Client:
 
     def submit_task(self, key: str, request: SubmitTaskRequest) -> SubmitTaskResult:
         """``POST /v1/tasks``. On ``QUEUE_FULL`` wait ``retry_after`` and re-send with the same key."""
-        return SubmitTaskResult.from_json(self._request("POST", "/v1/tasks", key=key, body=request.to_json()))
+        return SubmitTaskResult.from_json(
+            self._request("POST", "/v1/tasks", key=key, body=_body_of(request, SubmitTaskRequest))
+        )
 
     def get_task(self, task_id: str) -> Task:
         """The task detail, payload included."""

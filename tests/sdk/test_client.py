@@ -566,3 +566,19 @@ def test_a_client_that_could_never_send_is_refused_when_made(url, token, message
     # (not as a TransportError at the first call, which would say "outcome unknown, send again")
     with pytest.raises(ValueError, match=message):
         orbit_sdk.Client(url, token)
+
+
+def test_arguments_no_request_could_carry_are_refused_before_sending():
+    sent: list[httpx.Request] = []
+    client = orbit_sdk.Client(
+        "http://orbit",
+        "orb_x",
+        transport=httpx.MockTransport(lambda request: sent.append(request) or httpx.Response(500)),
+    )
+    with pytest.raises(TypeError, match="request must be a SubmitTaskRequest, got NoneType"):
+        client.submit_task("k", None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="request must be a CreateQueueRequest, got dict"):
+        client.create_queue("k", {"name": "q"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="GET /v1/tasks/xxx"):
+        client.get_task("x" * 100_000)
+    assert sent == []
