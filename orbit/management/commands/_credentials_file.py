@@ -41,10 +41,9 @@ def refuse_existing(path: str, *, overwrite: bool) -> None:
         raise CommandError(f"{path} already exists; pass --overwrite to replace it")
 
 
-def check_name(option: str, value: str, longest: int) -> str:
+def check_name(option: str, value: str, longest: int) -> None:
     if not 1 <= len(value) <= longest:
         raise CommandError(f"{option}: must be 1-{longest} characters")
-    return value
 
 
 @contextmanager
@@ -58,22 +57,24 @@ def one_line_errors() -> Iterator[None]:
         raise CommandError(f"{exc.filename or 'output'}: {exc.strerror or exc}") from exc
 
 
-def mint_and_write(path: str, *, overwrite: bool, mint: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Runs `mint` (which creates rows and returns the file's content) in a
-    transaction that commits only once the file is written; should the commit
-    fail after all, the file is removed again."""
+def mint_and_write(
+    path: str, *, overwrite: bool, mint: Callable[[], tuple[dict[str, Any], str]]
+) -> tuple[dict[str, Any], str]:
+    """Runs `mint` (which creates rows and returns the file's content and the
+    credential's id) in a transaction that commits only once the file is
+    written; should the commit fail after all, the file is removed again."""
     refuse_existing(path, overwrite=overwrite)
     written = False
     try:
         with transaction.atomic():
-            content = mint()
+            content, credential_id = mint()
             _write(path, content, overwrite=overwrite)
             written = True
     except BaseException:
         if written:
             Path(path).unlink(missing_ok=True)
         raise
-    return content
+    return content, credential_id
 
 
 def _write(path: str, content: dict[str, Any], *, overwrite: bool) -> None:

@@ -61,9 +61,8 @@ class Command(BaseCommand):
         check_name("--namespace", options["namespace"], Namespace._meta.get_field("name").max_length)
         check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
-        credential_ids: list[str] = []
 
-        def mint() -> dict[str, Any]:
+        def mint() -> tuple[dict[str, Any], str]:
             application = ensure_application(options["application"])
             namespace = ensure_namespace(application, options["environment"], options["namespace"])
             queue = Queue.objects.filter(namespace_id=namespace.id, name=options["queue"]).first()
@@ -79,8 +78,7 @@ class Command(BaseCommand):
             elif queue.retired_at is not None:
                 raise CommandError(f"queue {options['queue']!r} of this namespace is retired; choose another name")
             issued = issue_credential(namespace, scopes=scopes, queue_ids=None, name="bootstrap")
-            credential_ids.append(issued.credential.id)
-            return file_content(issued, namespace, queue.id)
+            return file_content(issued, namespace, queue.id), issued.credential.id
 
-        content = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
-        self.stdout.write(f"wrote {options['output']} (credential {credential_ids[-1]}, queue {content['queue_id']})")
+        content, credential_id = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
+        self.stdout.write(f"wrote {options['output']} (credential {credential_id}, queue {content['queue_id']})")

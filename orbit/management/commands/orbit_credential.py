@@ -62,20 +62,18 @@ class Command(BaseCommand):
             unknown = [queue_id for queue_id in queue_ids if queue_id not in known]
             if unknown or not queue_ids:
                 raise CommandError(f"--queues: not queues of this namespace: {', '.join(unknown) or '(none given)'}")
-        credential_ids: list[str] = []
 
-        def mint() -> dict[str, Any]:
+        def mint() -> tuple[dict[str, Any], str]:
             issued = issue_credential(
                 namespace,
                 scopes=[s for s in options["scopes"].split(",") if s],
                 queue_ids=queue_ids,
                 name=options["name"],
             )
-            credential_ids.append(issued.credential.id)
-            return file_content(issued, namespace, (queue_ids or [""])[0])
+            return file_content(issued, namespace, (queue_ids or [""])[0]), issued.credential.id
 
-        mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
-        self.stdout.write(f"wrote {options['output']} (credential {credential_ids[-1]})")
+        _, credential_id = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
+        self.stdout.write(f"wrote {options['output']} (credential {credential_id})")
 
     def handle_revoke(self, options: dict[str, Any]) -> None:
         credential = revoke_credential(options["credential_id"])
