@@ -1038,9 +1038,11 @@ class Worker:
         if value is None:
             return {"outcome": "SUCCEEDED", "retryable": False}
         try:
-            # As it will be sent (ASCII-escaped); UTF-8 refuses a lone surrogate, as the server would.
-            encoded = json.dumps(value, allow_nan=False)
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            encoded = json.dumps(value, allow_nan=False)  # as it will be sent: ASCII-escaped
+            if "\\ud" in encoded:
+                # A surrogate escape (a pair for an emoji, or a lone one): UTF-8 refuses
+                # a lone surrogate, as the server would.
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
             if len(encoded) > MAX_OUTPUT_BYTES:
                 raise ValueError(f"{len(encoded)} bytes encoded, over the {MAX_OUTPUT_BYTES} byte limit")
             if _deeper_than(value, MAX_OUTPUT_DEPTH):
