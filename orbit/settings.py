@@ -130,6 +130,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["orbit.api.parsers.StrictJSONParser"],
     "DEFAULT_METADATA_CLASS": "orbit.api.responses.EnvelopedMetadata",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "orbit.api.responses.JSONWhateverAccepted",
     "EXCEPTION_HANDLER": "orbit.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

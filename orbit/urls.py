@@ -1,14 +1,13 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView
 
-from orbit.api import schema  # noqa: F401 - registers the bearer credential with the OpenAPI generator
 from orbit.api.errors import json_error_view
+from orbit.api.schema import OpenApiDocumentView
 from orbit.metrics import metrics_view
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("v1/openapi.json", SpectacularAPIView.as_view(), name="openapi"),
+    path("v1/openapi.json", OpenApiDocumentView.as_view(), name="openapi"),
     path("metrics", metrics_view),
     path("", include("queues.urls")),
     path("", include("tasks.urls")),

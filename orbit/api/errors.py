@@ -103,7 +103,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
 def json_error_view(code: str, status: int, message: str) -> Any:
     def view(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-        response = JsonResponse(error_body(request_id_of(request), code, message), status=status)
+        response = JsonResponse(
+            error_body(request_id_of(request), code, message),
+            status=status,
+            json_dumps_params={"separators": (",", ":")},  # compact, as DRF's JSONRenderer answers
+        )
         response["X-Request-Id"] = request_id_of(request)
         return response
 

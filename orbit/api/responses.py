@@ -3,6 +3,8 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework.metadata import SimpleMetadata
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -23,3 +25,14 @@ class EnvelopedMetadata(SimpleMetadata):
 
     def determine_metadata(self, request: Request, view: Any) -> dict[str, Any]:
         return {"request_id": request_id_of(request._request), "data": super().determine_metadata(request, view)}
+
+
+class JSONWhateverAccepted(DefaultContentNegotiation):
+    """Every answer is the view's first renderer (JSON), whatever Accept or
+    ?format= asks for: a browser's `Accept: text/html` gets the JSON answer,
+    not a 406 the API's error codes do not have."""
+
+    def select_renderer(
+        self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        return renderers[0], renderers[0].media_type

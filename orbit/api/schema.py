@@ -11,6 +11,10 @@ from typing import Any
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
+from drf_spectacular.views import SpectacularJSONAPIView
+from rest_framework.renderers import JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 
 class BearerCredential(OpenApiAuthenticationExtension):
@@ -24,3 +28,15 @@ class BearerCredential(OpenApiAuthenticationExtension):
 def documented(request: type | None = None, *, operation_id: str | None = None) -> Callable[[Any], Any]:
     """A view method's OpenAPI entry: its request body serializer, an envelope response."""
     return extend_schema(request=request, responses=OpenApiTypes.OBJECT, operation_id=operation_id)
+
+
+class OpenApiDocumentView(SpectacularJSONAPIView):
+    """`GET /v1/openapi.json`: the document as JSON whatever Accept says (the
+    default view answers YAML to `Accept: */*`), and its errors as
+    application/json like every other error of the API."""
+
+    def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
+        if response.status_code >= 400:
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = JSONRenderer.media_type
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -170,9 +170,34 @@ def test_body_at_the_upload_limit_is_read(tenant):
     assert_invalid(post_json(tenant.client, "/v1/queues", raw, key="k"), "padding")
 
 
-def test_unacceptable_accept_header_is_not_an_internal_error(tenant):
-    response = tenant.client.get("/v1/queues", HTTP_ACCEPT="text/html")
-    assert_error(response, 406, "INVALID_ARGUMENT")
+@pytest.mark.parametrize("accept", ["text/html", "application/xml", "image/png;q=1, */*;q=0"])
+def test_the_answer_is_json_whatever_accept_asks_for(tenant, accept):
+    response = tenant.client.get("/v1/queues", HTTP_ACCEPT=accept)
+    assert_ok(response, 200)
+    assert response["Content-Type"] == "application/json"
+    assert_error(tenant.client.get("/v1/queues/" + "0" * 32, HTTP_ACCEPT=accept), 404, "NOT_FOUND")
+
+
+@pytest.mark.parametrize("name", ["api", "html", "yaml"])
+def test_a_format_parameter_does_not_choose_another_renderer(tenant, name):
+    response = tenant.client.get(f"/v1/queues?format={name}")
+    assert_ok(response, 200)
+    assert response["Content-Type"] == "application/json"
+
+
+def test_an_unknown_url_answers_compact_json_like_every_other_answer(tenant):
+    raw = tenant.client.get("/v1/nowhere").content
+    assert raw.startswith(b'{"request_id":"') and b'","error":{"code":"NOT_FOUND","message":"no such endpoint"}}' in raw
+
+
+def test_the_openapi_document_is_json_for_any_accept(tenant):
+    for accept in ["*/*", "text/html", "application/json"]:
+        response = tenant.client.get("/v1/openapi.json", HTTP_ACCEPT=accept)
+        assert response.status_code == 200
+        assert response["Content-Type"].startswith("application/vnd.oai.openapi+json")
+        assert response.json()["paths"]["/v1/queues"]
+    refused = api_client(None).get("/v1/openapi.json")
+    assert_error(refused, 401, "UNAUTHENTICATED")
 
 
 def test_wrong_method_is_a_json_envelope_not_internal(tenant):

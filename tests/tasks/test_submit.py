@@ -276,6 +276,12 @@ def test_payload_size_counts_utf8_bytes_not_characters(tenant, queue):
     assert Task.objects.count() == 1 and idempotency_records(tenant.namespace_id, "t-2") == 0
 
 
+def test_a_nul_inside_the_payload_is_data_and_kept(tenant, queue):
+    payload = {"nul\u0000key": ["a\u0000b", "\u0000"]}
+    task = submit_ok(tenant.client, queue["id"], "t-1", payload=payload)
+    assert assert_ok(tenant.client.get(f"/v1/tasks/{task['id']}"))["payload"] == payload
+
+
 def test_large_nested_payload_over_the_limit_is_413(tenant, queue):
     payload = {f"k{i}": "v" * 1000 for i in range(300)}
     response = submit(tenant.client, queue["id"], "t-1", payload=payload)
