@@ -31,7 +31,7 @@ from orbit.rows import (
 )
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
-from tasks.actions.readiness import promote_next
+from tasks.actions.readiness import overtaking_sibling, promote_next
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
@@ -206,6 +206,11 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
                 # Held (by a twin in this batch or a lease that won the race),
                 # or the token space is spent: refuse rather than wrap.
                 continue
+            sibling = overtaking_sibling(task, now)
+            if sibling is not None:
+                if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
+                    continue  # the key's turn is the sibling's, for a worker that serves it
+                task = sibling
             key_row.version += 1
             token = key_row.version
         taker = next(takers)

@@ -6,7 +6,10 @@ behind a busy key then costs the lease one row, not one row per task.
 The ready task is the best by `rank`: available now beats available later;
 among available tasks the lease order (priority, available_at, id); among
 later ones the earliest. So the ready task is never waiting out a backoff
-while a sibling could run. Unkeyed tasks are always ready.
+while a sibling could run. Time can change the order (a sibling ranked below
+for being later becomes available with a higher priority): the lease asks
+`overtaking_sibling` before it takes a ready task. Unkeyed tasks are always
+ready.
 
 Every caller holds the application_state lock, which serializes all changes
 to an application's WAITING sets (submit, lease, attempt endings, cancel,
@@ -17,6 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from orbit.rows import db_value, select_rows, update_by_pk
 from tasks.models import Task, TaskState
 
 
@@ -64,6 +68,34 @@ def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now:
     ).first() or blocked.order_by("available_at", "-priority", "id").values_list("id", flat=True).first()
     if chosen is not None:
         Task.objects.filter(id=chosen).update(key_ready=True)
+
+
+def overtaking_sibling(task: Task, now: datetime) -> Task | None:
+    """The waiting sibling that outranks the ready keyed `task` now, locked and
+    made ready in its place; None when `task` is still the best.
+
+    Readiness is decided when a task enters WAITING, and tasks available later
+    are ranked by when they become available; by the time the key is free, a
+    sibling ranked below may have become available with a higher priority
+    (SPEC §7: higher priority leases first). The lease asks before taking the
+    ready task. The caller holds the application_state lock, so the sibling's
+    row is not locked by anyone else."""
+    at = db_value(Task, "available_at", now)
+    best = select_rows(
+        Task,
+        "namespace_id = %s AND concurrency_key = %s AND queue_id = %s AND state = %s AND key_ready = %s"
+        " AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
+        " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1",
+        [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at],
+        lock=True,
+    )
+    if not best or rank(task, now) < rank(best[0], now):
+        return None
+    sibling = best[0]
+    update_by_pk(Task, [task.id], {"key_ready": False})
+    update_by_pk(Task, [sibling.id], {"key_ready": True})
+    task.key_ready, sibling.key_ready = False, True
+    return sibling
 
 
 def admit_readiness(tasks: list[Task], now: datetime) -> list[str]:

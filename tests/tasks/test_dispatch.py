@@ -9,6 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import transaction
+from django.db.models import F
 
 from orbit.errors import LeaseLost, QueuePaused, RateLimited
 from orbit.fields import new_id
@@ -19,6 +20,7 @@ from tasks.models import Attempt, Task
 from tests.tasks.support import (
     Background,
     assert_invariants,
+    cancel,
     configure_queue,
     counters,
     in_seconds,
@@ -121,6 +123,67 @@ def test_keyless_worker_never_gets_keyed_tasks(tenant):
         plain["id"]
     ]
     assert Task.objects.get(id=keyed["id"]).state == "WAITING"
+
+
+def pass_time(*task_ids: str, seconds: float) -> None:
+    """As if `seconds` had passed for these waiting tasks."""
+    Task.objects.filter(id__in=task_ids).update(available_at=F("available_at") - timedelta(seconds=seconds))
+
+
+def hold_key(tenant, queue_id: str, key: str) -> dict:
+    """A task of `key` leased, so the ones submitted next wait behind it."""
+    holder = submit_ok(tenant.client, queue_id, "holder", concurrency_key=key)
+    assert leased_task_ids(dispatch.lease_tasks(worker=worker_for(tenant, queue_id), limit=1)) == [holder["id"]]
+    return holder
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("first_available_in", [2, -5], ids=["both-later", "lower-already-available"])
+def test_a_keyed_sibling_that_became_available_leases_by_priority(tenant, first_available_in):
+    # given a busy key, a low-priority task of it and a high-priority one available later
+    queue = make_queue(tenant.client)
+    holder = hold_key(tenant, queue["id"], "printer")
+    low = submit_ok(
+        tenant.client, queue["id"], "low", concurrency_key="printer", available_at=in_seconds(first_available_in)
+    )
+    high = submit_ok(
+        tenant.client, queue["id"], "high", concurrency_key="printer", priority=9, available_at=in_seconds(3)
+    )
+    # when both are available and the key is freed
+    pass_time(low["id"], high["id"], seconds=10)
+    assert cancel(tenant.client, holder["id"], "free").status_code == 200
+    # then the higher priority is leased first, then the other, each with its key
+    worker = worker_for(tenant, queue["id"])
+    assert leased_task_ids(dispatch.lease_tasks(worker=worker, limit=5)) == [high["id"]]
+    assert dispatch.lease_tasks(worker=worker, limit=5) == []  # the key is held again
+    assert cancel(tenant.client, high["id"], "free-2").status_code == 200
+    assert leased_task_ids(dispatch.lease_tasks(worker=worker, limit=5)) == [low["id"]]
+    assert_invariants()
+
+
+@pytest.mark.django_db
+def test_the_overtaking_sibling_goes_to_a_worker_that_serves_its_handler(tenant):
+    queue = make_queue(tenant.client)
+    holder = hold_key(tenant, queue["id"], "printer")
+    low = submit_ok(tenant.client, queue["id"], "low", concurrency_key="printer")
+    high = submit_ok(
+        tenant.client,
+        queue["id"],
+        "high",
+        concurrency_key="printer",
+        priority=9,
+        handler="other",
+        available_at=in_seconds(3),
+    )
+    pass_time(high["id"], seconds=10)
+    assert cancel(tenant.client, holder["id"], "free").status_code == 200
+    # a worker of the low task's handler only does not take the key's turn from the higher one
+    echo_only = worker_for(tenant, queue["id"], handlers=(("echo", "v1"),), worker_id="echo-only")
+    assert dispatch.lease_tasks(worker=echo_only, limit=5) == []
+    other = worker_for(tenant, queue["id"], handlers=(("other", "v1"),), worker_id="other")
+    assert leased_task_ids(dispatch.lease_tasks(worker=other, limit=5)) == [high["id"]]
+    assert Task.objects.get(id=low["id"]).state == "WAITING"
+    assert_invariants()
 
 
 @pytest.mark.django_db
