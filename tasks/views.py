@@ -18,7 +18,7 @@ from tasks.serializers import CancelTaskInput, SubmitTaskInput
 
 
 class TaskCollectionView(OrbitView):
-    @documented(operation_id="tasks_list")
+    @documented(operation_id="tasks_list", filters=("queue_id", "state", "business_key", "concurrency_key"), paged=True)
     def get(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -32,7 +32,7 @@ class TaskCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(SubmitTaskInput)
+    @documented(SubmitTaskInput, created=True, idempotent=True)
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:submit")
@@ -82,7 +82,7 @@ class AttemptDetailView(OrbitView):
 
 
 class TaskCancelView(OrbitView):
-    @documented(CancelTaskInput)
+    @documented(CancelTaskInput, idempotent=True)
     def post(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:cancel")

@@ -10,7 +10,7 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from drf_spectacular.views import SpectacularJSONAPIView
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -25,9 +25,36 @@ class BearerCredential(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer", "description": "orb_<credential id>_<secret>"}
 
 
-def documented(request: type | None = None, *, operation_id: str | None = None) -> Callable[[Any], Any]:
-    """A view method's OpenAPI entry: its request body serializer, an envelope response."""
-    return extend_schema(request=request, responses=OpenApiTypes.OBJECT, operation_id=operation_id)
+PAGE_PARAMETERS = (
+    OpenApiParameter("page_size", int, OpenApiParameter.QUERY, description="1 to 500, default 100"),
+    OpenApiParameter("page_token", str, OpenApiParameter.QUERY, description="next_page_token of the previous page"),
+)
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="1 to 255 printable ASCII characters; the same key and body replay the first answer",
+)
+
+
+def documented(
+    request: type | None = None,
+    *,
+    operation_id: str | None = None,
+    created: bool = False,
+    idempotent: bool = False,
+    filters: tuple[str, ...] = (),
+    paged: bool = False,
+) -> Callable[[Any], Any]:
+    """A view method's OpenAPI entry: its request body serializer, envelope
+    responses (201 and the replay's 200 for a create), its query parameters
+    and the Idempotency-Key header of a mutating call."""
+    responses = {201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT} if created else OpenApiTypes.OBJECT
+    parameters = [OpenApiParameter(name, str, OpenApiParameter.QUERY, description="exact match") for name in filters]
+    parameters += [*PAGE_PARAMETERS] if paged else []
+    parameters += [IDEMPOTENCY_KEY] if idempotent else []
+    return extend_schema(request=request, responses=responses, operation_id=operation_id, parameters=parameters)
 
 
 class OpenApiDocumentView(SpectacularJSONAPIView):

@@ -31,3 +31,33 @@ def test_every_endpoint_is_documented_without_warnings():
     assert submit.endswith("/SubmitTaskInput")
     fields = schema["components"]["schemas"]["SubmitTaskInput"]["properties"]
     assert {"queue_id", "handler", "handler_version", "payload_version", "payload", "concurrency_key"} <= set(fields)
+
+
+def test_creates_mutations_and_lists_document_their_statuses_headers_and_query():
+    out = io.StringIO()
+    call_command("spectacular", stdout=out)
+    paths = yaml.safe_load(out.getvalue())["paths"]
+
+    def parameters(path: str, method: str, where: str) -> set[str]:
+        return {p["name"] for p in paths[path][method].get("parameters", []) if p["in"] == where}
+
+    for create in ("/v1/queues", "/v1/tasks"):
+        assert set(paths[create]["post"]["responses"]) == {"200", "201"}
+    for path in (
+        "/v1/queues",
+        "/v1/tasks",
+        "/v1/queues/{queue_id}:configure",
+        "/v1/queues/{queue_id}:retire",
+        "/v1/tasks/{task_id}:cancel",
+    ):
+        assert parameters(path, "post", "header") == {"Idempotency-Key"}
+    assert parameters("/v1/tasks:batch", "post", "header") == set()  # each item carries its own key
+    assert parameters("/v1/queues", "get", "query") == {"page_size", "page_token"}
+    assert parameters("/v1/tasks", "get", "query") == {
+        "queue_id",
+        "state",
+        "business_key",
+        "concurrency_key",
+        "page_size",
+        "page_token",
+    }
