@@ -1,6 +1,7 @@
 from django.contrib import admin
 
-from orbit.admin_base import ReadOnlyAdmin
+from orbit.admin_base import ReadOnlyAdmin, fixed_choices_filter
+from orbit.audit import AUDIT_ACTIONS, EVENT_TYPES
 from orbit.models import Application, ApplicationState, AuditEntry, Credential, Event, Namespace
 
 
@@ -28,10 +29,11 @@ class CredentialAdmin(ReadOnlyAdmin):
 @admin.register(AuditEntry)
 class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ("created_at", "action", "target_type", "target_id", "credential_id", "reason")
-    list_filter = ("action",)
+    list_filter = (fixed_choices_filter("action", AUDIT_ACTIONS),)
 
 
 @admin.register(Event)
 class EventAdmin(ReadOnlyAdmin):
     list_display = ("id", "created_at", "type", "subject_id", "namespace_id")
-    list_filter = ("type",)
+    list_filter = (fixed_choices_filter("type", EVENT_TYPES),)
+    sortable_by = ("id",)

@@ -38,6 +38,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    "orbit.admin_base.AdminStatementTimeout",
 ]
 
 ROOT_URLCONF = "orbit.urls"

@@ -18,7 +18,7 @@ class QueueAdmin(ReadOnlyAdmin):
         "retired_at",
     )
     list_filter = ("paused",)
-    search_fields = ("=id", "=name")
+    exact_search_fields = ("id", "name")
 
 
 @admin.register(QueueState)

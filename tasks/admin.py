@@ -18,7 +18,9 @@ class TaskAdmin(ReadOnlyAdmin):
         "created_at",
     )
     list_filter = ("state",)
-    search_fields = ("=id", "=queue_id", "=concurrency_key", "=business_key")
+    exact_search_fields = ("id", "queue_id")
+    namespaced_search_fields = ("concurrency_key", "business_key")
+    sortable_by = ()
 
 
 @admin.register(Attempt)
@@ -39,11 +41,13 @@ class AttemptAdmin(ReadOnlyAdmin):
         "finished_at",
     )
     list_filter = ("state",)
-    search_fields = ("=task_id", "=concurrency_key", "=worker_id")
+    exact_search_fields = ("task_id", "worker_id")
+    namespaced_search_fields = ("concurrency_key",)
     ordering = ("-leased_at",)
+    sortable_by = ("leased_at",)
 
 
 @admin.register(ConcurrencyKey)
 class ConcurrencyKeyAdmin(ReadOnlyAdmin):
     list_display = ("key", "namespace_id", "version", "holder_attempt_id", "holder_task_id", "updated_at")
-    search_fields = ("=key",)
+    namespaced_search_fields = ("key",)

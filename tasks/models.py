@@ -126,6 +126,8 @@ class Attempt(models.Model):
             models.Index(fields=["state", "lease_expires_at"], name="idx_attempt_expiry"),
             models.Index(fields=["worker_id", "state"], name="idx_attempt_worker"),
             models.Index(fields=["namespace_id", "concurrency_key", "leased_at"], name="idx_attempt_ckey"),
+            # The admin's token history, newest lease first (one insert per lease, at the index's end).
+            models.Index(fields=["leased_at"], name="idx_attempt_leased"),
         ]
 
 

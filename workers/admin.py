@@ -7,4 +7,4 @@ from workers.models import WorkerIdentity
 @admin.register(WorkerIdentity)
 class WorkerIdentityAdmin(ReadOnlyAdmin):
     list_display = ("worker_id", "namespace_id", "concurrency_keys", "session_id", "connected_at")
-    search_fields = ("=worker_id",)
+    exact_search_fields = ("worker_id",)
