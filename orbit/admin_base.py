@@ -34,7 +34,9 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return self.object_list[:ADMIN_ROW_CAP].count()
+        # Without the list's ORDER BY: a count needs no order, and with it the
+        # subquery walked or sorted the ordering index (seconds on a rare state).
+        return self.object_list.order_by()[:ADMIN_ROW_CAP].count()
 
 
 class IndexOrderChangeList(ChangeList):
@@ -81,17 +83,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return self.exact_search_fields + self.namespaced_search_fields
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        """The rows of the first field, in declaration order, that holds the term:
+        one OR over every field became an index merge whose matches were all
+        sorted (seconds for a queue id with 25,000 tasks)."""
         term = search_term.strip()
         if not term:
             return queryset, False
-        matches = Q()
-        for field in self.exact_search_fields:
-            matches |= Q(**{field: term})
-        if self.namespaced_search_fields:
-            namespace_ids = list(Namespace.objects.values_list("id", flat=True))
-            for field in self.namespaced_search_fields:
-                matches |= Q(namespace_id__in=namespace_ids, **{field: term})
-        return queryset.filter(matches), False
+        namespace_ids = list(Namespace.objects.values_list("id", flat=True)) if self.namespaced_search_fields else []
+        conditions = [Q(**{field: term}) for field in self.exact_search_fields] + [
+            Q(namespace_id__in=namespace_ids, **{field: term}) for field in self.namespaced_search_fields
+        ]
+        for condition in conditions:
+            found = queryset.filter(condition)
+            if found.exists():
+                return found, False
+        return queryset.none(), False
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexOrderChangeList

@@ -11,9 +11,8 @@ from orbit.idempotency import Actor
 from orbit.models import AuditEntry, Event
 from orbit.rows import insert_rows, new_row
 
-# Every audit action and event type the verbs write (the admin filters by them).
+# Every audit action the verbs write (the admin filters by them).
 AUDIT_ACTIONS = ("queue.created", "queue.configured", "queue.retired", "task.cancel")
-EVENT_TYPES = ("task.state_changed", *AUDIT_ACTIONS)
 
 _gathering = threading.local()
 
