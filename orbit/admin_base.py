@@ -19,6 +19,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 
 from orbit.models import Namespace
@@ -98,6 +99,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
             if found.exists():
                 return found, False
         return queryset.none(), False
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        # Django applies any field named in the query string as a filter
+        # (?handler=x: a walk of every task); only the declared filters are
+        # allowed, anything else is refused (400).
+        declared = {entry if isinstance(entry, str) else entry.parameter_name for entry in self.list_filter}
+        return lookup.split(LOOKUP_SEP)[0] in declared and super().lookup_allowed(lookup, value, request)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexOrderChangeList

@@ -131,3 +131,22 @@ def test_admin_statements_are_bounded_and_the_bound_is_lifted_after(settings):
     limit = admin_base.ADMIN_STATEMENT_SECONDS * (1 if connection.mysql_is_mariadb else 1000)
     assert seen == [limit, before]
     assert session_bound() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "query",
+    ["tasks/task/?handler=echo", "tasks/task/?payload__k=1", "tasks/attempt/?outcome=x", "orbit/event/?type=x"],
+)
+def test_only_declared_filters_are_applied(operator, tenant, query):
+    # any other field in the query string would be a filter over the whole table
+    assert operator.get(f"/admin/{query}").status_code == 400
+
+
+@pytest.mark.django_db
+def test_declared_filters_work_with_and_without_the_lookup_suffix(operator, tenant):
+    queue = make_queue(tenant.client)
+    task = submit_ok(tenant.client, queue["id"], "t")
+    for query in ("state=WAITING", "state__exact=WAITING"):
+        assert listed_ids(operator.get(f"/admin/tasks/task/?{query}")) == [task["id"]]
+    assert listed_ids(operator.get("/admin/tasks/task/?state=SUCCEEDED")) == []
