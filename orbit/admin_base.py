@@ -69,11 +69,13 @@ class IndexOrderChangeList(ChangeList):
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """A large table's admin also sets `sortable_by` to the columns an index
+    orders (empty: its ordering only): sorting by any other column is a
+    filesort of every row."""
+
     list_per_page = 100
     show_full_result_count = False
     paginator = CappedCountPaginator
-    # A large table's admin sets `sortable_by` to the columns an index orders
-    # (empty: its ordering only): sorting by any other is a filesort of every row.
     # Searched for the whole term (spaces included), exactly.
     exact_search_fields: tuple[str, ...] = ()
     # The same, for fields whose index starts with namespace_id: matched with
