@@ -44,8 +44,10 @@ def parse_retry_after(value: str | None) -> datetime.timedelta:
     """
     if value is None:
         return datetime.timedelta(0)
-    text = value.strip()
-    if not _RETRY_AFTER_SECONDS.fullmatch(text):
+    text = value.strip().lstrip("0") or "0"
+    # More than four digits is over an hour whatever they say (and int() refuses
+    # a string of over 4,300 digits).
+    if len(text) > 4 or not _RETRY_AFTER_SECONDS.fullmatch(text):
         return datetime.timedelta(0)
     seconds = int(text)
     if seconds > MAX_RETRY_AFTER.total_seconds():

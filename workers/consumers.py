@@ -49,9 +49,15 @@ CREDENTIAL_RECHECK_SECONDS = 5.0
 # A JSON escape of a UTF-16 surrogate (pairs are fine; a lone one is not UTF-8).
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
+# A request's id is echoed in its reply: a string the worker chose, bounded.
+MAX_REQUEST_ID_LENGTH = 128
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
+
+
+def answerable(request_id: Any) -> bool:
+    return isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LENGTH
 
 
 class HandlerInput(StrictSerializer):
@@ -185,6 +191,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         try:
             if handler is None:
                 raise InvalidArgument(f"type: unknown message type {kind!r}")
+            if kind not in self.UNANSWERED and not answerable(request_id):
+                raise InvalidArgument(f"id: must be a string of 1 to {MAX_REQUEST_ID_LENGTH} characters")
             if kind != "hello" and self.worker is None:
                 raise StateConflict("send hello first")
             reply = await handler(self, message)
@@ -204,7 +212,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     async def send_error(self, request_id: Any, error: OrbitError) -> None:
         frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message, **error.details}
-        if request_id is not None:
+        if answerable(request_id):  # an id the request was refused for is not echoed
             frame["reply_to"] = request_id
         await self.send_json(frame)
 
@@ -334,6 +342,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     # run before it), and the ack, which reads no row (a task per frame would
     # cost more than its handling).
     ANSWERED_IN_TURN = frozenset({"hello", "task.assign.ack"})
+    UNANSWERED = frozenset({"task.assign.ack"})  # no reply, so no id to answer to
 
     HANDLERS = {
         "hello": on_hello,

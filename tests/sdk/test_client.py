@@ -420,7 +420,11 @@ def test_queue_full_maps_to_api_error_with_retry_after():
         ("1.5", 0),
         ("Wed, 21 Oct 2015 07:28:00 GMT", 0),
         ("99999999999999999999999", 0),
+        ("9" * 4301, 0),  # past int()'s 4,300-digit limit: still 0, not a ValueError
+        ("0" * 5000 + "5", 5),
+        (" 0042 ", 42),
     ],
+    ids=lambda value: value[:24] + "…" if isinstance(value, str) and len(value) > 24 else None,
 )
 def test_retry_after_parsing(header, expected):
     assert parse_retry_after(header) == datetime.timedelta(seconds=expected)

@@ -178,6 +178,29 @@ def test_unknown_type_and_bad_frames_are_invalid_argument(queue, connect):
     assert worker.request("drain")["type"] == "drain.ok"
 
 
+@pytest.mark.parametrize(
+    "request_id", [None, 7, "", "x" * 129, ["a"]], ids=["missing", "number", "empty", "long", "list"]
+)
+def test_a_request_without_a_string_id_is_refused_and_changes_nothing(tenant, queue, connect, request_id):
+    # given a worker holding a leased task
+    task = submit_ok(tenant.client, queue["id"], "t-1")
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1)
+    assign = worker.assignment()
+    # when it sends a Start without a usable id
+    frame = {"type": "task.start", "attempt_id": assign["attempt_id"], "epoch": assign["epoch"]}
+    worker.ws.send(json.dumps(frame if request_id is None else {**frame, "id": request_id}))
+    # then an error with no reply_to (there is nothing to answer to) and the attempt is not started
+    error = worker.recv_frame(timeout=5)
+    assert_error_frame(error, "INVALID_ARGUMENT")
+    assert "reply_to" not in error and error["message"] == "id: must be a string of 1 to 128 characters"
+    assert Task.objects.get(id=task["id"]).state == "LEASED"
+    # and the connection goes on: the same Start with an id is approved
+    assert worker.request("task.start", attempt_id=assign["attempt_id"], epoch=assign["epoch"])["type"] == (
+        "task.start.ok"
+    )
+
+
 def test_a_lone_surrogate_in_a_frame_is_invalid_argument_not_internal(tenant, queue, connect):
     # given a started task
     task, worker, assign = started_task(tenant, queue, connect)
