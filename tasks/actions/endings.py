@@ -218,13 +218,15 @@ def _apply_report(held: Held, report: ResultReport, now: datetime, book: WriteBo
         return {"task_state": held.task.state, "duplicate": True, "late": True}
     # The attempt already ended (expired, cancelled): keep the evidence on
     # the attempt; no task state or counter moves.
-    attempt.late_outcome = {
+    evidence = {
         "outcome": report.outcome,
         "retryable": report.retryable,
         "output": report.output,
         "error": report.error,
-        "received_at": format_time(now),
     }
+    # Omitted, not null, like every optional field the API shows.
+    attempt.late_outcome = {name: value for name, value in evidence.items() if value is not None}
+    attempt.late_outcome["received_at"] = format_time(now)
     attempt.save(update_fields=["late_outcome"])
     return {"task_state": held.task.state, "duplicate": False, "late": True}
 

@@ -714,6 +714,7 @@ def test_late_result_for_an_expired_running_attempt_is_kept_as_evidence(tenant, 
     after = snapshot(task["id"])
     late = after["attempts"][0].pop("late_outcome")
     assert late["outcome"] == "SUCCEEDED" and late["output"] == {"done": 1}
+    assert set(late) == {"outcome", "retryable", "output", "received_at"}  # no error: omitted, not null
     before["attempts"][0].pop("late_outcome")
     assert after == before
     # and a replay of the late result is a duplicate
