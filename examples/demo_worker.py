@@ -24,7 +24,7 @@ def main() -> None:
     credentials = json.loads(Path(os.environ["ORBIT_CREDENTIALS_FILE"]).read_text())
     url = os.environ.get("ORBIT_URL") or credentials["url"]
     queue_id = credentials["queue_id"]
-    worker = Worker(url, credentials["token"], queues=[queue_id], handlers={"echo": echo}, capacity=4)
+    worker = Worker(url, credentials["token"], queues=[queue_id], handlers={("echo", "v1"): echo}, capacity=4)
     thread = start_worker(worker)
     with Client(url, credentials["token"]) as client:
         task = client.submit_task(
