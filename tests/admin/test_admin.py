@@ -1,7 +1,6 @@
 """The admin is read-only: operators can look at every table, never change one."""
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from tests.conftest import post_json
 
@@ -19,13 +18,6 @@ PAGES = [
     "tasks/concurrencykey",
     "workers/workeridentity",
 ]
-
-
-@pytest.fixture
-def operator(client):
-    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
-    client.force_login(user)
-    return client
 
 
 @pytest.mark.django_db

@@ -5,7 +5,6 @@ bound for admin requests, filters over known values (no SELECT DISTINCT)."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.http import HttpResponse
 from django.test import RequestFactory
@@ -18,13 +17,6 @@ from orbit.models import AuditEntry
 from tasks.actions import dispatch
 from tests.tasks.support import cancel, configure_queue, make_queue, submit_ok
 from tests.tasks.test_dispatch import worker_for
-
-
-@pytest.fixture
-def operator(client):
-    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
-    client.force_login(user)
-    return client
 
 
 def ordering_of(response) -> tuple:
