@@ -7,12 +7,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from orbit.api.auth import Principal
 from orbit.idempotency import Actor
 from orbit.models import AuditEntry, Event
 from orbit.rows import insert_rows, new_row
+from orbit.timefmt import format_time
 
 # Every audit action the verbs write (the admin filters by them).
-AUDIT_ACTIONS = ("queue.created", "queue.configured", "queue.retired", "task.cancel")
+AUDIT_ACTIONS = (
+    "queue.created",
+    "queue.configured",
+    "queue.retired",
+    "task.cancel",
+    "task.resolve",
+    "application.configured",
+)
 
 _gathering = threading.local()
 
@@ -69,3 +78,22 @@ def record_management_change(
         subject_id=target_id,
         data={"before": before, "after": after, "reason": reason, "request_id": actor.request_id},
     )
+
+
+def event_page(*, principal: Principal, after: int, limit: int) -> list[dict[str, Any]]:
+    """The namespace's events after cursor `after`, oldest first (GET /v1/events).
+    The cursor is the event's id: ids grow with every insert, and an event is
+    visible only once the transaction that wrote it (and its change) commits.
+    A transaction still open may hold a smaller id than one already read; a
+    reader that must not skip one re-reads a short window behind its cursor."""
+    events = Event.objects.filter(namespace_id=principal.namespace_id, id__gt=after).order_by("id")[:limit]
+    return [
+        {
+            "cursor": str(event.id),
+            "type": event.type,
+            "subject_id": event.subject_id,
+            "data": event.data,
+            "created_at": format_time(event.created_at),
+        }
+        for event in events
+    ]

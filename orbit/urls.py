@@ -1,7 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 
+from orbit import views
 from orbit.api.errors import json_error_view
+from orbit.api.pooled import pooled
 from orbit.api.schema import OpenApiDocumentView
 from orbit.metrics import metrics_view
 
@@ -9,6 +11,11 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/openapi.json", OpenApiDocumentView.as_view(), name="openapi"),
     path("metrics", metrics_view),
+    re_path(
+        r"^v1/applications/(?P<application_id>[^/:]+):configure$", pooled(views.ApplicationConfigureView.as_view())
+    ),
+    re_path(r"^v1/applications/(?P<application_id>[^/:]+)$", pooled(views.ApplicationDetailView.as_view())),
+    re_path(r"^v1/events$", pooled(views.EventListView.as_view())),
     path("", include("queues.urls")),
     path("", include("tasks.urls")),
 ]

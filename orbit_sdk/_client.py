@@ -24,6 +24,7 @@ from orbit_sdk._models import (
     CreateQueueResult,
     Page,
     Queue,
+    ResolveTaskResult,
     SubmitTaskRequest,
     SubmitTaskResult,
     Task,
@@ -324,3 +325,9 @@ class Client:
         """Cancel now if not started; a running task only gets ``cancel_requested``."""
         path = f"/v1/tasks/{_segment(task_id)}:cancel"
         return CancelTaskResult.from_json(self._request("POST", path, key=key, body={"reason": reason}))
+
+    def resolve_task(self, task_id: str, key: str, resolution: str, reason: str) -> ResolveTaskResult:
+        """Decide a NEEDS_REVIEW task: ``resolution`` is SUCCEEDED, FAILED or RETRY."""
+        path = f"/v1/tasks/{_segment(task_id)}:resolve"
+        body = {"resolution": resolution, "reason": reason}
+        return ResolveTaskResult.from_json(self._request("POST", path, key=key, body=body))

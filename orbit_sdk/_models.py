@@ -352,6 +352,11 @@ class CancelTaskResult:
         return cls(deduplicated=bool(obj.get("deduplicated", False)), task=Task.from_json(task))
 
 
+@dataclass(frozen=True)
+class ResolveTaskResult(CancelTaskResult):
+    """Receipt of a review decision: ``task.state`` is SUCCEEDED or FAILED, or WAITING after RETRY."""
+
+
 # --------------------------------------------------------------------------- requests
 
 

@@ -206,3 +206,18 @@ class SubmitTaskInput(StrictSerializer):
 
 class CancelTaskInput(StrictSerializer):
     reason = ReasonField()
+
+
+class ResolutionField(StrictCharField):
+    default_error_messages = {"choice": "must be one of SUCCEEDED, FAILED, RETRY"}
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if value not in ("SUCCEEDED", "FAILED", "RETRY"):
+            self.fail("choice")
+        return value
+
+
+class ResolveTaskInput(StrictSerializer):
+    resolution = ResolutionField()
+    reason = ReasonField()

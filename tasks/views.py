@@ -14,7 +14,7 @@ from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import Actor, validate_key
 from tasks.actions import batch, endings, reads, submit
 from tasks.coalesce import submit_coalesced, submit_request
-from tasks.serializers import CancelTaskInput, SubmitTaskInput
+from tasks.serializers import CancelTaskInput, ResolveTaskInput, SubmitTaskInput
 
 
 class TaskCollectionView(OrbitView):
@@ -96,6 +96,30 @@ class TaskCancelView(OrbitView):
             operation="task.cancel",
             target=task_id,
             validate=lambda body: validated(CancelTaskInput, body),
+            effect=effect,
+        )
+
+
+class TaskResolveView(OrbitView):
+    """POST /v1/tasks/{id}:resolve — a person's decision about a task whose
+    effect was unknown (SPEC §7); held by the same scope as cancel."""
+
+    @documented(ResolveTaskInput, idempotent=True)
+    def post(self, request: Request, task_id: str) -> Response:
+        principal = self.principal(request)
+        principal.require("tasks:cancel")
+        reads.visible_task(principal, task_id)
+
+        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            return 200, endings.resolve_task(
+                actor=actor, task_id=task_id, resolution=fields["resolution"], reason=fields["reason"]
+            )
+
+        return self.mutate(
+            request,
+            operation="task.resolve",
+            target=task_id,
+            validate=lambda body: validated(ResolveTaskInput, body),
             effect=effect,
         )
 

@@ -46,6 +46,7 @@ def documented(
     idempotent: bool = False,
     filters: tuple[str, ...] = (),
     paged: bool = False,
+    extra_parameters: tuple[OpenApiParameter, ...] = (),
 ) -> Callable[[Any], Any]:
     """A view method's OpenAPI entry: its request body serializer, envelope
     responses (201 and the replay's 200 for a create), its query parameters
@@ -54,6 +55,7 @@ def documented(
     parameters = [OpenApiParameter(name, str, OpenApiParameter.QUERY, description="exact match") for name in filters]
     parameters += [*PAGE_PARAMETERS] if paged else []
     parameters += [IDEMPOTENCY_KEY] if idempotent else []
+    parameters += extra_parameters
     return extend_schema(request=request, responses=responses, operation_id=operation_id, parameters=parameters)
 
 

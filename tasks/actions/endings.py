@@ -1,5 +1,5 @@
 """Verbs that end attempts or tasks: record_result, release_attempt, cancel_task,
-recover_expired_leases, sweep_deadlines. Each locks in the global order and
+resolve_task, recover_expired_leases, sweep_deadlines. Each locks in the global order and
 re-checks under the locks, so a second arrival changes nothing."""
 
 from __future__ import annotations
@@ -261,16 +261,22 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
     return run_retrying(apply)
 
 
+def _locked_visible_task(actor: Actor, task_id: str) -> tuple[Task, Held | None]:
+    """The task and its active attempt's chain, locked in the global order, if
+    the actor may see it; NOT_FOUND otherwise (never reveal existence)."""
+    chain = lock_task_chain(task_id)
+    if chain is None or chain[0].namespace_id != actor.namespace_id:
+        raise NotFound("task not found")
+    if not actor.principal.covers_queue(chain[0].queue_id):
+        raise NotFound("task not found")
+    return chain
+
+
 def cancel_task(*, actor: Actor, task_id: str, reason: str) -> dict[str, Any]:
     """WAITING or unstarted → CANCELLED now, permits released in this
     transaction; RUNNING → cancel_requested only. Caller holds the transaction."""
     now = timezone.now()
-    chain = lock_task_chain(task_id)
-    if chain is None or chain[0].namespace_id != actor.namespace_id:
-        raise NotFound("task not found")
-    task, held = chain
-    if not actor.principal.covers_queue(task.queue_id):
-        raise NotFound("task not found")
+    task, held = _locked_visible_task(actor, task_id)
     before = {"state": task.state, "cancel_requested": task.cancel_requested}
     if task.state == TaskState.CANCELLED:
         return {"task": task_detail(task)}
@@ -299,6 +305,40 @@ def cancel_task(*, actor: Actor, task_id: str, reason: str) -> dict[str, Any]:
         reason=reason,
         before=before,
         after={"state": task.state, "cancel_requested": task.cancel_requested},
+    )
+    return {"task": task_detail(task)}
+
+
+RESOLUTIONS = {"SUCCEEDED": TaskState.SUCCEEDED, "FAILED": TaskState.FAILED, "RETRY": TaskState.WAITING}
+
+
+def resolve_task(*, actor: Actor, task_id: str, resolution: str, reason: str) -> dict[str, Any]:
+    """NEEDS_REVIEW → SUCCEEDED or FAILED (its backlog slot freed now, the first
+    entry into a final state) or, for RETRY, WAITING again (available now,
+    ready by its key's rules); audited. The attempt whose effect was unknown
+    already ended and released its permits. Caller holds the transaction."""
+    now = timezone.now()
+    task, _ = _locked_visible_task(actor, task_id)
+    if task.state != TaskState.NEEDS_REVIEW:
+        raise StateConflict(f"task is {task.state}; only a NEEDS_REVIEW task can be resolved")
+    if resolution == "RETRY":
+        if task.cancel_requested:
+            raise StateConflict("task has a cancel request; resolve it SUCCEEDED or FAILED")
+        if task.deadline_at is not None and task.deadline_at <= now:
+            raise StateConflict("task deadline has passed; resolve it SUCCEEDED or FAILED")
+    before = {"state": task.state}
+    moved = {"available_at": now} if resolution == "RETRY" else {}
+    settle(task, None, now=now, task_state=RESOLUTIONS[resolution], **moved)
+    if resolution == "RETRY":
+        _wake_after_commit(task.queue_id)
+    record_management_change(
+        actor,
+        action="task.resolve",
+        target_type="task",
+        target_id=task.id,
+        reason=reason,
+        before=before,
+        after={"state": task.state, "resolution": resolution},
     )
     return {"task": task_detail(task)}
 

@@ -15,8 +15,11 @@ from orbit.admin_base import AdminStatementTimeout
 from orbit.audit import AUDIT_ACTIONS
 from orbit.models import AuditEntry
 from tasks.actions import dispatch
+from tests.conftest import api_client, post_json
+from tests.factories import make_credential
 from tests.tasks.support import cancel, configure_queue, make_queue, submit_ok
 from tests.tasks.test_dispatch import worker_for
+from tests.tasks.test_resolve import ends_unknown, resolve
 
 
 def ordering_of(response) -> tuple:
@@ -87,6 +90,13 @@ def test_the_audit_filter_lists_every_action_the_verbs_write(operator, tenant):
     queue = make_queue(tenant.client)
     task = submit_ok(tenant.client, queue["id"], "t")
     assert cancel(tenant.client, task["id"], "c").status_code == 200
+    doubtful = submit_ok(tenant.client, queue["id"], "doubtful")
+    ends_unknown(tenant, queue["id"])
+    assert resolve(tenant.client, doubtful["id"], "resolve", "FAILED").status_code == 200
+    manager = api_client(make_credential(tenant.namespace, scopes=["applications:manage"]).token)
+    quotas = {"expected_revision": "1", "reason": "r", "max_active_attempts": 5, "max_unfinished_tasks": 5}
+    application_id = tenant.namespace.application_id
+    assert post_json(manager, f"/v1/applications/{application_id}:configure", quotas, key="a").status_code == 200
     paused = configure_queue(tenant.client, queue["id"], paused=True)
     assert (
         tenant.client.post(

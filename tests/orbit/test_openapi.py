@@ -15,8 +15,12 @@ ENDPOINTS = {
     "/v1/tasks:batch": {"post"},
     "/v1/tasks/{task_id}": {"get"},
     "/v1/tasks/{task_id}:cancel": {"post"},
+    "/v1/tasks/{task_id}:resolve": {"post"},
     "/v1/tasks/{task_id}/attempts": {"get"},
     "/v1/attempts/{attempt_id}": {"get"},
+    "/v1/applications/{application_id}": {"get"},
+    "/v1/applications/{application_id}:configure": {"post"},
+    "/v1/events": {"get"},
 }
 
 
@@ -49,10 +53,13 @@ def test_creates_mutations_and_lists_document_their_statuses_headers_and_query()
         "/v1/queues/{queue_id}:configure",
         "/v1/queues/{queue_id}:retire",
         "/v1/tasks/{task_id}:cancel",
+        "/v1/tasks/{task_id}:resolve",
+        "/v1/applications/{application_id}:configure",
     ):
         assert parameters(path, "post", "header") == {"Idempotency-Key"}
     assert parameters("/v1/tasks:batch", "post", "header") == set()  # each item carries its own key
     assert parameters("/v1/queues", "get", "query") == {"page_size", "page_token"}
+    assert parameters("/v1/events", "get", "query") == {"after", "page_size"}
     assert parameters("/v1/tasks", "get", "query") == {
         "queue_id",
         "state",

@@ -17,6 +17,7 @@ from orbit_sdk import (
     ConfigureQueueRequest,
     CreateQueueRequest,
     ProtocolError,
+    ResolveTaskResult,
     RetryPolicy,
     SubmitTaskRequest,
     TransportError,
@@ -128,6 +129,7 @@ def test_all_lists_exactly_the_public_names():
         "ProtocolError",
         "Queue",
         "RetryPolicy",
+        "ResolveTaskResult",
         "RetryableError",
         "SubmitTaskRequest",
         "SubmitTaskResult",
@@ -378,6 +380,16 @@ def test_cancel_task():
     assert recorder.last.headers["Idempotency-Key"] == "cancel-1"
     assert recorder.body() == {"reason": "not needed"}
     assert result.task.state == "CANCELLED" and result.deduplicated is False
+
+
+def test_resolve_task():
+    recorder = Recorder(ok({"deduplicated": True, "task": {**TASK_SUMMARY, "state": "WAITING"}}))
+    result = client_for(recorder).resolve_task(TASK_ID, "resolve-1", "RETRY", "ledger shows no write")
+    assert str(recorder.last.url) == f"http://orbit.test/v1/tasks/{TASK_ID}:resolve"
+    assert recorder.last.headers["Idempotency-Key"] == "resolve-1"
+    assert recorder.body() == {"resolution": "RETRY", "reason": "ledger shows no write"}
+    assert isinstance(result, ResolveTaskResult)
+    assert result.task.state == "WAITING" and result.deduplicated is True
 
 
 def test_path_segments_are_quoted():

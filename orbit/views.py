@@ -1,0 +1,83 @@
+"""HTTP views of the orbit app's own resources: the application (its quotas)
+and the namespace's event log (SPEC §7)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from orbit import applications
+from orbit.api.responses import ok
+from orbit.api.schema import documented
+from orbit.api.views import OrbitView, page_size_of, validated
+from orbit.audit import event_page
+from orbit.errors import InvalidArgument
+from orbit.idempotency import Actor
+from orbit.serializers import ApplicationConfigureInput
+
+UINT64_MAX = 2**64 - 1
+
+
+class ApplicationDetailView(OrbitView):
+    @documented()
+    def get(self, request: Request, application_id: str) -> Response:
+        principal = self.principal(request)
+        principal.require("applications:manage")
+        return ok(request, applications.application_get(principal=principal, application_id=application_id))
+
+
+class ApplicationConfigureView(OrbitView):
+    @documented(ApplicationConfigureInput, idempotent=True)
+    def post(self, request: Request, application_id: str) -> Response:
+        principal = self.principal(request)
+        principal.require("applications:manage")
+
+        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            application = applications.application_configure(
+                actor=actor,
+                application_id=application_id,
+                expected_revision=fields["expected_revision"],
+                reason=fields["reason"],
+                limits=applications.ApplicationLimits(
+                    max_active_attempts=fields["max_active_attempts"],
+                    max_unfinished_tasks=fields["max_unfinished_tasks"],
+                ),
+            )
+            return 200, {"application": application}
+
+        return self.mutate(
+            request,
+            operation="application.configure",
+            target=application_id,
+            validate=lambda body: validated(ApplicationConfigureInput, body),
+            effect=effect,
+        )
+
+
+def cursor_of(request: Request) -> int:
+    raw = request.query_params.get("after")
+    if raw is None:
+        return 0
+    if not re.fullmatch(r"0|[1-9][0-9]{0,19}", raw) or int(raw) > UINT64_MAX:
+        raise InvalidArgument("after: must be an event cursor (a decimal string)")
+    return int(raw)
+
+
+class EventListView(OrbitView):
+    @documented(
+        extra_parameters=(
+            OpenApiParameter("after", str, OpenApiParameter.QUERY, description="cursor of the last event read"),
+            OpenApiParameter("page_size", int, OpenApiParameter.QUERY, description="1 to 500, default 100"),
+        )
+    )
+    def get(self, request: Request) -> Response:
+        principal = self.principal(request)
+        principal.require("tasks:read", "queues:read")
+        principal.require_all_queues()
+        after = cursor_of(request)
+        items = event_page(principal=principal, after=after, limit=page_size_of(request))
+        return ok(request, {"items": items, "next_cursor": items[-1]["cursor"] if items else str(after)})
