@@ -17,11 +17,14 @@ import httpx
 from orbit_sdk._credentials import load_credentials
 from orbit_sdk._exceptions import APIError, ProtocolError, TransportError
 from orbit_sdk._models import (
+    Application,
     Attempt,
     CancelTaskResult,
+    ConfigureApplicationResult,
     ConfigureQueueRequest,
     CreateQueueRequest,
     CreateQueueResult,
+    EventPage,
     Page,
     Queue,
     ResolveTaskResult,
@@ -282,6 +285,36 @@ class Client:
         body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
         path = f"/v1/queues/{_segment(queue_id)}:retire"
         return CreateQueueResult.from_json(self._request("POST", path, key=key, body=body))
+
+    # ------------------------------------------------------------ application
+
+    def get_application(self, application_id: str) -> Application:
+        """The credential's own application: quotas and live counters (``applications:manage``)."""
+        return Application.from_json(self._request("GET", f"/v1/applications/{_segment(application_id)}"))
+
+    def configure_application(
+        self,
+        application_id: str,
+        key: str,
+        expected_revision: int,
+        reason: str,
+        max_active_attempts: int,
+        max_unfinished_tasks: int,
+    ) -> ConfigureApplicationResult:
+        """Full replacement of the application's quotas, checked against ``expected_revision``."""
+        body = {
+            "expected_revision": _uint64_text(expected_revision, "expected_revision"),
+            "reason": reason,
+            "max_active_attempts": max_active_attempts,
+            "max_unfinished_tasks": max_unfinished_tasks,
+        }
+        path = f"/v1/applications/{_segment(application_id)}:configure"
+        return ConfigureApplicationResult.from_json(self._request("POST", path, key=key, body=body))
+
+    def list_events(self, after: int | None = None, page_size: int | None = None) -> EventPage:
+        """The namespace's events after cursor ``after`` (from the start when None), oldest first."""
+        params = {"after": None if after is None else _uint64_text(after, "after"), "page_size": page_size}
+        return EventPage.from_json(self._request("GET", "/v1/events", params=params))
 
     # ------------------------------------------------------------------ tasks
 

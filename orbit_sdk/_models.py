@@ -305,6 +305,87 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class Application:
+    """An application's quotas across all its namespaces, with its live counters (uint64)."""
+
+    id: str
+    name: str
+    max_active_attempts: int
+    max_unfinished_tasks: int
+    active_attempts: int
+    unfinished_tasks: int
+    revision: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> Application:
+        what = "application"
+        obj = _object(value, what)
+        return cls(
+            id=_str(obj, "id", what),
+            name=_str(obj, "name", what),
+            max_active_attempts=_int(obj, "max_active_attempts", what),
+            max_unfinished_tasks=_int(obj, "max_unfinished_tasks", what),
+            active_attempts=_uint64(obj, "active_attempts", what),
+            unfinished_tasks=_uint64(obj, "unfinished_tasks", what),
+            revision=_uint64(obj, "revision", what),
+        )
+
+
+@dataclass(frozen=True)
+class ConfigureApplicationResult:
+    """Receipt of an application configure: ``deduplicated`` is True for a replay."""
+
+    deduplicated: bool
+    application: Application
+
+    @classmethod
+    def from_json(cls, value: Any) -> ConfigureApplicationResult:
+        obj = _object(value, "data")
+        return cls(
+            deduplicated=_bool(obj, "deduplicated", "data"), application=Application.from_json(obj.get("application"))
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of the namespace's event log; ``cursor`` (uint64) orders them."""
+
+    cursor: int
+    type: str
+    subject_id: str
+    data: Any
+    created_at: datetime.datetime
+
+    @classmethod
+    def from_json(cls, value: Any) -> Event:
+        what = "event"
+        obj = _object(value, what)
+        return cls(
+            cursor=_uint64(obj, "cursor", what),
+            type=_str(obj, "type", what),
+            subject_id=_str(obj, "subject_id", what),
+            data=_required(obj, "data", what),
+            created_at=_time(obj, "created_at", what),
+        )
+
+
+@dataclass(frozen=True)
+class EventPage:
+    """Events after a cursor; pass ``next_cursor`` back as ``after`` for the next ones."""
+
+    items: list[Event]
+    next_cursor: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> EventPage:
+        obj = _object(value, "data")
+        items = _required(obj, "items", "data")
+        if not isinstance(items, list):
+            raise ProtocolError("events: expected an 'items' list")
+        return cls(items=[Event.from_json(item) for item in items], next_cursor=_uint64(obj, "next_cursor", "data"))
+
+
+@dataclass(frozen=True)
 class Page(Generic[T]):
     """One page of a list; ``next_page_token`` is None on the last page."""
 

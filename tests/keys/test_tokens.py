@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 from django.utils import timezone
 
+from orbit_sdk import Client
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
 from tests.keys.helpers import (
@@ -158,6 +159,43 @@ def test_unknown_outcome_releases_the_key_and_keeps_the_task_for_review(tenant, 
     assert get_task(tenant, doubtful["id"])["state"] == "NEEDS_REVIEW"
     assert list_attempts(tenant, doubtful["id"])[0]["state"] == "UNKNOWN"
     assert assert_ok(tenant.client.get(f"/v1/queues/{queue['id']}"))["unfinished_tasks"] == "1"
+    assert_no_violations()
+
+
+def test_a_reviewed_retry_through_the_sdk_runs_again_with_a_larger_token(tenant, connect, orbit_server):
+    """Live server, SDK client: RETRY of a NEEDS_REVIEW keyed task wakes the
+    waiting worker, which gets it with a token above the unknown attempt's;
+    the event log read through the SDK shows the whole story in order."""
+    queue = make_queue(tenant, "review")
+    doubtful = submit(tenant, queue["id"], "t-review", concurrency_key="object/review")
+    worker = connect(tenant, [queue["id"]], "w-review", capacity=1)
+    first = worker.expect_assignment()
+    worker.start(first)
+    assert worker.result(first, outcome="UNKNOWN", error={"code": "timeout"})["task_state"] == "NEEDS_REVIEW"
+    assert worker.next_assignment(timeout=0.5) is None
+    with Client(orbit_server.url, tenant.token) as client:
+        decided = client.resolve_task(doubtful["id"], "review-retry", "RETRY", "ledger shows no write")
+        assert decided.task.state == "WAITING" and decided.deduplicated is False
+        again = worker.expect_assignment(timeout=3)
+        assert again["task"]["id"] == doubtful["id"]
+        assert int(again["concurrency_token"]) > int(first["concurrency_token"])
+        worker.finish(again)
+        wait_for(lambda: task_state(doubtful["id"]) == TaskState.SUCCEEDED, timeout=5)
+        page = client.list_events()
+    story = [(e.type, e.data.get("state")) for e in page.items if e.subject_id == doubtful["id"]]
+    assert story == [
+        ("task.state_changed", "WAITING"),
+        ("task.state_changed", "LEASED"),
+        ("task.state_changed", "RUNNING"),
+        ("task.state_changed", "NEEDS_REVIEW"),
+        ("task.state_changed", "WAITING"),
+        ("task.resolve", None),
+        ("task.state_changed", "LEASED"),
+        ("task.state_changed", "RUNNING"),
+        ("task.state_changed", "SUCCEEDED"),
+    ]
+    assert [e.cursor for e in page.items] == sorted(e.cursor for e in page.items)
+    assert assert_ok(tenant.client.get(f"/v1/queues/{queue['id']}"))["unfinished_tasks"] == "0"
     assert_no_violations()
 
 

@@ -114,15 +114,19 @@ def test_all_lists_exactly_the_public_names():
     assert sorted(orbit_sdk.__all__) == sorted(public)
     assert set(orbit_sdk.__all__) == {
         "APIError",
+        "Application",
         "Attempt",
         "CancelRequested",
         "CancelTaskResult",
         "Client",
+        "ConfigureApplicationResult",
         "ConfigureQueueRequest",
         "CreateQueueRequest",
         "CreateQueueResult",
         "Credentials",
         "CredentialsError",
+        "Event",
+        "EventPage",
         "Execution",
         "OrbitError",
         "Page",
@@ -390,6 +394,56 @@ def test_resolve_task():
     assert recorder.body() == {"resolution": "RETRY", "reason": "ledger shows no write"}
     assert isinstance(result, ResolveTaskResult)
     assert result.task.state == "WAITING" and result.deduplicated is True
+
+
+APPLICATION = {
+    "id": "77777777777777777777777777777777",
+    "name": "billing",
+    "max_active_attempts": 3,
+    "max_unfinished_tasks": 2,
+    "active_attempts": "18446744073709551615",
+    "unfinished_tasks": "1",
+    "revision": "2",
+}
+
+
+def test_application_get_and_configure():
+    recorder = Recorder(ok(APPLICATION))
+    application = client_for(recorder).get_application(APPLICATION["id"])
+    assert str(recorder.last.url) == f"http://orbit.test/v1/applications/{APPLICATION['id']}"
+    assert application.active_attempts == 2**64 - 1 and application.revision == 2
+
+    recorder = Recorder(ok({"deduplicated": False, "application": APPLICATION}))
+    result = client_for(recorder).configure_application(APPLICATION["id"], "cfg-1", 1, "cap", 3, 2)
+    assert str(recorder.last.url) == f"http://orbit.test/v1/applications/{APPLICATION['id']}:configure"
+    assert recorder.last.headers["Idempotency-Key"] == "cfg-1"
+    assert recorder.body() == {
+        "expected_revision": "1",
+        "reason": "cap",
+        "max_active_attempts": 3,
+        "max_unfinished_tasks": 2,
+    }
+    assert result.application.max_unfinished_tasks == 2 and result.deduplicated is False
+
+
+def test_list_events_pages_by_cursor():
+    event = {
+        "cursor": "41",
+        "type": "task.state_changed",
+        "subject_id": TASK_ID,
+        "data": {"queue_id": QUEUE_ID, "state": "WAITING"},
+        "created_at": "2026-11-30T10:00:00.5Z",
+    }
+    recorder = Recorder(ok({"items": [event], "next_cursor": "41"}))
+    page = client_for(recorder).list_events(after=40, page_size=10)
+    assert recorder.last.url.params == httpx.QueryParams({"after": "40", "page_size": "10"})
+    assert page.next_cursor == 41 and page.items[0].cursor == 41
+    assert page.items[0].data["state"] == "WAITING"
+    assert page.items[0].created_at == datetime.datetime(2026, 11, 30, 10, 0, 0, 500000, tzinfo=UTC)
+    client_for(recorder).list_events()
+    assert "after" not in recorder.last.url.params
+    with pytest.raises(ProtocolError):
+        client_for(Recorder(ok({"items": [{**event, "cursor": 41}], "next_cursor": "41"}))).list_events()
 
 
 def test_path_segments_are_quoted():
