@@ -15,6 +15,11 @@ from orbit.timefmt import format_time
 
 # Every audit action the verbs write (the admin filters by them).
 AUDIT_ACTIONS = (
+    "plan.created",
+    "plan.updated",
+    "plan.paused",
+    "plan.resumed",
+    "plan.retired",
     "queue.created",
     "queue.configured",
     "queue.retired",

@@ -581,3 +581,14 @@ def _skip_to_last_result(cursor: Any, count: int) -> None:
     with cursor.db.wrap_database_errors:
         for _ in range(count - 1):
             cursor.cursor.nextset()
+
+
+def keyset_page(rows: models.QuerySet[M], after: Any, limit: int) -> tuple[list[M], Any]:
+    """One page of `rows` ordered by pk, after the pk `after` (None: from the
+    start): the page's rows, and the pk to continue after, or None when this
+    page is the last one (one row past the page is read to know)."""
+    if after:
+        rows = rows.filter(pk__gt=after)
+    taken = list(rows.order_by("pk")[: limit + 1])
+    page = taken[:limit]
+    return page, (page[-1].pk if len(taken) > limit else None)

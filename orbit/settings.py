@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "queues",
     "tasks",
     "workers",
+    "plans",
 ]
 
 MIDDLEWARE = [

@@ -18,6 +18,7 @@ urlpatterns = [
     re_path(r"^v1/events$", pooled(views.EventListView.as_view())),
     path("", include("queues.urls")),
     path("", include("tasks.urls")),
+    path("", include("plans.urls")),
 ]
 
 handler404 = json_error_view("NOT_FOUND", 404, "no such endpoint")

@@ -17,7 +17,9 @@ from orbit.api.auth import Principal
 from orbit.audit import record_management_change
 from orbit.errors import NotFound, StateConflict
 from orbit.idempotency import Actor
+from orbit.rows import keyset_page
 from orbit.timefmt import format_time
+from plans.models import Plan, PlanState
 from queues.locks import lock_queue, lock_queue_states
 from queues.models import DEFAULT_MAX_UNFINISHED_TASKS, Queue, QueueState
 
@@ -139,13 +141,17 @@ def queue_configure(
 
 
 def queue_retire(*, actor: Actor, queue_id: str, expected_revision: int, reason: str) -> dict[str, Any]:
-    """Permanent: the queue must be paused and empty; its name stays taken."""
+    """Permanent: the queue must be paused, empty and no active plan may target
+    it; its name stays taken."""
     queue = _locked_live_queue(actor, queue_id, expected_revision)
     if not queue.paused:
         raise StateConflict("queue must be paused before it is retired")
     state = lock_queue_states([queue.id])[queue.id]
     if state.unfinished_tasks != 0:
         raise StateConflict(f"queue still has {state.unfinished_tasks} unfinished tasks")
+    # Plan create and resume lock this row too before they target the queue.
+    if Plan.objects.filter(queue_id=queue.id, state=PlanState.ACTIVE).exists():
+        raise StateConflict("queue is targeted by an active plan; pause or retire it first")
     # Submits check this flag under the same row lock, so none can slip in
     # between this check and the commit.
     QueueState.objects.filter(queue_id=queue.id).update(accepting=False)
@@ -179,16 +185,11 @@ def queue_get(*, principal: Principal, queue_id: str) -> dict[str, Any]:
 
 
 def queue_list(*, principal: Principal, after_id: str | None, limit: int) -> tuple[list[dict[str, Any]], str | None]:
-    queues = Queue.objects.filter(namespace_id=principal.namespace_id).order_by("id")
+    queues = Queue.objects.filter(namespace_id=principal.namespace_id)
     if principal.queue_ids is not None:
         queues = queues.filter(id__in=sorted(principal.queue_ids))
-    if after_id:
-        queues = queues.filter(id__gt=after_id)
-    rows = list(queues[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
+    rows, next_id = keyset_page(queues, after_id, limit)
     counts = dict(
         QueueState.objects.filter(queue_id__in=[q.id for q in rows]).values_list("queue_id", "unfinished_tasks")
     )
-    items = [queue_snapshot(q, counts.get(q.id, 0)) for q in rows]
-    return items, (rows[-1].id if more and rows else None)
+    return [queue_snapshot(q, counts.get(q.id, 0)) for q in rows], next_id

@@ -126,6 +126,7 @@ def find_violations() -> list[str]:
     problems.extend(attempt_count_violations())
     problems.extend(token_order_violations())
     problems.extend(readiness_violations())
+    problems.extend(plan_trigger_violations())
     return problems
 
 
@@ -141,6 +142,28 @@ def state_row_violations() -> list[str]:
     for queue_id in Queue.objects.values_list("id", flat=True):
         if queue_id not in counted:
             problems.append(f"queue {queue_id}: has no queue_state row")
+    return problems
+
+
+def plan_trigger_violations() -> list[str]:
+    """A CREATED trigger names a task of its plan's queue (made in its
+    transaction), and no task is made by two triggers."""
+    from plans.models import Plan, PlanTrigger, TriggerOutcome
+
+    problems = []
+    made = list(PlanTrigger.objects.filter(outcome=TriggerOutcome.CREATED).values_list("id", "plan_id", "task_id"))
+    queue_of_plan = dict(Plan.objects.values_list("id", "queue_id"))
+    task_ids = [task_id for _, _, task_id in made]
+    queue_of_task: dict[str, str] = {}
+    for start in range(0, len(task_ids), 1000):  # bounded IN lists
+        chunk = task_ids[start : start + 1000]
+        queue_of_task.update(Task.objects.filter(id__in=chunk).values_list("id", "queue_id"))
+    for trigger_id, plan_id, task_id in made:
+        if queue_of_task.get(task_id) != queue_of_plan.get(plan_id):
+            problems.append(f"plan {plan_id}: trigger {trigger_id} names task {task_id!r}, not a task of its queue")
+    for task_id, count in Counter(t for _, _, t in made).items():
+        if count > 1:
+            problems.append(f"task {task_id}: made by {count} triggers")
     return problems
 
 

@@ -1,4 +1,4 @@
-"""Lease recovery and deadline sweeps, run by every server process.
+"""Lease recovery, deadline sweeps and plan triggers, run by every server process.
 
 Every node may run this at once: candidates are read without locks and each
 transition re-checks under the global lock order."""
@@ -20,9 +20,10 @@ _started = threading.Event()
 
 
 def run_sweep() -> int:
+    from plans.actions import fire_due_plans
     from tasks.actions.endings import recover_expired_leases, sweep_deadlines
 
-    return recover_expired_leases() + sweep_deadlines()
+    return recover_expired_leases() + sweep_deadlines() + fire_due_plans()
 
 
 def maintenance_loop(stop: threading.Event) -> None:

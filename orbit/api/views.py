@@ -89,17 +89,17 @@ def encode_page_token(cursor: str) -> str:
     return base64.urlsafe_b64encode(cursor.encode()).decode().rstrip("=")
 
 
-def decode_page_token(request: Request) -> str | None:
+def decode_page_token(request: Request, cursor_pattern: str = r"[0-9a-f]{32}") -> str | None:
     raw = request.query_params.get("page_token")
     if not raw:
         return None
     # Strict: a lenient decoder drops unknown characters, so a mangled token
     # would decode to "" and silently restart the walk at the first page.
-    # Every token this API issues encodes the last id of a page.
+    # Every token this API issues encodes the last id of a page (`cursor_pattern`).
     try:
         cursor = base64.b64decode(raw + "=" * (-len(raw) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
         raise InvalidArgument("page_token: invalid") from exc
-    if not re.fullmatch(r"[0-9a-f]{32}", cursor):
+    if not re.fullmatch(cursor_pattern, cursor):
         raise InvalidArgument("page_token: invalid")
     return cursor

@@ -6,6 +6,7 @@ from typing import Any
 
 from orbit.api.auth import Principal
 from orbit.errors import InvalidArgument, NotFound
+from orbit.rows import keyset_page
 from tasks.actions.serialize import attempt_view, task_detail, task_summary
 from tasks.models import Attempt, Task, TaskState
 
@@ -36,12 +37,8 @@ def task_list(
     for name in ("business_key", "concurrency_key"):
         if name in filters:
             tasks = tasks.filter(**{name: filters[name]})
-    if after_id:
-        tasks = tasks.filter(id__gt=after_id)
-    rows = list(tasks.order_by("id")[: limit + 1])
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return [task_summary(t) for t in rows], (rows[-1].id if more and rows else None)
+    rows, next_id = keyset_page(tasks, after_id, limit)
+    return [task_summary(t) for t in rows], next_id
 
 
 def attempt_list(*, principal: Principal, task_id: str) -> list[dict[str, Any]]:

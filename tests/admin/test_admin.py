@@ -17,6 +17,9 @@ PAGES = [
     "tasks/attempt",
     "tasks/concurrencykey",
     "workers/workeridentity",
+    "plans/plan",
+    "plans/planversion",
+    "plans/plantrigger",
 ]
 
 

@@ -17,6 +17,7 @@ from orbit.models import AuditEntry
 from tasks.actions import dispatch
 from tests.conftest import api_client, post_json
 from tests.factories import make_credential
+from tests.plans.support import change, plan_body
 from tests.tasks.support import cancel, configure_queue, make_queue, submit_ok
 from tests.tasks.test_dispatch import worker_for
 from tests.tasks.test_resolve import ends_unknown, resolve
@@ -97,6 +98,13 @@ def test_the_audit_filter_lists_every_action_the_verbs_write(operator, tenant):
     quotas = {"expected_revision": "1", "reason": "r", "max_active_attempts": 5, "max_unfinished_tasks": 5}
     application_id = tenant.namespace.application_id
     assert post_json(manager, f"/v1/applications/{application_id}:configure", quotas, key="a").status_code == 200
+    planner = api_client(make_credential(tenant.namespace, scopes=["plans:manage"]).token)
+    plan = post_json(planner, "/v1/plans", plan_body(queue["id"]), key="plan").json()["data"]["plan"]
+    update = {**plan_body(queue["id"]), "expected_revision": "1", "reason": "r"}
+    del update["name"], update["queue_id"]
+    assert post_json(planner, f"/v1/plans/{plan['id']}:update", update, key="u").status_code == 200
+    for revision, verb in enumerate(("pause", "resume", "retire"), start=2):
+        assert change(planner, plan["id"], verb, str(revision), key=verb).status_code == 200
     paused = configure_queue(tenant.client, queue["id"], paused=True)
     assert (
         tenant.client.post(

@@ -21,6 +21,13 @@ ENDPOINTS = {
     "/v1/applications/{application_id}": {"get"},
     "/v1/applications/{application_id}:configure": {"post"},
     "/v1/events": {"get"},
+    "/v1/plans": {"get", "post"},
+    "/v1/plans/{plan_id}": {"get"},
+    "/v1/plans/{plan_id}:update": {"post"},
+    "/v1/plans/{plan_id}:pause": {"post"},
+    "/v1/plans/{plan_id}:resume": {"post"},
+    "/v1/plans/{plan_id}:retire": {"post"},
+    "/v1/plans/{plan_id}/triggers": {"get"},
 }
 
 
@@ -45,7 +52,7 @@ def test_creates_mutations_and_lists_document_their_statuses_headers_and_query()
     def parameters(path: str, method: str, where: str) -> set[str]:
         return {p["name"] for p in paths[path][method].get("parameters", []) if p["in"] == where}
 
-    for create in ("/v1/queues", "/v1/tasks"):
+    for create in ("/v1/queues", "/v1/tasks", "/v1/plans"):
         assert set(paths[create]["post"]["responses"]) == {"200", "201"}
     for path in (
         "/v1/queues",
@@ -55,11 +62,18 @@ def test_creates_mutations_and_lists_document_their_statuses_headers_and_query()
         "/v1/tasks/{task_id}:cancel",
         "/v1/tasks/{task_id}:resolve",
         "/v1/applications/{application_id}:configure",
+        "/v1/plans",
+        "/v1/plans/{plan_id}:update",
+        "/v1/plans/{plan_id}:pause",
+        "/v1/plans/{plan_id}:resume",
+        "/v1/plans/{plan_id}:retire",
     ):
         assert parameters(path, "post", "header") == {"Idempotency-Key"}
     assert parameters("/v1/tasks:batch", "post", "header") == set()  # each item carries its own key
     assert parameters("/v1/queues", "get", "query") == {"page_size", "page_token"}
     assert parameters("/v1/events", "get", "query") == {"after", "page_size"}
+    for listing in ("/v1/plans", "/v1/plans/{plan_id}/triggers"):
+        assert parameters(listing, "get", "query") == {"page_size", "page_token"}
     assert parameters("/v1/tasks", "get", "query") == {
         "queue_id",
         "state",

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+from django.utils import timezone
+from rest_framework import serializers
+
+from orbit.api.fields import NameField, ReasonField, StrictCharField, StrictSerializer, Uint64StringField, uint32_field
+from tasks.serializers import SubmitTaskInput
+
+MAX_INTERVAL_SECONDS = 366 * 86400
+MAX_CATCH_UP_WINDOW_SECONDS = 7 * 86400
+POLICIES = ("SKIP", "CATCH_UP", "LATEST")
+
+
+class ScheduleInput(StrictSerializer):
+    cron = StrictCharField(required=False, max_length=255)
+    timezone = StrictCharField(required=False, max_length=64)
+    interval_seconds = uint32_field(1, MAX_INTERVAL_SECONDS, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("cron" in attrs) == ("interval_seconds" in attrs):
+            raise serializers.ValidationError("must hold either cron (with timezone) or interval_seconds")
+        if "interval_seconds" in attrs:
+            if "timezone" in attrs:
+                raise serializers.ValidationError({"timezone": ["only with cron"]})
+            return attrs
+        try:
+            zone = ZoneInfo(attrs.get("timezone", "UTC"))
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise serializers.ValidationError({"timezone": ["must be an IANA time zone, e.g. Europe/Berlin"]}) from exc
+        try:
+            next(CronSim(attrs["cron"], timezone.now().astimezone(zone)))
+        except (CronSimError, StopIteration) as exc:
+            raise serializers.ValidationError({"cron": [f"must be a 5-field cron expression ({exc})"]}) from exc
+        return attrs
+
+
+class PolicyField(StrictCharField):
+    default_error_messages = {"choice": f"must be one of {', '.join(POLICIES)}"}
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if value not in POLICIES:
+            self.fail("choice")
+        return value
+
+
+class MisfireInput(StrictSerializer):
+    policy = PolicyField()
+    catch_up_window_seconds = uint32_field(1, MAX_CATCH_UP_WINDOW_SECONDS, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        windowed = attrs["policy"] != "SKIP"
+        if windowed and "catch_up_window_seconds" not in attrs:
+            raise serializers.ValidationError({"catch_up_window_seconds": [f"required for {attrs['policy']}"]})
+        if not windowed and "catch_up_window_seconds" in attrs:
+            raise serializers.ValidationError({"catch_up_window_seconds": ["not used by SKIP"]})
+        return attrs
+
+
+class PlanTaskInput(SubmitTaskInput):
+    """A submit's fields without the queue (the plan's) or absolute times (a
+    template cannot hold one; timeout_seconds is relative to each task)."""
+
+    plain_path = False
+    queue_id = None
+    available_at = None
+    start_deadline_at = None
+    deadline_at = None
+
+
+class DefinitionInput(StrictSerializer):
+    task = PlanTaskInput()
+
+
+class PlanBodyInput(StrictSerializer):
+    schedule = ScheduleInput()
+    misfire = MisfireInput()
+    definition = DefinitionInput()
+
+
+class PlanCreateInput(PlanBodyInput):
+    name = NameField()
+    queue_id = StrictCharField(max_length=32)
+
+
+class PlanUpdateInput(PlanBodyInput):
+    expected_revision = Uint64StringField(nonzero=True)
+    reason = ReasonField()
+
+
+class PlanChangeInput(StrictSerializer):
+    expected_revision = Uint64StringField(nonzero=True)
+    reason = ReasonField()

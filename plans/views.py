@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from orbit.api.responses import ok, page
+from orbit.api.schema import documented
+from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
+from orbit.idempotency import Actor
+from plans import actions
+from plans.serializers import PlanChangeInput, PlanCreateInput, PlanUpdateInput
+
+
+def body_of(fields: dict[str, Any], body: dict[str, Any]) -> actions.PlanBody:
+    """Schedule and misfire as validated; the definition as sent (it is
+    validated again, with its defaults, each time a task is made from it)."""
+    return actions.PlanBody(
+        schedule=dict(fields["schedule"]), misfire=dict(fields["misfire"]), definition=body["definition"]
+    )
+
+
+class PlanCollectionView(OrbitView):
+    @documented(operation_id="plans_list", paged=True)
+    def get(self, request: Request) -> Response:
+        principal = self.principal(request)
+        principal.require("plans:manage")
+        items, last_id = actions.plan_list(
+            principal=principal, after_id=decode_page_token(request), limit=page_size_of(request)
+        )
+        return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
+
+    @documented(PlanCreateInput, created=True, idempotent=True)
+    def post(self, request: Request) -> Response:
+        principal = self.principal(request)
+        principal.require("plans:manage")
+
+        def effect(actor: Actor, checked: tuple[dict[str, Any], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+            fields, body = checked
+            plan = actions.plan_create(
+                actor=actor, name=fields["name"], queue_id=fields["queue_id"], body=body_of(fields, body)
+            )
+            return 201, {"plan": plan}
+
+        return self.mutate(
+            request,
+            operation="plan.create",
+            target="",
+            validate=lambda body: (validated(PlanCreateInput, body), body),
+            effect=effect,
+        )
+
+
+class PlanDetailView(OrbitView):
+    @documented()
+    def get(self, request: Request, plan_id: str) -> Response:
+        principal = self.principal(request)
+        principal.require("plans:manage")
+        return ok(request, actions.plan_get(principal=principal, plan_id=plan_id))
+
+
+class PlanTriggersView(OrbitView):
+    @documented(operation_id="plan_triggers_list", paged=True)
+    def get(self, request: Request, plan_id: str) -> Response:
+        principal = self.principal(request)
+        principal.require("plans:manage")
+        after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,19}")
+        items, last_id = actions.trigger_list(
+            principal=principal, plan_id=plan_id, after_id=int(after) if after else None, limit=page_size_of(request)
+        )
+        return ok(request, page(items, encode_page_token(str(last_id)) if last_id else ""))
+
+
+class PlanUpdateView(OrbitView):
+    @documented(PlanUpdateInput, idempotent=True)
+    def post(self, request: Request, plan_id: str) -> Response:
+        self.principal(request).require("plans:manage")
+
+        def effect(actor: Actor, checked: tuple[dict[str, Any], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+            fields, body = checked
+            plan = actions.plan_update(
+                actor=actor,
+                plan_id=plan_id,
+                expected_revision=fields["expected_revision"],
+                reason=fields["reason"],
+                body=body_of(fields, body),
+            )
+            return 200, {"plan": plan}
+
+        return self.mutate(
+            request,
+            operation="plan.update",
+            target=plan_id,
+            validate=lambda body: (validated(PlanUpdateInput, body), body),
+            effect=effect,
+        )
+
+
+def change_view(verb: Callable[..., dict[str, Any]], operation: str) -> type[OrbitView]:
+    """:pause, :resume and :retire: `{expected_revision, reason}`, the plan back."""
+
+    class PlanChangeView(OrbitView):
+        @documented(PlanChangeInput, idempotent=True, operation_id=operation.replace(".", "_"))
+        def post(self, request: Request, plan_id: str) -> Response:
+            self.principal(request).require("plans:manage")
+
+            def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                plan = verb(
+                    actor=actor, plan_id=plan_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
+                )
+                return 200, {"plan": plan}
+
+            return self.mutate(
+                request,
+                operation=operation,
+                target=plan_id,
+                validate=lambda body: validated(PlanChangeInput, body),
+                effect=effect,
+            )
+
+    PlanChangeView.__name__ = PlanChangeView.__qualname__ = f"Plan{operation.split('.')[1].title()}View"
+    return PlanChangeView
+
+
+PlanPauseView = change_view(actions.plan_pause, "plan.pause")
+PlanResumeView = change_view(actions.plan_resume, "plan.resume")
+PlanRetireView = change_view(actions.plan_retire, "plan.retire")
