@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit import applications
+from orbit.api.fields import UINT64_MAX
 from orbit.api.responses import ok
 from orbit.api.schema import documented
 from orbit.api.views import OrbitView, page_size_of, validated
@@ -18,8 +19,6 @@ from orbit.audit import event_page
 from orbit.errors import InvalidArgument
 from orbit.idempotency import Actor
 from orbit.serializers import ApplicationConfigureInput
-
-UINT64_MAX = 2**64 - 1
 
 
 class ApplicationDetailView(OrbitView):
