@@ -22,15 +22,20 @@ from orbit_sdk._models import (
     CancelTaskResult,
     ConfigureApplicationResult,
     ConfigureQueueRequest,
+    CreatePlanRequest,
     CreateQueueRequest,
     CreateQueueResult,
     EventPage,
     Page,
+    Plan,
+    PlanResult,
+    PlanTrigger,
     Queue,
     ResolveTaskResult,
     SubmitTaskRequest,
     SubmitTaskResult,
     Task,
+    UpdatePlanRequest,
     _uint64_text,
 )
 
@@ -315,6 +320,48 @@ class Client:
         """The namespace's events after cursor ``after`` (from the start when None), oldest first."""
         params = {"after": None if after is None else _uint64_text(after, "after"), "page_size": page_size}
         return EventPage.from_json(self._request("GET", "/v1/events", params=params))
+
+    # ------------------------------------------------------------------ plans
+
+    def create_plan(self, key: str, request: CreatePlanRequest) -> PlanResult:
+        return PlanResult.from_json(
+            self._request("POST", "/v1/plans", key=key, body=_body_of(request, CreatePlanRequest))
+        )
+
+    def get_plan(self, plan_id: str) -> Plan:
+        return Plan.from_json(self._request("GET", f"/v1/plans/{_segment(plan_id)}"))
+
+    def list_plans(self, page_size: int | None = None, page_token: str | None = None) -> Page[Plan]:
+        data = self._request("GET", "/v1/plans", params={"page_size": page_size, "page_token": page_token})
+        return _page(data, Plan.from_json)
+
+    def update_plan(self, plan_id: str, key: str, request: UpdatePlanRequest) -> PlanResult:
+        """A new immutable version; its schedule starts from now."""
+        path = f"/v1/plans/{_segment(plan_id)}:update"
+        return PlanResult.from_json(self._request("POST", path, key=key, body=_body_of(request, UpdatePlanRequest)))
+
+    def _change_plan(self, verb: str, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
+        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
+        return PlanResult.from_json(self._request("POST", f"/v1/plans/{_segment(plan_id)}:{verb}", key=key, body=body))
+
+    def pause_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
+        return self._change_plan("pause", plan_id, key, expected_revision, reason)
+
+    def resume_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
+        """Points that fell while paused are not made up."""
+        return self._change_plan("resume", plan_id, key, expected_revision, reason)
+
+    def retire_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
+        return self._change_plan("retire", plan_id, key, expected_revision, reason)
+
+    def list_plan_triggers(
+        self, plan_id: str, page_size: int | None = None, page_token: str | None = None
+    ) -> Page[PlanTrigger]:
+        """The plan's decided points, in the order they were decided."""
+        path = f"/v1/plans/{_segment(plan_id)}/triggers"
+        return _page(
+            self._request("GET", path, params={"page_size": page_size, "page_token": page_token}), PlanTrigger.from_json
+        )
 
     # ------------------------------------------------------------------ tasks
 

@@ -386,6 +386,80 @@ class EventPage:
 
 
 @dataclass(frozen=True)
+class Plan:
+    """A plan (SPEC §7): ``schedule``, ``misfire`` and ``definition`` as sent;
+    ``next_fire_at`` only while ACTIVE. ``revision`` is a uint64."""
+
+    id: str
+    namespace_id: str
+    queue_id: str
+    name: str
+    state: str
+    version: int
+    revision: int
+    schedule: dict[str, Any]
+    misfire: dict[str, Any]
+    definition: dict[str, Any]
+    next_fire_at: datetime.datetime | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Plan:
+        what = "plan"
+        obj = _object(value, what)
+        return cls(
+            id=_str(obj, "id", what),
+            namespace_id=_str(obj, "namespace_id", what),
+            queue_id=_str(obj, "queue_id", what),
+            name=_str(obj, "name", what),
+            state=_str(obj, "state", what),
+            version=_int(obj, "version", what),
+            revision=_uint64(obj, "revision", what),
+            schedule=dict(_object(obj.get("schedule"), "plan.schedule")),
+            misfire=dict(_object(obj.get("misfire"), "plan.misfire")),
+            definition=dict(_object(obj.get("definition"), "plan.definition")),
+            next_fire_at=_opt_time(obj, "next_fire_at", what),
+        )
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Receipt of a plan create or change: ``deduplicated`` is True for a replay."""
+
+    deduplicated: bool
+    plan: Plan
+
+    @classmethod
+    def from_json(cls, value: Any) -> PlanResult:
+        obj = _object(value, "data")
+        return cls(deduplicated=_bool(obj, "deduplicated", "data"), plan=Plan.from_json(obj.get("plan")))
+
+
+@dataclass(frozen=True)
+class PlanTrigger:
+    """One decided point of a plan: CREATED with ``task_id``, or SKIPPED with ``reason``."""
+
+    scheduled_at: datetime.datetime
+    version: int
+    outcome: str
+    decided_at: datetime.datetime
+    task_id: str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> PlanTrigger:
+        what = "trigger"
+        obj = _object(value, what)
+        return cls(
+            scheduled_at=_time(obj, "scheduled_at", what),
+            version=_int(obj, "version", what),
+            outcome=_str(obj, "outcome", what),
+            decided_at=_time(obj, "decided_at", what),
+            task_id=_opt_str(obj, "task_id", what),
+            reason=_opt_str(obj, "reason", what),
+        )
+
+
+@dataclass(frozen=True)
 class Page(Generic[T]):
     """One page of a list; ``next_page_token`` is None on the last page."""
 
@@ -478,6 +552,48 @@ class ConfigureQueueRequest:
             "max_concurrency": self.max_concurrency,
             "rate_per_second": self.rate_per_second,
             "max_unfinished_tasks": self.max_unfinished_tasks,
+        }
+
+
+@dataclass
+class CreatePlanRequest:
+    """``schedule``: ``{"interval_seconds": n}`` or ``{"cron": ..., "timezone": ...}``;
+    ``misfire``: ``{"policy": "SKIP"}`` or CATCH_UP/LATEST with ``catch_up_window_seconds``;
+    ``task``: a submit's fields without ``queue_id`` or absolute times."""
+
+    name: str
+    queue_id: str
+    schedule: dict[str, Any]
+    misfire: dict[str, Any]
+    task: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "queue_id": self.queue_id,
+            "schedule": self.schedule,
+            "misfire": self.misfire,
+            "definition": {"task": self.task},
+        }
+
+
+@dataclass
+class UpdatePlanRequest:
+    """A new version of the plan: every part is replaced."""
+
+    expected_revision: int
+    reason: str
+    schedule: dict[str, Any]
+    misfire: dict[str, Any]
+    task: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "expected_revision": _uint64_text(self.expected_revision, "expected_revision"),
+            "reason": self.reason,
+            "schedule": self.schedule,
+            "misfire": self.misfire,
+            "definition": {"task": self.task},
         }
 
 

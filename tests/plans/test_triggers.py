@@ -4,12 +4,13 @@ target queue's backpressure (seed queues-v1: 满额的原触发点保留为下�
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
-import httpx
 import pytest
 from django.utils import timezone
 
+from orbit_sdk import Client, CreatePlanRequest, CreateQueueRequest
 from plans.actions import fire_due_plans
 from plans.models import Plan, PlanTrigger, PlanVersion
 from tasks.actions import dispatch
@@ -26,7 +27,7 @@ from tests.tasks.support import (
 )
 from tests.tasks.test_dispatch import worker_for
 
-from .support import create_plan, plan_body
+from .support import TASK, create_plan, plan_body
 
 
 def new_plan(planner, queue_id: str, name: str = "p", **overrides) -> tuple[str, datetime]:
@@ -176,22 +177,28 @@ def test_nodes_deciding_at_once_decide_each_point_once(planner):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_live_server_fires_a_plan_by_itself(planner, orbit_server):
-    http = httpx.Client(base_url=orbit_server.url, headers={"Authorization": f"Bearer {planner.token}"}, timeout=30)
-    queue = http.post(
-        "/v1/queues",
-        json={"name": "live", "max_concurrency": 4, "rate_per_second": 10},
-        headers={"Idempotency-Key": "live-queue"},
-    ).json()["data"]["queue"]
-    body = plan_body(queue["id"], schedule={"interval_seconds": 1}, misfire={"policy": "SKIP"})
-    plan = http.post("/v1/plans", json=body, headers={"Idempotency-Key": "live-plan"}).json()["data"]["plan"]
+    """Through the SDK against a live server: the server's own trigger loop
+    makes the plan's tasks, and a paused plan makes none."""
+    with Client(orbit_server.url, planner.token) as client:
+        queue = client.create_queue("live-queue", CreateQueueRequest("live", 4, 10)).queue
+        request = CreatePlanRequest(
+            name="live",
+            queue_id=queue.id,
+            schedule={"interval_seconds": 1},
+            misfire={"policy": "SKIP"},
+            task=dict(TASK),
+        )
+        plan = client.create_plan("live-plan", request).plan
 
-    def created() -> list[dict]:
-        items = http.get(f"/v1/plans/{plan['id']}/triggers").json()["data"]["items"]
-        return [item for item in items if item["outcome"] == "CREATED"] if len(items) >= 2 else []
+        def created() -> list:
+            items = client.list_plan_triggers(plan.id).items
+            return [item for item in items if item.outcome == "CREATED"] if len(items) >= 2 else []
 
-    made = wait_until(created, timeout=10, what="two CREATED triggers")
-    task = http.get(f"/v1/tasks/{made[0]['task_id']}").json()["data"]
-    assert task["queue_id"] == queue["id"] and task["payload"] == {"kind": "daily"}
-    retire = {"expected_revision": plan["revision"], "reason": "done"}
-    assert http.post(f"/v1/plans/{plan['id']}:retire", json=retire, headers={"Idempotency-Key": "r"}).status_code == 200
-    http.close()
+        made = wait_until(created, timeout=10, what="two CREATED triggers")
+        task = client.get_task(made[0].task_id)
+        assert task.queue_id == queue.id and task.payload == {"kind": "daily"}
+        paused = client.pause_plan(plan.id, "live-pause", plan.revision, "enough").plan
+        decided = len(client.list_plan_triggers(plan.id).items)
+        time.sleep(2.5)
+        assert len(client.list_plan_triggers(plan.id).items) == decided
+        assert client.retire_plan(plan.id, "live-retire", paused.revision, "done").plan.state == "RETIRED"

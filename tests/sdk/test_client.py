@@ -15,12 +15,14 @@ from orbit_sdk import (
     APIError,
     Client,
     ConfigureQueueRequest,
+    CreatePlanRequest,
     CreateQueueRequest,
     ProtocolError,
     ResolveTaskResult,
     RetryPolicy,
     SubmitTaskRequest,
     TransportError,
+    UpdatePlanRequest,
 )
 from orbit_sdk._client import parse_retry_after
 
@@ -121,6 +123,7 @@ def test_all_lists_exactly_the_public_names():
         "Client",
         "ConfigureApplicationResult",
         "ConfigureQueueRequest",
+        "CreatePlanRequest",
         "CreateQueueRequest",
         "CreateQueueResult",
         "Credentials",
@@ -130,6 +133,9 @@ def test_all_lists_exactly_the_public_names():
         "Execution",
         "OrbitError",
         "Page",
+        "Plan",
+        "PlanResult",
+        "PlanTrigger",
         "ProtocolError",
         "Queue",
         "RetryPolicy",
@@ -141,6 +147,7 @@ def test_all_lists_exactly_the_public_names():
         "TaskInfo",
         "TransportError",
         "UnknownOutcome",
+        "UpdatePlanRequest",
         "Worker",
         "load_credentials",
     }
@@ -444,6 +451,58 @@ def test_list_events_pages_by_cursor():
     assert "after" not in recorder.last.url.params
     with pytest.raises(ProtocolError):
         client_for(Recorder(ok({"items": [{**event, "cursor": 41}], "next_cursor": "41"}))).list_events()
+
+
+PLAN = {
+    "id": "88888888888888888888888888888888",
+    "namespace_id": NAMESPACE_ID,
+    "queue_id": QUEUE_ID,
+    "name": "nightly",
+    "state": "ACTIVE",
+    "version": 1,
+    "revision": "1",
+    "schedule": {"cron": "30 2 * * *", "timezone": "Europe/Berlin"},
+    "misfire": {"policy": "SKIP"},
+    "definition": {
+        "task": {"handler": "report.build", "handler_version": "v1", "payload_version": "v1", "payload": {}}
+    },
+    "next_fire_at": "2026-12-01T01:30:00Z",
+}
+
+
+def test_plans():
+    recorder = Recorder(ok({"deduplicated": False, "plan": PLAN}))
+    request = CreatePlanRequest(
+        name="nightly",
+        queue_id=QUEUE_ID,
+        schedule=PLAN["schedule"],
+        misfire=PLAN["misfire"],
+        task=PLAN["definition"]["task"],
+    )
+    result = client_for(recorder).create_plan("plan-1", request)
+    assert str(recorder.last.url) == "http://orbit.test/v1/plans"
+    assert recorder.last.headers["Idempotency-Key"] == "plan-1"
+    assert recorder.body() == {k: PLAN[k] for k in ("name", "queue_id", "schedule", "misfire", "definition")}
+    assert result.plan.next_fire_at == datetime.datetime(2026, 12, 1, 1, 30, tzinfo=UTC)
+    assert result.plan.revision == 1 and result.deduplicated is False
+
+    paused = {k: v for k, v in PLAN.items() if k != "next_fire_at"} | {"state": "PAUSED", "revision": "2"}
+    recorder = Recorder(ok({"deduplicated": False, "plan": paused}))
+    result = client_for(recorder).pause_plan(PLAN["id"], "pause-2", 1, "holiday")
+    assert str(recorder.last.url) == f"http://orbit.test/v1/plans/{PLAN['id']}:pause"
+    assert recorder.body() == {"expected_revision": "1", "reason": "holiday"}
+    assert result.plan.state == "PAUSED" and result.plan.next_fire_at is None
+
+    update = UpdatePlanRequest(2, "hourly", {"interval_seconds": 3600}, {"policy": "SKIP"}, {"handler": "x"})
+    client_for(recorder).update_plan(PLAN["id"], "u-1", update)
+    assert str(recorder.last.url) == f"http://orbit.test/v1/plans/{PLAN['id']}:update"
+    assert recorder.body()["definition"] == {"task": {"handler": "x"}}
+
+    trigger = {"scheduled_at": "2026-12-01T01:30:00Z", "version": 1, "outcome": "SKIPPED", "reason": "missed its time"}
+    recorder = Recorder(ok({"items": [{**trigger, "decided_at": "2026-12-01T01:31:00Z"}], "next_page_token": ""}))
+    page = client_for(recorder).list_plan_triggers(PLAN["id"], page_size=5)
+    assert str(recorder.last.url) == f"http://orbit.test/v1/plans/{PLAN['id']}/triggers?page_size=5"
+    assert (page.items[0].outcome, page.items[0].reason, page.items[0].task_id) == ("SKIPPED", "missed its time", None)
 
 
 def test_path_segments_are_quoted():
