@@ -7,7 +7,6 @@ until the counters fall below it."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,11 +14,9 @@ from django.utils import timezone
 
 from orbit.api.auth import Principal
 from orbit.audit import record_management_change
-from orbit.errors import NotFound, StateConflict
+from orbit.errors import NotFound, require_revision
 from orbit.idempotency import Actor
 from orbit.models import Application, ApplicationState
-
-APPLICATION_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +40,7 @@ def application_snapshot(application: Application, state: ApplicationState | Non
 def _own_application_id(principal: Principal, application_id: str) -> str:
     # A credential sees its own application only; any other id, well-formed
     # or not, is answered as absent (never reveal existence).
-    if not APPLICATION_ID.fullmatch(application_id) or application_id != principal.application_id:
+    if application_id != principal.application_id:
         raise NotFound("application not found")
     return application_id
 
@@ -72,10 +69,7 @@ def application_configure(
     )
     if application is None:
         raise NotFound("application not found")
-    if application.revision != expected_revision:
-        raise StateConflict(
-            f"expected_revision {expected_revision} does not match current revision {application.revision}"
-        )
+    require_revision(expected_revision, application.revision)
     state = _state_of(application.id)
     before = application_snapshot(application, state)
     application.max_active_attempts = limits.max_active_attempts

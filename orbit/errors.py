@@ -108,3 +108,9 @@ class LeaseLost(OrbitError):
 class TaskCancelled(OrbitError):
     code = "TASK_CANCELLED"
     status = 409
+
+
+def require_revision(expected: int, current: int) -> None:
+    """A management change names the revision it read; any other is a conflict."""
+    if current != expected:
+        raise StateConflict(f"expected_revision {expected} does not match current revision {current}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Any
 
@@ -38,6 +39,16 @@ def _forget_id_pool() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_id_pool)
+
+
+RESOURCE_ID = re.compile(r"[0-9a-f]{32}")
+
+
+def is_resource_id(text: str) -> bool:
+    """Whether `text` has the id format new_id makes. Checked before a lookup,
+    so an id that cannot exist ("<id> ", upper case, 300 characters) is
+    NOT_FOUND whatever the column's collation does."""
+    return RESOURCE_ID.fullmatch(text) is not None
 
 
 def new_id() -> str:

@@ -3,7 +3,6 @@ and the namespace's event log (SPEC §7)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter
@@ -11,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit import applications
-from orbit.api.fields import UINT64_MAX
+from orbit.api.fields import canonical_uint64
 from orbit.api.responses import ok
 from orbit.api.schema import documented
 from orbit.api.views import OrbitView, page_size_of, validated
@@ -61,9 +60,10 @@ def cursor_of(request: Request) -> int:
     raw = request.query_params.get("after")
     if raw is None:
         return 0
-    if not re.fullmatch(r"0|[1-9][0-9]{0,19}", raw) or int(raw) > UINT64_MAX:
+    cursor = canonical_uint64(raw)
+    if cursor is None:
         raise InvalidArgument("after: must be an event cursor (a decimal string)")
-    return int(raw)
+    return cursor
 
 
 class EventListView(OrbitView):

@@ -11,7 +11,6 @@ counter row, so none can wait in a cycle."""
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +20,8 @@ from django.utils import timezone
 
 from orbit.api.auth import Principal
 from orbit.audit import record_management_change
-from orbit.errors import NotFound, OrbitError, QueueFull, StateConflict
+from orbit.errors import NotFound, OrbitError, QueueFull, StateConflict, require_revision
+from orbit.fields import is_resource_id
 from orbit.idempotency import Actor, run_retrying
 from orbit.rows import keyset_page, select_rows
 from orbit.timefmt import format_time
@@ -34,7 +34,6 @@ from tasks.actions.submit import admit_tasks
 
 logger = logging.getLogger("orbit.plans")
 
-PLAN_ID = re.compile(r"[0-9a-f]{32}")
 # Points one trigger step decides for one plan at most; a plan further behind
 # is continued by the next step.
 POINTS_PER_STEP = 500
@@ -73,7 +72,7 @@ def _current_version(plan: Plan) -> PlanVersion:
 def _locked_queue_state_accepting(actor: Actor, queue_id: str) -> None:
     """The target queue's counter row locked (a retire holds it while it looks
     for active plans), or the refusal: absent or out of range, or retired."""
-    if not PLAN_ID.fullmatch(queue_id) or not actor.principal.covers_queue(queue_id):
+    if not is_resource_id(queue_id) or not actor.principal.covers_queue(queue_id):
         raise NotFound("queue not found")
     if not Queue.objects.filter(id=queue_id, namespace_id=actor.namespace_id).exists():
         raise NotFound("queue not found")
@@ -82,6 +81,18 @@ def _locked_queue_state_accepting(actor: Actor, queue_id: str) -> None:
         raise NotFound("queue not found")
     if not state.accepting:
         raise StateConflict("queue is retired")
+
+
+def _write_version(plan: Plan, body: PlanBody, now: datetime) -> PlanVersion:
+    """The row of the plan's version `plan.version`, its schedule starting from `now`."""
+    return PlanVersion.objects.create(
+        plan_id=plan.id,
+        version=plan.version,
+        schedule=body.schedule,
+        misfire=body.misfire,
+        definition=body.definition,
+        anchor_at=now,
+    )
 
 
 def plan_create(*, actor: Actor, name: str, queue_id: str, body: PlanBody) -> dict[str, Any]:
@@ -103,14 +114,7 @@ def plan_create(*, actor: Actor, name: str, queue_id: str, body: PlanBody) -> di
             plan.save(force_insert=True)
     except IntegrityError as exc:
         raise StateConflict(f"plan name {name!r} is already taken in this namespace") from exc
-    version = PlanVersion.objects.create(
-        plan_id=plan.id,
-        version=1,
-        schedule=body.schedule,
-        misfire=body.misfire,
-        definition=body.definition,
-        anchor_at=now,
-    )
+    version = _write_version(plan, body, now)
     snapshot = plan_snapshot(plan, version)
     record_management_change(
         actor, action="plan.created", target_type="plan", target_id=plan.id, reason="", before=None, after=snapshot
@@ -119,15 +123,14 @@ def plan_create(*, actor: Actor, name: str, queue_id: str, body: PlanBody) -> di
 
 
 def _locked_plan(actor: Actor, plan_id: str, expected_revision: int) -> Plan:
-    if not PLAN_ID.fullmatch(plan_id):
+    if not is_resource_id(plan_id):
         raise NotFound("plan not found")
     plan = Plan.objects.select_for_update().filter(id=plan_id, namespace_id=actor.namespace_id).first()
     if plan is None or not actor.principal.covers_queue(plan.queue_id):
         raise NotFound("plan not found")
     if plan.state == PlanState.RETIRED:
         raise StateConflict("plan is retired")
-    if plan.revision != expected_revision:
-        raise StateConflict(f"expected_revision {expected_revision} does not match current revision {plan.revision}")
+    require_revision(expected_revision, plan.revision)
     return plan
 
 
@@ -148,14 +151,7 @@ def plan_update(*, actor: Actor, plan_id: str, expected_revision: int, reason: s
     before = plan_snapshot(plan, _current_version(plan))
     now = timezone.now()
     plan.version += 1
-    version = PlanVersion.objects.create(
-        plan_id=plan.id,
-        version=plan.version,
-        schedule=body.schedule,
-        misfire=body.misfire,
-        definition=body.definition,
-        anchor_at=now,
-    )
+    version = _write_version(plan, body, now)
     plan.next_fire_at = first_point_after(body.schedule, now, now)
     return _change(actor, plan, version, "plan.updated", reason, before)
 
@@ -197,7 +193,7 @@ def plan_retire(*, actor: Actor, plan_id: str, expected_revision: int, reason: s
 def _visible_plan(principal: Principal, plan_id: str) -> Plan:
     plan = (
         Plan.objects.filter(id=plan_id, namespace_id=principal.namespace_id).first()
-        if PLAN_ID.fullmatch(plan_id)
+        if is_resource_id(plan_id)
         else None
     )
     if plan is None or not principal.covers_queue(plan.queue_id):

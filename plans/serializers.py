@@ -7,7 +7,15 @@ from cronsim import CronSim, CronSimError
 from django.utils import timezone
 from rest_framework import serializers
 
-from orbit.api.fields import NameField, ReasonField, StrictCharField, StrictSerializer, Uint64StringField, uint32_field
+from orbit.api.fields import (
+    NameField,
+    ReasonField,
+    StrictCharField,
+    StrictChoiceField,
+    StrictSerializer,
+    Uint64StringField,
+    uint32_field,
+)
 from tasks.serializers import SubmitTaskInput
 
 MAX_INTERVAL_SECONDS = 366 * 86400
@@ -38,18 +46,8 @@ class ScheduleInput(StrictSerializer):
         return attrs
 
 
-class PolicyField(StrictCharField):
-    default_error_messages = {"choice": f"must be one of {', '.join(POLICIES)}"}
-
-    def to_internal_value(self, data: Any) -> str:
-        value = super().to_internal_value(data)
-        if value not in POLICIES:
-            self.fail("choice")
-        return value
-
-
 class MisfireInput(StrictSerializer):
-    policy = PolicyField()
+    policy = StrictChoiceField(POLICIES)
     catch_up_window_seconds = uint32_field(1, MAX_CATCH_UP_WINDOW_SECONDS, required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ Each mutating verb runs inside the transaction opened by the idempotency runner
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,15 +14,14 @@ from django.utils import timezone
 
 from orbit.api.auth import Principal
 from orbit.audit import record_management_change
-from orbit.errors import NotFound, StateConflict
+from orbit.errors import NotFound, StateConflict, require_revision
+from orbit.fields import is_resource_id
 from orbit.idempotency import Actor
 from orbit.rows import keyset_page
 from orbit.timefmt import format_time
 from plans.models import Plan, PlanState
 from queues.locks import lock_queue, lock_queue_states
 from queues.models import DEFAULT_MAX_UNFINISHED_TASKS, Queue, QueueState
-
-QUEUE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -79,14 +77,8 @@ def queue_create(*, actor: Actor, name: str, limits: QueueLimits) -> dict[str, A
     return snapshot
 
 
-def _is_queue_id(queue_id: str) -> bool:
-    # Checked before the lookup, so an id that cannot exist ("<id> ", upper
-    # case, 300 characters) is NOT_FOUND whatever the column's collation does.
-    return QUEUE_ID.fullmatch(queue_id) is not None
-
-
 def _locked_queue_in_namespace(actor: Actor, queue_id: str) -> Queue:
-    if not _is_queue_id(queue_id):
+    if not is_resource_id(queue_id):
         raise NotFound("queue not found")
     queue = lock_queue(queue_id)
     if queue is None or queue.namespace_id != actor.namespace_id:
@@ -99,8 +91,7 @@ def _locked_live_queue(actor: Actor, queue_id: str, expected_revision: int) -> Q
     queue = _locked_queue_in_namespace(actor, queue_id)
     if queue.retired_at is not None:
         raise StateConflict("queue is retired")
-    if queue.revision != expected_revision:
-        raise StateConflict(f"expected_revision {expected_revision} does not match current revision {queue.revision}")
+    require_revision(expected_revision, queue.revision)
     return queue
 
 
@@ -176,7 +167,7 @@ def queue_retire(*, actor: Actor, queue_id: str, expected_revision: int, reason:
 
 def queue_get(*, principal: Principal, queue_id: str) -> dict[str, Any]:
     principal.require_queue(queue_id)
-    if not _is_queue_id(queue_id):
+    if not is_resource_id(queue_id):
         raise NotFound("queue not found")
     queue = Queue.objects.filter(id=queue_id, namespace_id=principal.namespace_id).first()
     if queue is None:

@@ -16,6 +16,7 @@ from orbit.api.fields import (
     NameField,
     ReasonField,
     StrictCharField,
+    StrictChoiceField,
     StrictSerializer,
     is_valid_utf8,
     uint32_field,
@@ -208,16 +209,6 @@ class CancelTaskInput(StrictSerializer):
     reason = ReasonField()
 
 
-class ResolutionField(StrictCharField):
-    default_error_messages = {"choice": "must be one of SUCCEEDED, FAILED, RETRY"}
-
-    def to_internal_value(self, data: Any) -> str:
-        value = super().to_internal_value(data)
-        if value not in ("SUCCEEDED", "FAILED", "RETRY"):
-            self.fail("choice")
-        return value
-
-
 class ResolveTaskInput(StrictSerializer):
-    resolution = ResolutionField()
+    resolution = StrictChoiceField(("SUCCEEDED", "FAILED", "RETRY"))
     reason = ReasonField()

@@ -136,6 +136,29 @@ class NameField(StrictCharField):
         return value if value is not DEFER and NAME_PATTERN.fullmatch(value) else DEFER
 
 
+class StrictChoiceField(StrictCharField):
+    """A string that must be one of `values`, spelled exactly."""
+
+    default_error_messages = {"choice": "must be one of {values}"}
+
+    def __init__(self, values: tuple[str, ...], **kwargs: Any) -> None:
+        self.values = values
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if value not in self.values:
+            self.fail("choice", values=", ".join(self.values))
+        return value
+
+
+def canonical_uint64(text: str) -> int | None:
+    """The uint64 a decimal string spells without sign or leading zeros, else None."""
+    if not re.fullmatch(r"0|[1-9][0-9]{0,19}", text) or int(text) > UINT64_MAX:
+        return None
+    return int(text)
+
+
 class Uint64StringField(StrictCharField):
     """A uint64 sent as its decimal string, e.g. expected_revision "1"."""
 
@@ -146,10 +169,9 @@ class Uint64StringField(StrictCharField):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data: Any) -> int:  # type: ignore[override]
-        value = super().to_internal_value(data)
-        if not re.fullmatch(r"(0|[1-9][0-9]{0,19})", value) or int(value) > UINT64_MAX:
+        number = canonical_uint64(super().to_internal_value(data))
+        if number is None:
             self.fail("uint64")
-        number = int(value)
         if self.nonzero and number == 0:
             raise serializers.ValidationError("must be a non-zero uint64 decimal string")
         return number
