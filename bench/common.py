@@ -168,13 +168,27 @@ def service_pids(services: Iterable[str], table: dict | None = None) -> set[int]
     return {pid for pid, stat in table.items() if stat[0] in names}
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, busy + idle) clock ticks of every core since boot, from /proc/stat's
+    first line: busy is user, nice, system, irq and softirq; idle is idle and iowait.
+    Steal (the hypervisor's) and guest (inside user already) are left out."""
+    with open("/proc/stat") as stat:
+        user, nice, system, idle, iowait, irq, softirq = (int(f) for f in stat.readline().split()[1:8])
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait
+
+
 class CpuMeter:
     """CPU seconds spent between ``start()`` and ``stop()``.
 
     - server: the process trees rooted at ``server_pids()`` (what the run started: Orbit's
       daphne; a peer's worker processes);
     - db: every process of the named shared services (``SERVICES`` keys);
-    - client: this harness process (all its threads).
+    - client: this harness process (all its threads);
+    - machine: every process on the machine (/proc/stat's busy time, all cores): what the
+      run cost in all, workers and everything else included, and the share of the machine
+      it kept busy. Its per-task figure bounds the rate: no run can go faster than
+      ``cpus / machine CPU seconds per task`` (``cpu_bound_tasks_per_s``).
 
     Each snapshot sums utime+stime+cutime+cstime over the set, so a child that exits
     between snapshots is still counted through its parent's cutime when the parent is in
@@ -186,19 +200,22 @@ class CpuMeter:
     def __init__(self, server_pids: Callable[[], Iterable[int]] | Iterable[int] = (), services: Iterable[str] = ()):
         self._server = server_pids if callable(server_pids) else (lambda pids=tuple(server_pids): pids)
         self._services = tuple(services)
-        self._t0: tuple[float, float, float, float] | None = None
+        self._t0: tuple[float, ...] | None = None
         self.result: dict[str, float] = {}
 
-    def _snapshot(self) -> tuple[float, float, float, float]:
+    def _snapshot(self) -> tuple[float, ...]:
         table = process_table()
         server = process_tree(self._server(), table)
         db = service_pids(self._services, table)
         usage = resource.getrusage(resource.RUSAGE_SELF)
+        busy, elapsed = machine_jiffies()
         return (
             sum(table[p][4] for p in server) / CLK_TCK,
             sum(table[p][4] for p in db) / CLK_TCK,
             usage.ru_utime + usage.ru_stime,
             time.monotonic(),
+            busy / CLK_TCK,
+            elapsed / CLK_TCK,
         )
 
     def start(self) -> CpuMeter:
@@ -213,17 +230,24 @@ class CpuMeter:
             "db_cpu_s": round(max(0.0, t1[1] - self._t0[1]), 3),
             "client_cpu_s": round(max(0.0, t1[2] - self._t0[2]), 3),
             "wall_s": round(t1[3] - self._t0[3], 3),
+            "machine_cpu_s": round(max(0.0, t1[4] - self._t0[4]), 3),
+            "machine_busy_pct": round(100 * (t1[4] - self._t0[4]) / max(1e-9, t1[5] - self._t0[5]), 1),
         }
         return self.result
 
     def per_1k(self, tasks: int) -> dict[str, float]:
-        """``server_cpu_s_per_1k``, ``db_cpu_s_per_1k``, ``client_cpu_s_per_1k``."""
+        """``server_cpu_s_per_1k``, ``db_cpu_s_per_1k``, ``client_cpu_s_per_1k``,
+        ``machine_cpu_s_per_1k``, ``machine_busy_pct`` and ``cpu_bound_tasks_per_s``."""
         r = self.result or self.stop()
         scale = 1000.0 / max(1, tasks)
+        machine_per_task = r["machine_cpu_s"] / max(1, tasks)
         return {
             "server_cpu_s_per_1k": round(r["server_cpu_s"] * scale, 3),
             "db_cpu_s_per_1k": round(r["db_cpu_s"] * scale, 3),
             "client_cpu_s_per_1k": round(r["client_cpu_s"] * scale, 3),
+            "machine_cpu_s_per_1k": round(r["machine_cpu_s"] * scale, 3),
+            "machine_busy_pct": r["machine_busy_pct"],
+            "cpu_bound_tasks_per_s": round((os.cpu_count() or 1) / machine_per_task, 1) if machine_per_task else None,
         }
 
 

@@ -78,6 +78,7 @@ PREFERRED_ORDER = [
     # W1
     "tasks", "seconds", "tasks_per_s", "submit_per_s", "latency_p50_ms", "latency_p95_ms",
     "latency_p99_ms", "server_cpu_s_per_1k", "db_cpu_s_per_1k", "client_cpu_s_per_1k",
+    "machine_cpu_s_per_1k", "machine_busy_pct", "cpu_bound_tasks_per_s",
     "drain_tasks", "drain_seconds", "drain_tasks_per_s",
     # W2
     "tasks_per_s_keys1", "tasks_per_s_keys10", "tasks_per_s_keys100", "overlap_ok", "overlaps",

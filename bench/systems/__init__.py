@@ -47,7 +47,10 @@ W0 ceiling     commits_per_s (raw MariaDB, per transaction shape: commits_per_s_
                transactions_per_task_grouped, ceiling_tasks_per_s_grouped
 W1 throughput  tasks, seconds, tasks_per_s, submit_per_s,
                latency_p50_ms, latency_p95_ms, latency_p99_ms   (submit -> start)
-               server_cpu_s_per_1k, db_cpu_s_per_1k, client_cpu_s_per_1k
+               server_cpu_s_per_1k, db_cpu_s_per_1k, client_cpu_s_per_1k,
+               machine_cpu_s_per_1k, machine_busy_pct, cpu_bound_tasks_per_s
+               (every process on the machine: the rate at which the run's CPU per
+               task would keep every core busy)
                drain_tasks, drain_seconds, drain_tasks_per_s    (pre-loaded backlog)
 W2 keyed       tasks_per_s_keys1, tasks_per_s_keys10, tasks_per_s_keys100 (one per
                scale["keys"] entry), overlap_ok (bool), overlaps (count),
