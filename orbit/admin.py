@@ -37,5 +37,5 @@ class EventAdmin(ReadOnlyAdmin):
     """Newest first, unfiltered: a filter by type would scan the table (no
     index on a table written in every state change) for the rare types."""
 
-    list_display = ("id", "created_at", "type", "subject_id", "namespace_id")
+    list_display = ("id", "seq", "created_at", "type", "subject_id", "namespace_id")
     sortable_by = ("id",)

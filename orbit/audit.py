@@ -5,13 +5,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+from django.db.models import F
 
 from orbit.api.auth import Principal
-from orbit.idempotency import Actor
-from orbit.models import AuditEntry, Event
-from orbit.rows import insert_rows, new_row
+from orbit.models import AuditEntry, Event, EventSequence
+from orbit.rows import insert_rows, new_row, write_statement
 from orbit.timefmt import format_time
+
+if TYPE_CHECKING:
+    from orbit.idempotency import Actor
 
 # Every audit action the verbs write (the admin filters by them).
 AUDIT_ACTIONS = (
@@ -34,25 +39,76 @@ _gathering = threading.local()
 @contextmanager
 def gathered_events() -> Iterator[None]:
     """Inside a transaction: events emitted within are inserted together, in
-    order, as one statement on leaving the block (still inside the transaction)."""
+    order, on leaving the block (still inside the transaction)."""
     if getattr(_gathering, "events", None) is not None:
         yield  # an outer block writes them
         return
     _gathering.events = []
     try:
         yield
-        insert_rows(_gathering.events)
+        _insert_events(_gathering.events)
     finally:
         _gathering.events = None
+
+
+@contextmanager
+def atomic_with_events(*, durable: bool = False) -> Iterator[None]:
+    """transaction.atomic() whose events are written at its end: the lock on a
+    namespace's event sequence is the last one it takes (see _insert_events)."""
+    with transaction.atomic(durable=durable), gathered_events():
+        yield
 
 
 def emit_event(*, namespace_id: str, type: str, subject_id: str, data: dict[str, Any]) -> None:
     event = new_row(Event, namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
     gathering = getattr(_gathering, "events", None)
     if gathering is None:
-        event.save()
+        _insert_events([event])
     else:
         gathering.append(event)
+
+
+# Locks a namespace's sequence row (made on first use), advances it by the
+# count, and leaves the value it had in a session variable for the INSERT that
+# follows: nothing is read back, so both wait for the transaction's next
+# statement (in a round, its COMMIT) and cost no round trip of their own.
+_ADVANCE_MYSQL = (
+    "INSERT INTO orbit_event_sequence (namespace_id, last_seq) VALUES (%s, %s) "
+    "ON DUPLICATE KEY UPDATE last_seq = (@orbit_event_seq := last_seq) + %s"
+)
+
+
+def _insert_events(events: list[Event]) -> None:
+    """Each namespace's events, in the order emitted, take the next cursors of
+    its EventSequence row, which stays locked to the commit: a namespace's
+    events become visible in cursor order, and one whose transaction is still
+    open holds every later cursor back, so a reader after cursor N never
+    passes one by. Writers lock the rows in namespace order, each as the last
+    lock of its transaction (atomic_with_events), so they wait on one another
+    only at their very end."""
+    by_namespace: dict[str, list[Event]] = {}
+    for event in events:
+        by_namespace.setdefault(event.namespace_id, []).append(event)
+    mysql = connection.vendor == "mysql"
+    for namespace_id in sorted(by_namespace):
+        batch = by_namespace[namespace_id]
+        if mysql:
+            write_statement("SET @orbit_event_seq = 0", [])
+            write_statement(_ADVANCE_MYSQL, [namespace_id, len(batch), len(batch)])
+            insert_rows(batch, sql_values={"seq": [f"@orbit_event_seq + {n}" for n in range(1, len(batch) + 1)]})
+        else:  # SQLite: one writer at a time already
+            first = _advance_sequence(namespace_id, len(batch))
+            for offset, event in enumerate(batch):
+                event.seq = first + offset
+            insert_rows(batch)
+
+
+def _advance_sequence(namespace_id: str, count: int) -> int:
+    """The first of `count` new cursors of the namespace (the ORM's way)."""
+    if not EventSequence.objects.filter(pk=namespace_id).update(last_seq=F("last_seq") + count):
+        EventSequence.objects.create(namespace_id=namespace_id, last_seq=count)
+        return 1
+    return EventSequence.objects.get(pk=namespace_id).last_seq - count + 1
 
 
 def record_management_change(
@@ -87,14 +143,12 @@ def record_management_change(
 
 def event_page(*, principal: Principal, after: int, limit: int) -> list[dict[str, Any]]:
     """The namespace's events after cursor `after`, oldest first (GET /v1/events).
-    The cursor is the event's id: ids grow with every insert, and an event is
-    visible only once the transaction that wrote it (and its change) commits.
-    A transaction still open may hold a smaller id than one already read; a
-    reader that must not skip one re-reads a short window behind its cursor."""
-    events = Event.objects.filter(namespace_id=principal.namespace_id, id__gt=after).order_by("id")[:limit]
+    Cursors follow the commit order with no gaps (_insert_events): what a
+    page returns after N is everything committed after N, in order."""
+    events = Event.objects.filter(namespace_id=principal.namespace_id, seq__gt=after).order_by("seq")[:limit]
     return [
         {
-            "cursor": str(event.id),
+            "cursor": str(event.seq),
             "type": event.type,
             "subject_id": event.subject_id,
             "data": event.data,

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError
 
 from orbit.api.auth import Principal
+from orbit.audit import atomic_with_events
 from orbit.errors import IdempotencyConflict, InvalidArgument
 from orbit.models import IdempotencyRecord
 
@@ -111,7 +112,7 @@ def run_idempotent(
     validated = validate()
 
     def apply() -> Receipt:
-        with transaction.atomic(durable=True):
+        with atomic_with_events(durable=True):
             record = IdempotencyRecord.objects.create(
                 namespace_id=actor.namespace_id,
                 key=key,

@@ -137,8 +137,14 @@ class AuditEntry(models.Model):
 
 
 class Event(models.Model):
-    id = models.BigAutoField(primary_key=True, db_comment="自增主键，兼作事件游标")
+    """One entry of a namespace's event log. `seq` is its cursor: the log's
+    writers take the namespace's EventSequence row last in their transaction
+    and hold it to their commit, so a namespace's events become visible in
+    `seq` order with no gaps, and a reader after cursor N skips none."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
     namespace_id = IdField(db_comment="命名空间ID")
+    seq = uint64("事件游标：命名空间内按提交顺序连续递增")
     type = models.CharField(max_length=64, db_comment="事件类型，例如 task.state_changed、queue.configured")
     subject_id = IdField(db_comment="事件主体ID（队列、任务或计划）")
     data = models.JSONField(db_comment="事件内容")
@@ -147,4 +153,16 @@ class Event(models.Model):
     class Meta:
         db_table = "orbit_event"
         db_table_comment = "事件日志：与状态变化同事务写入，按命名空间和游标读取"
-        indexes = [models.Index(fields=["namespace_id", "id"], name="idx_event_ns_id")]
+        constraints = [models.UniqueConstraint(fields=["namespace_id", "seq"], name="uniq_event_ns_seq")]
+
+
+class EventSequence(models.Model):
+    """The last cursor of a namespace's event log, locked by each transaction
+    that writes events, as its last lock, until its commit."""
+
+    namespace_id = IdField(primary_key=True, db_comment="命名空间ID")
+    last_seq = uint64("已分配的最大事件游标", default=0)
+
+    class Meta:
+        db_table = "orbit_event_sequence"
+        db_table_comment = "事件游标序列：写事件的事务最后锁定本行并递增，持锁至提交，游标因此按提交顺序连续"

@@ -12,7 +12,7 @@ values written with each field's own get_db_prep_save."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -448,10 +448,12 @@ def _insert_columns(model: type[models.Model], vendor: str) -> tuple[_Column, ..
     return tuple(columns)
 
 
-def insert_rows(objs: Sequence[models.Model]) -> None:
+def insert_rows(objs: Sequence[models.Model], *, sql_values: Mapping[str, Sequence[str]] | None = None) -> None:
     """One INSERT of new rows of one model (bulk_create without returning
     generated keys): each field's pre_save and get_db_prep_save, as the ORM
-    does (for plain fields and values they pass unchanged, the value itself)."""
+    does (for plain fields and values they pass unchanged, the value itself).
+    `sql_values`: for these fields, each row's value is the given SQL
+    expression (trusted text, no parameter), not the object's."""
     if not objs:
         return
     model = type(objs[0])
@@ -459,12 +461,20 @@ def insert_rows(objs: Sequence[models.Model]) -> None:
     columns = _insert_columns(model, db.vendor)
     adapt_datetime = db.ops.adapt_datetimefield_value
     quote = db.ops.quote_name
-    row = f"({', '.join(['%s'] * len(columns))})"
+    expressions = sql_values or {}
+    if expressions:
+        rows = [
+            "(" + ", ".join(expressions[c.attname][index] if c.attname in expressions else "%s" for c in columns) + ")"
+            for index in range(len(objs))
+        ]
+    else:
+        rows = [f"({', '.join(['%s'] * len(columns))})"] * len(objs)
+    bound = [column for column in columns if column.attname not in expressions] if expressions else columns
     params: list[Any] = []
     append = params.append
     for obj in objs:
         values = obj.__dict__
-        for column in columns:
+        for column in bound:
             value = values.get(column.attname, _MISSING)
             if type(value) in column.as_is:
                 append(value)
@@ -476,7 +486,13 @@ def insert_rows(objs: Sequence[models.Model]) -> None:
         obj._state.adding = False
         obj._state.db = db.alias
     names = ", ".join(quote(column.field.column) for column in columns)
-    _write(db, f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES {', '.join([row] * len(objs))}", params)
+    _write(db, f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES {', '.join(rows)}", params)
+
+
+def write_statement(sql: str, params: list[Any]) -> None:
+    """A write nothing is read back from: inside writes_sent_together, it waits
+    and goes with the next statement, as update_by_pk's and insert_rows' do."""
+    _write(_db(), sql, params)
 
 
 _waiting = threading.local()

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from orbit.api.auth import Principal
-from orbit.audit import record_management_change
+from orbit.audit import atomic_with_events, record_management_change
 from orbit.errors import NotFound, OrbitError, QueueFull, StateConflict, require_revision
 from orbit.fields import is_resource_id
 from orbit.idempotency import Actor, run_retrying
@@ -260,7 +260,7 @@ def _step_plan(plan_id: str, now: datetime) -> int:
     """Decides the due points of one plan in one transaction; returns how many.
     The plan row is taken with SKIP LOCKED: a plan another node is deciding
     is left to it."""
-    with transaction.atomic():
+    with atomic_with_events():
         locked = select_rows(Plan, "id = %s AND state = %s", [plan_id, PlanState.ACTIVE], lock=True, skip_locked=True)
         if not locked or locked[0].next_fire_at is None or locked[0].next_fire_at > now:
             return 0

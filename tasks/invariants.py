@@ -127,6 +127,21 @@ def find_violations() -> list[str]:
     problems.extend(token_order_violations())
     problems.extend(readiness_violations())
     problems.extend(plan_trigger_violations())
+    problems.extend(event_cursor_violations())
+    return problems
+
+
+def event_cursor_violations() -> list[str]:
+    """A namespace's event sequence row names its largest cursor (each writer
+    advances it by exactly the events it inserts; a rollback undoes both)."""
+    from orbit.models import Event, EventSequence
+
+    problems = []
+    last = dict(EventSequence.objects.values_list("namespace_id", "last_seq"))
+    for namespace_id, highest in Event.objects.values_list("namespace_id").annotate(top=Max("seq")):
+        if last.get(namespace_id) != highest:
+            sequence = last.get(namespace_id)
+            problems.append(f"namespace {namespace_id}: events up to cursor {highest}, sequence at {sequence}")
     return problems
 
 

@@ -10,11 +10,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
+from orbit.audit import atomic_with_events
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
 from orbit.models import IdempotencyRecord
@@ -168,7 +169,7 @@ def _submitted_apart_if_failing(
     return [outcome for index in batch for outcome in _submitted_apart_if_failing(requests, [index])]
 
 
-@transaction.atomic(durable=True)
+@atomic_with_events(durable=True)
 def _apply(
     actor: Actor,
     items: list[Submission],

@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from orbit.audit import record_management_change
+from orbit.audit import atomic_with_events, record_management_change
 from orbit.errors import LeaseLost, NotFound, OrbitError, StateConflict
 from orbit.idempotency import Actor, run_retrying
 from orbit.metrics import LEASES_RECOVERED
@@ -235,7 +235,7 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
     """A worker hands back an attempt it has not started; no attempt is consumed."""
     peek = _peek_held(worker, attempt_id, epoch)
 
-    @transaction.atomic
+    @atomic_with_events()
     def apply() -> dict[str, Any]:
         held = lock_attempt_chain(attempt_id, peek)
         assert held is not None
@@ -355,7 +355,7 @@ def recover_expired_leases(*, limit: int = RECOVERY_BATCH) -> int:
     recovered = 0
     for attempt_id in expired:
 
-        @transaction.atomic
+        @atomic_with_events()
         def recover(attempt_id: str = attempt_id) -> int:
             held = lock_attempt_chain(attempt_id)
             now = timezone.now()
@@ -372,7 +372,7 @@ def fail_for_deadline(task_id: str) -> bool:
     """Fails a task whose total or start deadline passed while it waited (or
     sat leased but unstarted). Running tasks are left to their lease."""
 
-    @transaction.atomic
+    @atomic_with_events()
     def apply() -> bool:
         now = timezone.now()
         chain = lock_task_chain(task_id)

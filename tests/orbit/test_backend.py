@@ -4,6 +4,7 @@ transactions Django asked for."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import MySQLdb
@@ -14,6 +15,8 @@ from MySQLdb.times import DateTime_or_None
 from orbit.db_backends.mysql.base import datetime_or_none
 from orbit.models import Event
 from orbit.rows import atomic_sent_together, insert_rows, new_row
+
+SEQ = itertools.count(1)  # orbit_event cursors are unique per namespace
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -51,7 +54,7 @@ def other_connection_sees(subject_id: str) -> bool:
 
 
 def event(subject_id: str) -> None:
-    Event.objects.create(namespace_id="n" * 32, type="backend.test", subject_id=subject_id, data={})
+    Event.objects.create(namespace_id="n" * 32, seq=next(SEQ), type="backend.test", subject_id=subject_id, data={})
 
 
 def test_a_transaction_begins_with_its_first_statement_and_autocommit_returns_with_the_next(sent):
@@ -86,7 +89,7 @@ def test_a_failing_statement_after_the_change_raises_as_django_does(sent):
     sent.clear()
     with pytest.raises(IntegrityError), transaction.atomic():
         # NOT NULL refused: MySQL error 1048, which Django reports as an IntegrityError
-        Event.objects.create(namespace_id="n" * 32, type=None, subject_id="x", data={})  # type: ignore[misc]
+        Event.objects.create(namespace_id="n" * 32, seq=next(SEQ), type=None, subject_id="x", data={})  # type: ignore[misc]
     assert sent[0].startswith("SET autocommit=0; INSERT")
     event("after-failure")  # the connection goes on, back in autocommit
     assert other_connection_sees("after-failure")
@@ -127,7 +130,9 @@ def test_the_last_writes_of_an_outermost_transaction_carry_its_commit(sent):
     raw.commit = lambda: (commits.append("commit()"), commit())[1]  # the fixture closes this connection
     sent.clear()
     with atomic_sent_together():
-        insert_rows([new_row(Event, namespace_id="n" * 32, type="backend.test", subject_id="rides", data={})])
+        insert_rows(
+            [new_row(Event, namespace_id="n" * 32, seq=next(SEQ), type="backend.test", subject_id="rides", data={})]
+        )
         assert sent == []  # waiting
         assert not other_connection_sees("rides")
     assert len(sent) == 1 and sent[0].startswith("SET autocommit=0; INSERT INTO `orbit_event`")
@@ -142,8 +147,10 @@ def test_the_last_writes_of_an_outermost_transaction_carry_its_commit(sent):
 def test_a_failing_last_write_stops_before_the_commit_and_rolls_back(sent):
     Event.objects.exists()
     with pytest.raises(IntegrityError), atomic_sent_together():
-        insert_rows([new_row(Event, namespace_id="n" * 32, type="backend.test", subject_id="undone", data={})])
-        insert_rows([new_row(Event, namespace_id="n" * 32, type=None, subject_id="refused", data={})])
+        insert_rows(
+            [new_row(Event, namespace_id="n" * 32, seq=next(SEQ), type="backend.test", subject_id="undone", data={})]
+        )
+        insert_rows([new_row(Event, namespace_id="n" * 32, seq=next(SEQ), type=None, subject_id="refused", data={})])
     assert sent[-1].endswith("; COMMIT")  # sent, never reached
     assert not other_connection_sees("undone")
     assert connection.commit_sent is False
@@ -155,7 +162,9 @@ def test_inside_an_outer_transaction_the_writes_go_without_a_commit(sent):
     Event.objects.exists()
     with pytest.raises(RuntimeError), transaction.atomic():
         with atomic_sent_together():
-            insert_rows([new_row(Event, namespace_id="n" * 32, type="backend.test", subject_id="inner", data={})])
+            insert_rows(
+                [new_row(Event, namespace_id="n" * 32, seq=next(SEQ), type="backend.test", subject_id="inner", data={})]
+            )
         assert not sent[-1].endswith("COMMIT")
         raise RuntimeError("the outer transaction rolls back")
     assert not other_connection_sees("inner")

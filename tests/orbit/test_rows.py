@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import itertools
 
 import pytest
 from django.db import IntegrityError, connection, models, transaction
@@ -26,6 +27,8 @@ from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, Task
 from tests.tasks.support import make_queue, submit_ok, task_body
 from tests.tasks.test_dispatch import worker_for
+
+SEQ = itertools.count(1)  # orbit_event cursors are unique per namespace
 
 
 def field_values(row: object) -> dict[str, object]:
@@ -63,7 +66,7 @@ def test_updates_and_inserts_store_what_the_orm_stores(tenant):
     moment = datetime.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=datetime.UTC)
 
     update_by_pk(Task, [task_id], {"epoch": Add(2), "updated_at": moment, "output": {"ok": True}, "last_error": None})
-    insert_rows([Event(namespace_id="n" * 32, type="rows.test", subject_id=task_id, data={"x": 1})])
+    insert_rows([Event(namespace_id="n" * 32, seq=next(SEQ), type="rows.test", subject_id=task_id, data={"x": 1})])
 
     task = Task.objects.get(id=task_id)
     assert (task.epoch, task.updated_at, task.output, task.last_error) == (2, moment, {"ok": True}, None)
@@ -104,7 +107,7 @@ def test_each_inserted_value_is_the_one_its_field_would_save(monkeypatch):
             output={"ok": [1, 2]},
         ),
     ]
-    events = [Event(namespace_id="n" * 32, type="rows.values", subject_id="s" * 32, data={"x": None})]
+    events = [Event(namespace_id="n" * 32, seq=next(SEQ), type="rows.values", subject_id="s" * 32, data={"x": None})]
     sent: list[list[object]] = []
     monkeypatch.setattr("orbit.rows._write", lambda db, sql, params: sent.append(params))
     for rows in (tasks, events):
@@ -226,7 +229,7 @@ def test_waiting_writes_go_with_the_next_statement_in_the_order_issued(tenant, d
         with django_assert_num_queries(0):  # nothing sent yet
             update_by_pk(Task, [task_id], {"epoch": Add(1)})
             update_by_pk(Task, [task_id], {"epoch": Add(10)})
-            insert_rows([Event(namespace_id="n" * 32, type="rows.waiting", subject_id=task_id, data={})])
+            insert_rows([Event(namespace_id="n" * 32, seq=next(SEQ), type="rows.waiting", subject_id=task_id, data={})])
         with django_assert_num_queries(1):  # the writes, then the ORM's read, in one query
             assert Task.objects.get(id=task_id).epoch == 11
         assert Event.objects.filter(type="rows.waiting").count() == 1

@@ -76,3 +76,13 @@ def test_a_task_counting_attempts_it_never_started_is_named(worked):
     _, task = worked
     Task.objects.filter(id=task.id).update(attempts=7)
     assert check() == ("drift", [f"task {task.id}: attempts=7 but 1 attempts were started"])
+
+
+def test_an_event_sequence_behind_its_events_is_named(worked, tenant):
+    from orbit.models import EventSequence
+
+    EventSequence.objects.filter(namespace_id=tenant.namespace.id).update(last_seq=1)
+    outcome, lines = check()
+    assert outcome == "drift"
+    named = f"namespace {tenant.namespace.id}: events up to cursor"
+    assert any(named in line and line.endswith("sequence at 1") for line in lines), lines
