@@ -87,6 +87,9 @@ def read_submissions(
         if results[index] is not None:
             continue
         try:
+            queue_id = item.body.get("queue_id")
+            if isinstance(queue_id, str):  # before the replay: permissions hold for replays too (SPEC §2)
+                actor.principal.require_queue(queue_id)
             record = records.get(item.key)
             if record is not None:
                 if record.operation != "task.submit" or record.digest != digests[index]:

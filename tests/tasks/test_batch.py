@@ -12,6 +12,7 @@ from tasks.actions import batch
 from tasks.invariants import find_violations
 from tasks.models import Task
 from tests.conftest import api_client, post_json
+from tests.factories import make_credential
 from tests.tasks.support import numbered_task
 
 
@@ -43,6 +44,32 @@ def test_batch_accepts_each_item_with_its_own_receipt(tenant):
     again = post_batch(tenant.client, items)
     assert all(r["status"] == 200 and r["deduplicated"] is True for r in again.json()["data"]["results"])
     assert Task.objects.filter(queue_id=queue["id"]).count() == 5
+
+
+@pytest.mark.django_db
+def test_a_replay_outside_the_credentials_queue_range_is_not_found(tenant):
+    """Permissions are checked on replays too (SPEC §2): a narrower credential
+    of the namespace that learns another queue's key gets 404, not the task."""
+    mine, other = make_queue(tenant, "mine"), make_queue(tenant, "other")
+    secret = {**numbered_task(other["id"], 1), "payload": {"secret": "s3cr3t"}}
+    assert (
+        post_batch(tenant.client, [{"idempotency_key": "theirs", "task": secret}]).json()["data"]["results"][0][
+            "status"
+        ]
+        == 201
+    )
+    ranged = api_client(make_credential(tenant.namespace, queue_ids=[mine["id"]]).token)
+    response = post_batch(ranged, [{"idempotency_key": "theirs", "task": secret}])
+    assert response.status_code == 200, response.content
+    (result,) = response.json()["data"]["results"]
+    assert result == {
+        "idempotency_key": "theirs",
+        "status": 404,
+        "error": {"code": "NOT_FOUND", "message": "queue not found"},
+    }
+    single = post_json(ranged, "/v1/tasks", secret, key="theirs")
+    assert single.status_code == 404 and single.json()["error"]["message"] == "queue not found"
+    assert Task.objects.count() == 1
 
 
 def nested(levels: int) -> list:
