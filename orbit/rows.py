@@ -599,12 +599,13 @@ def _skip_to_last_result(cursor: Any, count: int) -> None:
             cursor.cursor.nextset()
 
 
-def keyset_page(rows: models.QuerySet[M], after: Any, limit: int) -> tuple[list[M], Any]:
-    """One page of `rows` ordered by pk, after the pk `after` (None: from the
-    start): the page's rows, and the pk to continue after, or None when this
-    page is the last one (one row past the page is read to know)."""
-    if after:
-        rows = rows.filter(pk__gt=after)
-    taken = list(rows.order_by("pk")[: limit + 1])
+def keyset_page(rows: models.QuerySet[M], after: Any, limit: int, key: str = "pk") -> tuple[list[M], Any]:
+    """One page of `rows` ordered by `key` (unique among them), after the key
+    value `after` (None: from the start): the page's rows, and the value to
+    continue after, or None when this page is the last one (one row past the
+    page is read to know)."""
+    if after is not None and after != "":
+        rows = rows.filter(**{f"{key}__gt": after})
+    taken = list(rows.order_by(key)[: limit + 1])
     page = taken[:limit]
-    return page, (page[-1].pk if len(taken) > limit else None)
+    return page, (getattr(page[-1], key) if len(taken) > limit else None)

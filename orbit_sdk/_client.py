@@ -395,8 +395,11 @@ class Client:
         }
         return _page(self._request("GET", "/v1/tasks", params=params), Task.from_json)
 
-    def list_attempts(self, task_id: str) -> Page[Attempt]:
-        return _page(self._request("GET", f"/v1/tasks/{_segment(task_id)}/attempts"), Attempt.from_json)
+    def list_attempts(self, task_id: str, page_size: int | None = None, page_token: str | None = None) -> Page[Attempt]:
+        """A task's attempts in lease order, a page at a time."""
+        params = {"page_size": page_size, "page_token": page_token}
+        path = f"/v1/tasks/{_segment(task_id)}/attempts"
+        return _page(self._request("GET", path, params=params), Attempt.from_json)
 
     def get_attempt(self, attempt_id: str) -> Attempt:
         return Attempt.from_json(self._request("GET", f"/v1/attempts/{_segment(attempt_id)}"))

@@ -66,11 +66,18 @@ class TaskDetailView(OrbitView):
 
 
 class TaskAttemptsView(OrbitView):
-    @documented()
+    @documented(paged=True)
     def get(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
-        return ok(request, page(reads.attempt_list(principal=principal, task_id=task_id), ""))
+        after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,8}")  # an epoch
+        items, last_epoch = reads.attempt_list(
+            principal=principal,
+            task_id=task_id,
+            after_epoch=None if after is None else int(after),
+            limit=page_size_of(request),
+        )
+        return ok(request, page(items, encode_page_token(str(last_epoch)) if last_epoch else ""))
 
 
 class AttemptDetailView(OrbitView):

@@ -41,9 +41,16 @@ def task_list(
     return [task_summary(t) for t in rows], next_id
 
 
-def attempt_list(*, principal: Principal, task_id: str) -> list[dict[str, Any]]:
+def attempt_list(
+    *, principal: Principal, task_id: str, after_epoch: int | None, limit: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """A task's attempts in lease order (by epoch, unique per task), a page
+    after `after_epoch`, and the epoch to continue after (None: the last page).
+    Released and expired attempts are not counted against max_attempts, so a
+    task can have any number of them."""
     task = visible_task(principal, task_id)
-    return [attempt_view(a) for a in Attempt.objects.filter(task_id=task.id).order_by("epoch")]
+    rows, next_epoch = keyset_page(Attempt.objects.filter(task_id=task.id), after_epoch, limit, key="epoch")
+    return [attempt_view(a) for a in rows], next_epoch
 
 
 def attempt_get(*, principal: Principal, attempt_id: str) -> dict[str, Any]:

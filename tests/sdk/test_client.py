@@ -375,6 +375,10 @@ def test_attempts_parse_the_token_as_an_int():
     page = client_for(recorder).list_attempts(TASK_ID)
     assert str(recorder.last.url) == f"http://orbit.test/v1/tasks/{TASK_ID}/attempts"
     assert [attempt.concurrency_token for attempt in page.items] == [17, 2**64 - 1]
+    recorder = Recorder(ok({"items": [ATTEMPT], "next_page_token": "Mg"}))
+    page = client_for(recorder).list_attempts(TASK_ID, page_size=1, page_token="MQ")
+    assert recorder.last.url.params == httpx.QueryParams({"page_size": "1", "page_token": "MQ"})
+    assert page.next_page_token == "Mg"
 
     keyless = {k: v for k, v in ATTEMPT.items() if k not in ("concurrency_token", "number", "started_at")}
     attempt = client_for(Recorder(ok(keyless))).get_attempt(ATTEMPT_ID)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orbit.fields import new_id
-from tasks.actions import dispatch
+from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import WorkerContext
 from tests.conftest import api_client
 from tests.factories import NamespaceFactory, make_credential
@@ -177,6 +177,40 @@ def test_reads_need_tasks_read(tenant):
     assert_error(submitter.get(f"/v1/tasks/{task['id']}"), 403, "PERMISSION_DENIED")
     assert_error(submitter.get("/v1/tasks"), 403, "PERMISSION_DENIED")
     assert_error(api_client(None).get("/v1/tasks"), 401, "UNAUTHENTICATED")
+
+
+def test_attempts_page_in_lease_order(tenant):
+    """Released attempts do not count against max_attempts, so the list pages
+    (SPEC §3: page_size 1-500, default 100, an opaque page_token)."""
+    queue = make_queue(tenant.client)
+    task = submit_ok(tenant.client, queue["id"], "released-often")
+    for epoch in range(1, 6):
+        leased = lease_one(tenant, queue["id"])
+        assert leased["epoch"] == epoch
+        endings.release_attempt(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=epoch, reason="busy")
+    lease_one(tenant, queue["id"])
+    path = f"/v1/tasks/{task['id']}/attempts"
+    everything = assert_ok(tenant.client.get(path))
+    assert [a["epoch"] for a in everything["items"]] == [1, 2, 3, 4, 5, 6] and everything["next_page_token"] == ""
+    assert [a["state"] for a in everything["items"]] == ["RELEASED"] * 5 + ["LEASED"]
+    walked, token, pages = [], None, 0
+    while True:
+        params = {"page_size": "4", **({"page_token": token} if token else {})}
+        data = assert_ok(tenant.client.get(path, params))
+        walked += data["items"]
+        pages += 1
+        token = data["next_page_token"]
+        if not token:
+            break
+    assert pages == 2 and walked == everything["items"]
+    exact = assert_ok(tenant.client.get(path, {"page_size": "3"}))
+    assert len(exact["items"]) == 3 and exact["next_page_token"]
+    last = assert_ok(tenant.client.get(path, {"page_size": "3", "page_token": exact["next_page_token"]}))
+    assert [a["epoch"] for a in last["items"]] == [4, 5, 6] and last["next_page_token"] == ""
+    for page_size in ("0", "501", "x"):
+        assert_invalid(tenant.client.get(path, {"page_size": page_size}), "page_size")
+    for page_token in ("zzz", "MA", "YWJj"):  # junk, "0", "abc"
+        assert_invalid(tenant.client.get(path, {"page_token": page_token}), "page_token")
 
 
 def test_attempt_reads(tenant):
