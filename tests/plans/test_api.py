@@ -167,6 +167,15 @@ INVALID = [
     ("schedule.cron", lambda b: replaced(b, {"cron": "61 * * * *"}, "schedule")),
     ("schedule.cron", lambda b: replaced(b, {"cron": "every day"}, "schedule")),
     ("schedule.timezone", lambda b: replaced(b, {"cron": "* * * * *", "timezone": "Mars/Olympus"}, "schedule")),
+    # cronsim would read a sixth field as seconds (firing every second)
+    ("schedule.cron", lambda b: replaced(b, {"cron": "* * * * * */2"}, "schedule")),
+    ("schedule.cron", lambda b: replaced(b, {"cron": "0 0 * * * *"}, "schedule")),
+    ("schedule.cron", lambda b: replaced(b, {"cron": "* * * *"}, "schedule")),
+    # names a host's zone database holds that are not IANA zones (localtime differs between nodes)
+    ("schedule.timezone", lambda b: replaced(b, {"cron": "* * * * *", "timezone": "localtime"}, "schedule")),
+    ("schedule.timezone", lambda b: replaced(b, {"cron": "* * * * *", "timezone": "posixrules"}, "schedule")),
+    ("schedule.timezone", lambda b: replaced(b, {"cron": "* * * * *", "timezone": "Factory"}, "schedule")),
+    ("schedule.timezone", lambda b: replaced(b, {"cron": "* * * * *", "timezone": "../../etc/passwd"}, "schedule")),
     ("schedule.every", lambda b: replaced(b, {"every": 5}, "schedule")),
     ("misfire", lambda b: without(b, "misfire")),
     ("misfire.policy", lambda b: replaced(b, "NEVER", "misfire", "policy")),
