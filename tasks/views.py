@@ -9,7 +9,14 @@ from rest_framework.response import Response
 from orbit.api.middleware import request_id_of
 from orbit.api.responses import ok, page
 from orbit.api.schema import documented
-from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
+from orbit.api.views import (
+    OrbitView,
+    decode_page_token,
+    encode_page_token,
+    idempotency_key_of,
+    page_size_of,
+    validated,
+)
 from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import Actor, validate_key
 from tasks.actions import batch, endings, reads, submit
@@ -52,7 +59,7 @@ class TaskCollectionView(OrbitView):
                 effect=effect,
             )
         receipt = submit_coalesced(
-            submit_request(principal, body, request.headers.get("Idempotency-Key"), request_id_of(request._request))
+            submit_request(principal, body, idempotency_key_of(request), request_id_of(request._request))
         )
         return ok(request, receipt.data, status=receipt.status)
 

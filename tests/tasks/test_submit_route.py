@@ -300,3 +300,17 @@ def test_the_route_answers_a_plain_submit_itself(tenant, orbit_server, setup):
     assert status == 201 and envelope["data"]["deduplicated"] is False
     assert dict(response_headers)[b"X-Request-Id"] == envelope["request_id"].encode()
     assert Task.objects.filter(queue_id=queue_id).count() == 1
+
+
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/queues"])
+def test_an_idempotency_key_sent_twice_is_refused_not_joined(setup, path):
+    """Django would join two headers into one key, "k1,k2", which neither names."""
+    http, queue_id, _ = setup
+    body = numbered_task(queue_id, 7) if path == "/v1/tasks" else {"name": "twice", "max_concurrency": 1, "rate_per_second": 1}
+    headers = [("Idempotency-Key", "k1"), ("Idempotency-Key", "k2"), ("Content-Type", "application/json")]
+    response = http.post(path, content=json.dumps(body), headers=headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == {"code": "INVALID_ARGUMENT", "message": "Idempotency-Key: must be sent once"}
+    # nothing was accepted under the joined key
+    again = http.post(path, json=body, headers={"Idempotency-Key": "k1,k2"})
+    assert again.status_code == 201, again.text
