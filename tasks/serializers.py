@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from datetime import UTC, datetime
 from typing import Any
@@ -94,12 +95,19 @@ class TimeField(StrictCharField):
         return DEFER if value is None else value
 
 
+# RFC 3339's date-time (section 5.6): T and Z in either case, any number of
+# fraction digits (microseconds are kept), an offset with its colon.
+# datetime.fromisoformat alone also takes other ISO 8601 forms (week dates,
+# a comma, "+0100", a bare hour offset).
+RFC3339_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})", re.ASCII)
+
+
 def _utc_time(text: str) -> datetime | None:
     """`text` as an RFC 3339 time with an offset, in UTC; None if it is not one."""
-    if len(text) < 20 or text[10] not in "Tt":
+    if not RFC3339_DATE_TIME.fullmatch(text):
         return None
     try:
-        value = datetime.fromisoformat(text.replace("z", "Z"))
+        value = datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
         return None if value.tzinfo is None else value.astimezone(UTC)
     except (ValueError, OverflowError):  # OverflowError: the offset moves it out of years 1-9999
         return None

@@ -334,6 +334,31 @@ def test_times_with_offsets_are_stored_in_utc(tenant, queue):
     assert parse_time(task["deadline_at"]) == local
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2030-W01-1T00:00:00Z",  # ISO 8601 week date
+        "2030-01-01T00:00:00,5Z",  # comma fraction
+        "2030-01-01T00:00:00.Z",  # empty fraction
+        "2030-01-01T00:00:00+0100",  # offset without its colon
+        "2030-01-01T00:00:00+01",  # hour-only offset
+        "2030-01-01T00:00Z",  # no seconds
+        "2030-06-30T23:59:60Z",  # a leap second: RFC 3339 syntax, but no such instant here
+    ],
+)
+def test_times_other_than_rfc_3339_are_refused(tenant, queue, text):
+    response = submit(tenant.client, queue["id"], "t-1", deadline_at=text)
+    assert_invalid(response, "deadline_at")
+    assert response.json()["error"]["message"] == (
+        "deadline_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z"
+    )
+
+
+def test_rfc_3339_times_in_either_case_and_with_any_fraction_are_taken(tenant, queue):
+    task = submit_ok(tenant.client, queue["id"], "t-1", deadline_at="2030-01-01t00:00:00.123456789z")
+    assert task["deadline_at"] == "2030-01-01T00:00:00.123456Z"
+
+
 # --- idempotency ------------------------------------------------------------------
 
 

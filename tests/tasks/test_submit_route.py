@@ -306,7 +306,8 @@ def test_the_route_answers_a_plain_submit_itself(tenant, orbit_server, setup):
 def test_an_idempotency_key_sent_twice_is_refused_not_joined(setup, path):
     """Django would join two headers into one key, "k1,k2", which neither names."""
     http, queue_id, _ = setup
-    body = numbered_task(queue_id, 7) if path == "/v1/tasks" else {"name": "twice", "max_concurrency": 1, "rate_per_second": 1}
+    queue = {"name": "twice", "max_concurrency": 1, "rate_per_second": 1}
+    body = numbered_task(queue_id, 7) if path == "/v1/tasks" else queue
     headers = [("Idempotency-Key", "k1"), ("Idempotency-Key", "k2"), ("Content-Type", "application/json")]
     response = http.post(path, content=json.dumps(body), headers=headers)
     assert response.status_code == 400, response.text
