@@ -23,7 +23,7 @@ from rest_framework import serializers
 from orbit.api.auth import Principal, authenticate_token, token_from_header
 from orbit.api.errors import translate
 from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, is_valid_utf8, uint32_field
-from orbit.api.parsers import strict_loads
+from orbit.api.parsers import malformed, strict_loads
 from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
 from orbit.fields import new_id
 from tasks.actions import dispatch, endings
@@ -51,6 +51,7 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 # A request's id is echoed in its reply: a string the worker chose, bounded.
 MAX_REQUEST_ID_LENGTH = 128
+MAX_EPOCH = 2**32 - 1  # attempts' epoch column (INT UNSIGNED)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
@@ -88,7 +89,8 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], *, 
     if isinstance(value, bool) and kind is not bool:
         raise InvalidArgument(f"{name}: must be {getattr(kind, '__name__', 'valid')}")
     if not isinstance(value, kind):
-        raise InvalidArgument(f"{name}: required, must be {getattr(kind, '__name__', 'valid')}")
+        required = "" if optional else "required, "
+        raise InvalidArgument(f"{name}: {required}must be {getattr(kind, '__name__', 'valid')}")
     return value
 
 
@@ -160,8 +162,14 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         try:
             text = text_data if text_data is not None else (bytes_data or b"").decode("utf-8")
             message = strict_loads(text)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
+        except UnicodeDecodeError:
+            await self.send_error(None, InvalidArgument("frame: invalid UTF-8"))
+            return
+        except ValueError as exc:
+            await self.send_error(None, InvalidArgument(f"frame: malformed JSON ({malformed(exc)})"))
+            return
+        except RecursionError:
+            await self.send_error(None, InvalidArgument("frame: JSON nested too deeply"))
             return
         if not isinstance(message, dict):
             await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
@@ -266,7 +274,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return None
 
     def attempt_ref(self, message: dict[str, Any]) -> dict[str, Any]:
-        return {"attempt_id": field(message, "attempt_id", str), "epoch": field(message, "epoch", int)}
+        attempt_id = field(message, "attempt_id", str)
+        epoch = field(message, "epoch", int)
+        if not 1 <= epoch <= MAX_EPOCH:
+            raise InvalidArgument(f"epoch: must be an integer between 1 and {MAX_EPOCH}")
+        return {"attempt_id": attempt_id, "epoch": epoch}
 
     async def on_start(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)

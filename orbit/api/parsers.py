@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from django.conf import settings
@@ -24,6 +25,18 @@ def _finite_float(text: str) -> float:
 
 # json.loads builds a decoder per call when given these hooks; one is enough.
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+# Python's own words for an integer over its conversion limit (4300 digits)
+# name an interpreter setting; the caller is told what was wrong with the JSON.
+_DIGIT_LIMIT = re.compile(r"Exceeds the limit \((\d+) digits\) for integer string conversion: value has (\d+) digits")
+
+
+def malformed(exc: ValueError) -> str:
+    """What a JSON parse error says, in the API's words."""
+    over = _DIGIT_LIMIT.match(str(exc))
+    if over:
+        return f"an integer of {over.group(2)} digits, more than {over.group(1)}"
+    return str(exc)
 
 
 def strict_loads(text: str) -> Any:
@@ -64,7 +77,7 @@ def json_object(raw: bytes) -> dict[str, Any]:
         # json.loads also refuses a leading BOM, with its own message: kept for that case
         data = json.loads(text) if text.startswith("\ufeff") else strict_loads(text)
     except ValueError as exc:
-        raise ParseError(f"request body: malformed JSON ({exc})") from exc
+        raise ParseError(f"request body: malformed JSON ({malformed(exc)})") from exc
     except RecursionError as exc:
         raise ParseError("request body: JSON nested too deeply") from exc
     if not isinstance(data, dict):

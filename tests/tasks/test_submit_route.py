@@ -141,6 +141,7 @@ def deeply(levels: int) -> list:
     [
         ("payload 21 deep", "payload: must not nest arrays and objects more than 20 levels deep"),
         ("payload 1e999", "request body: malformed JSON (1e999 is out of range for a number)"),
+        ("payload 5000 digits", "request body: malformed JSON (an integer of 5000 digits, more than 4300)"),
         ("queue_id a lone surrogate", "queue_id: must be valid UTF-8 (no lone surrogates)"),
         (
             "time past year 9999 in UTC",
@@ -157,9 +158,11 @@ def test_what_no_column_can_store_is_refused_by_name_not_internal(setup, case, m
     http, queue_id, _ = setup
     task = numbered_task(queue_id, 8)
     plain = {"Content-Type": "application/json"}
+    huge = "7" * 5000  # past Python's int conversion limit
     requests: dict[str, dict[str, Any]] = {
         "payload 21 deep": {"json": {**task, "payload": {"a": deeply(20)}}},
         "payload 1e999": {"content": json.dumps(task)[:-1] + ', "business_key": "b", "payload": [1e999]}'},
+        "payload 5000 digits": {"content": json.dumps(task)[:-1] + f', "business_key": "c", "payload": [{huge}]}}'},
         "queue_id a lone surrogate": {"content": json.dumps({**task, "queue_id": "\ud800"})},
         "time past year 9999 in UTC": {"json": {**task, "deadline_at": "9999-12-31T23:59:59-01:00"}},
         "time before year 1 in UTC": {"json": {**task, "available_at": "0001-01-01T00:00:00+01:00"}},

@@ -168,10 +168,25 @@ def test_unknown_type_and_bad_frames_are_invalid_argument(queue, connect):
     assert_error_frame(worker.request("task.explode"), "INVALID_ARGUMENT")
     assert_error_frame(worker.request("task.start", attempt_id="a" * 32), "INVALID_ARGUMENT")
     assert_error_frame(worker.request("task.start", attempt_id="a" * 32, epoch="1"), "INVALID_ARGUMENT")
+    for epoch in (0, -1, 2**32, 10**40):
+        reply = worker.request("task.renew", attempt_id="a" * 32, epoch=epoch)
+        assert_error_frame(reply, "INVALID_ARGUMENT")
+        assert reply["message"] == "epoch: must be an integer between 1 and 4294967295"
+    reply = worker.request("task.result", attempt_id="a" * 32, epoch=1, outcome="FAILED", retryable="yes")
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["message"] == "retryable: must be bool"  # optional: false when omitted
     worker.ws.send("[1, 2]")
-    assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+    reply = worker.recv_frame(timeout=5)
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["message"] == "frame: must be a JSON object"
     worker.ws.send("{not json")
-    assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+    reply = worker.recv_frame(timeout=5)
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["message"].startswith("frame: malformed JSON (Expecting property name"), reply
+    worker.ws.send('{"type": "drain", "id": "big", "n": ' + "9" * 5000 + "}")
+    reply = worker.recv_frame(timeout=5)
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["message"] == "frame: malformed JSON (an integer of 5000 digits, more than 4300)"
     worker.ws.send('{"type": ["task.assign.ack"], "id": "odd-type"}')  # a type that is no string
     assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
     assert_error_frame(worker.request("task.assign.ack", attempt_id=7), "INVALID_ARGUMENT")  # answered in turn
@@ -234,12 +249,19 @@ def test_frames_nested_too_deeply_or_holding_nan_are_invalid_argument_and_the_co
     # when frames too deep for the JSON parser arrive
     for deep in ("[" * 990, '{"a":' * 3000):
         worker.ws.send(deep)
-        assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+        reply = worker.recv_frame(timeout=5)
+        assert_error_frame(reply, "INVALID_ARGUMENT")
+        # the parser stops at its recursion limit or, with room to spare, at the unclosed end
+        assert reply["message"] == "frame: JSON nested too deeply" or reply["message"].startswith(
+            "frame: malformed JSON (Expecting value"
+        ), reply
     # and results whose output no JSON column can store: not standard JSON,
     for number in ("NaN", "Infinity", "-Infinity", "1e999"):
         frame = json.dumps({"id": number, "type": "task.result", **ref, "outcome": "SUCCEEDED"})
         worker.ws.send(frame[:-1] + f', "output": {number}}}')
-        assert_error_frame(worker.recv_frame(timeout=5), "INVALID_ARGUMENT")
+        reply = worker.recv_frame(timeout=5)
+        assert_error_frame(reply, "INVALID_ARGUMENT")
+        assert reply["message"].startswith("frame: malformed JSON ("), reply
     # or nested 21 levels deep, in the output or the error
     deep_output: list = []
     for _ in range(20):
