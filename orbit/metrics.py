@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
+from rest_framework.request import Request
+
+from orbit.api.views import OrbitView
 
 TASKS_SUBMITTED = Counter("orbit_tasks_submitted_total", "Tasks accepted by submit")
 ATTEMPTS_LEASED = Counter("orbit_attempts_leased_total", "Attempts created by dispatch")
@@ -23,5 +26,14 @@ def count_finished_attempt(state: str) -> None:
     child.inc()
 
 
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+class MetricsView(OrbitView):
+    """GET /metrics: this process's counters in Prometheus' text format, for
+    the bearer of any valid credential (SPEC §2: a token on every request),
+    e.g. a scraper's. The counters are process-wide sums: no tenant's
+    names, ids or payloads."""
+
+    schema = None  # not part of the v1 API document
+
+    def get(self, request: Request) -> HttpResponse:
+        self.principal(request)
+        return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)

@@ -5,12 +5,12 @@ from orbit import views
 from orbit.api.errors import json_error_view
 from orbit.api.pooled import pooled
 from orbit.api.schema import OpenApiDocumentView
-from orbit.metrics import metrics_view
+from orbit.metrics import MetricsView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/openapi.json", OpenApiDocumentView.as_view(), name="openapi"),
-    path("metrics", metrics_view),
+    path("metrics", pooled(MetricsView.as_view())),
     re_path(
         r"^v1/applications/(?P<application_id>[^/:]+):configure$", pooled(views.ApplicationConfigureView.as_view())
     ),

@@ -98,4 +98,9 @@ def test_the_api_handler_answers_with_the_usual_headers(tenant, orbit_server):
     assert schema.status_code == 200 and "/v1/tasks" in schema.text
     admin = httpx.get(f"{orbit_server.url}/admin/login/", timeout=30)
     assert admin.status_code == 200 and "csrftoken" in admin.cookies
-    assert httpx.get(f"{orbit_server.url}/metrics", timeout=30).status_code == 200
+    # metrics, like every request, need a credential's bearer token (SPEC §2)
+    anonymous = httpx.get(f"{orbit_server.url}/metrics", timeout=30)
+    assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "UNAUTHENTICATED"
+    metrics = http.get("/metrics")
+    assert metrics.status_code == 200 and metrics.headers["Content-Type"].startswith("text/plain")
+    assert "orbit_tasks_submitted_total" in metrics.text
