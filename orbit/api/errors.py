@@ -101,12 +101,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     return Response(body, status=status, headers=headers)
 
 
+# Compact, as DRF's JSONRenderer answers every other request.
+COMPACT_JSON = {"separators": (",", ":")}
+
+
 def json_error_view(code: str, status: int, message: str) -> Any:
     def view(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
         response = JsonResponse(
             error_body(request_id_of(request), code, message),
             status=status,
-            json_dumps_params={"separators": (",", ":")},  # compact, as DRF's JSONRenderer answers
+            json_dumps_params=COMPACT_JSON,
         )
         response["X-Request-Id"] = request_id_of(request)
         return response

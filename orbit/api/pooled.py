@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from orbit.api.errors import error_response_for
+from orbit.api.errors import COMPACT_JSON, error_response_for
 from workers.db import run_db
 
 
@@ -44,7 +44,7 @@ def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
             _ = request.body
         except RequestDataTooBig as exc:
             status, body, headers = error_response_for(request, exc)
-            return JsonResponse(body, status=status, headers=headers)
+            return JsonResponse(body, status=status, headers=headers, json_dumps_params=COMPACT_JSON)
         if settings.ORBIT_INLINE_DB:
             # Tests that share the test case's transaction must stay on its connection.
             return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)

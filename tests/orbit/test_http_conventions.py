@@ -156,8 +156,9 @@ def test_body_over_the_upload_limit_is_payload_too_large(tenant):
     assert len(raw) == limit + 1
     # when it is posted
     response = post_json(tenant.client, "/v1/queues", raw, key="k")
-    # then 413 PAYLOAD_TOO_LARGE, before any field rule
+    # then 413 PAYLOAD_TOO_LARGE, before any field rule, as compact as every other answer
     assert_error(response, 413, "PAYLOAD_TOO_LARGE")
+    assert b", " not in response.content and b'":' in response.content
     assert Queue.objects.count() == 0
 
 
