@@ -1032,6 +1032,9 @@ class Worker:
             return _failure("FAILED", True, exc)
         except UnknownOutcome as exc:
             return _failure("UNKNOWN", False, exc)
+        except CancelRequested as exc:  # the handler stopped as asked: expected, no traceback
+            logger.info("orbit worker %s: handler for %s stopped: %s", self.worker_id, attempt.id, exc)
+            return _failure("FAILED", False, exc)
         except Exception as exc:
             logger.warning("orbit worker %s: handler for %s raised", self.worker_id, attempt.id, exc_info=True)
             return _failure("FAILED", False, exc)

@@ -429,7 +429,7 @@ def test_running_attempt_of_an_earlier_process_is_reported_unknown_and_leased_on
 # --------------------------------------------------------------------------- renewals and cancellation
 
 
-def test_cancel_requested_reaches_a_sync_handler():
+def test_cancel_requested_reaches_a_sync_handler(caplog):
     outcome: dict[str, Any] = {}
 
     def handler(execution):
@@ -454,7 +454,12 @@ def test_cancel_requested_reaches_a_sync_handler():
                 "CancelRequested",
             )
 
-    run(scenario)
+    with caplog.at_level("INFO", logger="orbit_sdk"):
+        run(scenario)
+    # stopping as asked is not a crash: one line, no traceback
+    stopped = [r for r in caplog.records if "stopped" in r.getMessage()]
+    assert len(stopped) == 1 and stopped[0].levelname == "INFO" and stopped[0].exc_info is None
+    assert not any(r.exc_info for r in caplog.records)
 
 
 def test_lease_lost_on_renew_signals_an_async_handler_and_the_result_still_goes():
