@@ -8,7 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from drf_spectacular.views import SpectacularJSONAPIView
@@ -23,6 +27,27 @@ class BearerCredential(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {"type": "http", "scheme": "bearer", "description": "orb_<credential id>_<secret>"}
+
+
+class StrictChoices(OpenApiSerializerFieldExtension):
+    """A StrictChoiceField is a string enum (it subclasses CharField, which
+    drf-spectacular would document as any string)."""
+
+    target_class = "orbit.api.fields.StrictChoiceField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {"type": "string", "enum": list(self.target.values)}
+
+
+class ClosedBodies(OpenApiSerializerExtension):
+    """Request bodies refuse fields they do not name (400): the schema says so."""
+
+    target_class = "orbit.api.fields.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        return {**schema, "additionalProperties": False}
 
 
 PAGE_PARAMETERS = (

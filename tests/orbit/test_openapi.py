@@ -42,6 +42,15 @@ def test_every_endpoint_is_documented_without_warnings():
     assert submit.endswith("/SubmitTaskInput")
     fields = schema["components"]["schemas"]["SubmitTaskInput"]["properties"]
     assert {"queue_id", "handler", "handler_version", "payload_version", "payload", "concurrency_key"} <= set(fields)
+    components = schema["components"]["schemas"]
+    assert components["SubmitTaskInput"]["additionalProperties"] is False  # unknown fields are 400
+
+    def enum_of(component: str, field: str) -> list[str]:
+        ref = components[component]["properties"][field]["$ref"]  # drf-spectacular names each enum
+        return components[ref.rsplit("/", 1)[-1]]["enum"]
+
+    assert enum_of("MisfireInput", "policy") == ["SKIP", "CATCH_UP", "LATEST"]
+    assert enum_of("ResolveTaskInput", "resolution") == ["SUCCEEDED", "FAILED", "RETRY"]
 
 
 def test_creates_mutations_and_lists_document_their_statuses_headers_and_query():
