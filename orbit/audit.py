@@ -86,6 +86,10 @@ def _insert_events(events: list[Event]) -> None:
     passes one by. Writers lock the rows in namespace order, each as the last
     lock of its transaction (atomic_with_events), so they wait on one another
     only at their very end."""
+    if events and not connection.in_atomic_block:
+        # In autocommit the sequence row would be released before the events
+        # are inserted, and cursors could then commit out of order.
+        raise RuntimeError("events are written inside a transaction")
     by_namespace: dict[str, list[Event]] = {}
     for event in events:
         by_namespace.setdefault(event.namespace_id, []).append(event)
