@@ -70,8 +70,32 @@ ATTEMPT_INSERT = (
     "concurrency_key,worker_id,session_id,leased_at,lease_expires_at,outcome,retryable) VALUES "
 )
 ATTEMPT_ROW = "(%s,%s,%s,%s,%s,'LEASED',%s,'','w0',%s,NOW(6),NOW(6)+INTERVAL 30 SECOND,'',0)"
-EVENT_INSERT = "INSERT INTO orbit_event (namespace_id,type,subject_id,data,created_at) VALUES "
-EVENT_ROW = "(%s,'task.state_changed',%s,'{}',NOW(6))"
+EVENT_SEQUENCE = (  # orbit.audit._insert_events: the namespace's cursor row, advanced under its lock
+    "INSERT INTO orbit_event_sequence (namespace_id,last_seq) VALUES (%s,%s) "
+    "ON DUPLICATE KEY UPDATE last_seq=(@orbit_event_seq:=last_seq)+%s"
+)
+
+
+def event_statements(ns: str, subjects: list[str]) -> list[tuple[str, list]]:
+    """A transaction's events, as orbit.audit writes them: the cursor row, then
+    one INSERT numbering its rows from the row's previous value."""
+    n = len(subjects)
+    rows = ",".join(f"(%s,@orbit_event_seq+{k},'task.state_changed',%s,'{{}}',NOW(6))" for k in range(1, n + 1))
+    return [
+        ("SET @orbit_event_seq=0", []),
+        (EVENT_SEQUENCE, [ns, n, n]),
+        (
+            "INSERT INTO orbit_event (namespace_id,seq,type,subject_id,data,created_at) VALUES " + rows,
+            [value for subject in subjects for value in (ns, subject)],
+        ),
+    ]
+
+
+def write_events(c, ns: str, subjects: list[str]) -> None:
+    for sql, params in event_statements(ns, subjects):
+        c.execute(sql, params)
+
+
 CANDIDATES = (
     "FROM orbit_task WHERE queue_id=%s AND state='WAITING' AND available_at<=NOW(6) "
     "AND key_ready=1 AND (deadline_at IS NULL OR deadline_at>NOW(6)) AND concurrency_key='' "
@@ -150,7 +174,7 @@ def submit(c, ids: dict, n: int) -> None:
         "UPDATE orbit_application_state SET unfinished_tasks=unfinished_tasks+1 WHERE application_id=%s", (ids["app"],)
     )
     c.execute("UPDATE orbit_queue_state SET unfinished_tasks=unfinished_tasks+1 WHERE queue_id=%s", (ids["queue"],))
-    c.execute(EVENT_INSERT + EVENT_ROW, (ids["ns"], task_id))
+    write_events(c, ids["ns"], [task_id])
     c.execute("UPDATE orbit_idempotency_record SET response_status=201, response_data='{}' WHERE id=%s", (record_id,))
     c.execute("COMMIT")
 
@@ -185,7 +209,7 @@ def lease(c, ids: dict) -> list[tuple[str, str, int]]:
         "WHERE queue_id=%s",
         (len(leased), len(leased), ids["queue"]),
     )
-    c.executemany(EVENT_INSERT + EVENT_ROW, [(ids["ns"], t) for t, _, _ in leased])
+    write_events(c, ids["ns"], [t for t, _, _ in leased])
     c.execute("COMMIT")
     return leased
 
@@ -205,7 +229,7 @@ def start(c, ids: dict, task_id: str, attempt_id: str) -> None:
     )
     c.execute("UPDATE orbit_task SET attempts=attempts+1, state='RUNNING', updated_at=NOW(6) WHERE id=%s", (task_id,))
     c.execute("UPDATE orbit_attempt SET state='RUNNING', number=1, started_at=NOW(6) WHERE id=%s", (attempt_id,))
-    c.execute(EVENT_INSERT + EVENT_ROW, (ids["ns"], task_id))
+    write_events(c, ids["ns"], [task_id])
     c.execute("COMMIT")
 
 
@@ -227,7 +251,7 @@ def result(c, ids: dict, task_id: str, attempt_id: str) -> None:
         (attempt_id,),
     )
     c.execute("UPDATE orbit_task SET state='SUCCEEDED', updated_at=NOW(6), finished_at=NOW(6) WHERE id=%s", (task_id,))
-    c.execute(EVENT_INSERT + EVENT_ROW, (ids["ns"], task_id))
+    write_events(c, ids["ns"], [task_id])
     c.execute(
         "UPDATE orbit_application_state SET active_attempts=active_attempts-1, unfinished_tasks=unfinished_tasks-1 "
         "WHERE application_id=%s",
@@ -384,7 +408,8 @@ def dispatch_round(
             queue_deltas["reserved_starts"] += n
             events += [(ns, task) for task, _ in leased]
     if events:  # orbit.audit.gathered_events: the round's events in one insert
-        t.write(*insert_sql(EVENT_INSERT, EVENT_ROW, events))
+        for sql, params in event_statements(ns, [subject for _, subject in events]):
+            t.write(sql, params)
     # orbit.rows.holding: each changed counter row written once, with its final values.
     t.write(
         "UPDATE orbit_application_state SET active_attempts=active_attempts+%s, unfinished_tasks=unfinished_tasks+%s "
