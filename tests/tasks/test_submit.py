@@ -335,6 +335,32 @@ def test_times_with_offsets_are_stored_in_utc(tenant, queue):
 
 
 @pytest.mark.parametrize(
+    ("times", "message"),
+    [
+        ({"available_at": 7200, "deadline_at": 3600}, "available_at: must be before deadline_at"),
+        ({"available_at": 3600, "deadline_at": 3600}, "available_at: must be before deadline_at"),
+        ({"available_at": 7200, "start_deadline_at": 3600}, "available_at: must be before start_deadline_at"),
+        ({"available_at": 7200, "timeout_seconds": 60}, "available_at: must be before timeout_seconds"),
+    ],
+)
+def test_a_task_that_could_never_start_is_refused(tenant, queue, times, message):
+    moment = now()  # one clock reading: equal offsets are equal times
+    fields = {
+        name: value if name == "timeout_seconds" else rfc3339(moment + timedelta(seconds=value))
+        for name, value in times.items()
+    }
+    response = submit(tenant.client, queue["id"], "t-1", **fields)
+    assert_invalid(response, "available_at")
+    assert response.json()["error"]["message"] == message
+    assert not Task.objects.exists()
+
+
+def test_a_task_available_before_its_deadlines_is_accepted(tenant, queue):
+    fields = {"available_at": in_seconds(600), "start_deadline_at": in_seconds(1200), "deadline_at": in_seconds(1800)}
+    assert submit_ok(tenant.client, queue["id"], "t-1", **fields)["state"] == "WAITING"
+
+
+@pytest.mark.parametrize(
     "text",
     [
         "2030-W01-1T00:00:00Z",  # ISO 8601 week date
