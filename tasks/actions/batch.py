@@ -48,10 +48,8 @@ class Submission:
     checked: dict[str, Any] | OrbitError | None = None
 
 
-def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
-    queue_id = body.get("queue_id")
-    if isinstance(queue_id, str):
-        actor.principal.require_queue(queue_id)
+def _validated(body: dict[str, Any]) -> dict[str, Any]:
+    """The body's fields (the queue's range is read_submissions' first check)."""
     try:
         return SubmitTaskInput.validated(body)
     except ValidationError as exc:
@@ -61,7 +59,7 @@ def _validated(actor: Actor, body: dict[str, Any]) -> dict[str, Any]:
 def checked_submission(actor: Actor, key: str, body: dict[str, Any]) -> Submission:
     """A Submission with its body validated now (see Submission.checked)."""
     try:
-        checked: dict[str, Any] | OrbitError = _validated(actor, body)
+        checked: dict[str, Any] | OrbitError = _validated(body)
     except OrbitError as error:
         checked = error
     return Submission(key=key, body=body, request_id=actor.request_id, checked=checked)
@@ -96,7 +94,7 @@ def read_submissions(
                     raise IdempotencyConflict("Idempotency-Key was already used for a different request")
                 results[index] = Receipt(status=200, data={**record.response_data, "deduplicated": True})
                 continue
-            fields = _validated(actor, item.body) if item.checked is None else item.checked
+            fields = _validated(item.body) if item.checked is None else item.checked
             if isinstance(fields, OrbitError):
                 raise fields
             check_times(fields, now)
