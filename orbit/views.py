@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from orbit import applications
 from orbit.api.fields import canonical_uint64
 from orbit.api.responses import ok
-from orbit.api.schema import documented
+from orbit.api.schema import PAGE_SIZE, documented
 from orbit.api.views import OrbitView, page_size_of, validated
 from orbit.audit import event_page
 from orbit.errors import InvalidArgument
@@ -70,7 +70,7 @@ class EventListView(OrbitView):
     @documented(
         extra_parameters=(
             OpenApiParameter("after", str, OpenApiParameter.QUERY, description="cursor of the last event read"),
-            OpenApiParameter("page_size", int, OpenApiParameter.QUERY, description="1 to 500, default 100"),
+            PAGE_SIZE,
         )
     )
     def get(self, request: Request) -> Response:

@@ -50,8 +50,9 @@ class ClosedBodies(OpenApiSerializerExtension):
         return {**schema, "additionalProperties": False}
 
 
+PAGE_SIZE = OpenApiParameter("page_size", int, OpenApiParameter.QUERY, description="1 to 500, default 100")
 PAGE_PARAMETERS = (
-    OpenApiParameter("page_size", int, OpenApiParameter.QUERY, description="1 to 500, default 100"),
+    PAGE_SIZE,
     OpenApiParameter("page_token", str, OpenApiParameter.QUERY, description="next_page_token of the previous page"),
 )
 IDEMPOTENCY_KEY = OpenApiParameter(
