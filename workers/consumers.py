@@ -25,7 +25,7 @@ from orbit.api.errors import translate
 from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, is_valid_utf8, uint32_field
 from orbit.api.parsers import malformed, strict_loads
 from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
-from orbit.fields import new_id
+from orbit.fields import UINT32_MAX, new_id
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import StartRequest, WorkerContext
 from tasks.actions.rounds import SUPERSEDED, LeaseRequest
@@ -51,7 +51,7 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 # A request's id is echoed in its reply: a string the worker chose, bounded.
 MAX_REQUEST_ID_LENGTH = 128
-MAX_EPOCH = 2**32 - 1  # attempts' epoch column (INT UNSIGNED)
+MAX_EPOCH = UINT32_MAX  # attempts' epoch column (INT UNSIGNED)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
