@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "sdk")]
 
 from orbit_sdk import RetryableError, Worker  # noqa: E402
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import common
 import httpx
 
-sys.path.insert(0, str(common.ROOT))
+sys.path[:0] = [str(common.ROOT), str(common.ROOT / "sdk")]
 from orbit_sdk import Client, SubmitTaskRequest  # noqa: E402
 
 NAME = "orbit"

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(BENCH), str(BENCH.parent)]
+sys.path[:0] = [str(BENCH), str(BENCH.parent), str(BENCH.parent / "sdk")]
 
 from common import log_event  # noqa: E402
 
