@@ -19,7 +19,7 @@ Working::
     worker.run()  # until worker.drain() (from any thread or a handler) or worker.stop()
 """
 
-from orbit_sdk._client import Client
+from orbit_sdk._client import AsyncClient, Client
 from orbit_sdk._credentials import Credentials, load_credentials
 from orbit_sdk._exceptions import (
     APIError,
@@ -34,6 +34,7 @@ from orbit_sdk._exceptions import (
 from orbit_sdk._models import (
     Application,
     Attempt,
+    BatchItemResult,
     CancelTaskResult,
     ConfigureApplicationResult,
     ConfigureQueueRequest,
@@ -62,7 +63,9 @@ __version__ = "0.1.0"
 __all__ = [
     "APIError",
     "Application",
+    "AsyncClient",
     "Attempt",
+    "BatchItemResult",
     "CancelRequested",
     "CancelTaskResult",
     "Client",

@@ -1,15 +1,22 @@
-"""The synchronous HTTP client (SPEC §3–§5)."""
+"""The HTTP clients (SPEC §3–§5): :class:`Client` and :class:`AsyncClient`, one set of verbs.
+
+Each API operation is written once, on ``_BaseClient``, as a function that describes its
+request (method, path, key, body, how to read the answer); the two clients differ only in
+how they send one.
+"""
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 from urllib.parse import quote
 
 import httpx
@@ -19,6 +26,7 @@ from orbit_sdk._exceptions import APIError, ProtocolError, TransportError
 from orbit_sdk._models import (
     Application,
     Attempt,
+    BatchItemResult,
     CancelTaskResult,
     ConfigureApplicationResult,
     ConfigureQueueRequest,
@@ -40,9 +48,11 @@ from orbit_sdk._models import (
 )
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 USER_AGENT = "orbit-python/0.1"
 MAX_RETRY_AFTER = datetime.timedelta(hours=1)
+MAX_BATCH_ITEMS = 500  # the server's limit for POST /v1/tasks:batch
 _RETRY_AFTER_SECONDS = re.compile(r"[0-9]+")
 
 
@@ -114,7 +124,8 @@ def _segment(value: str) -> str:
 def _body_of(request: Any, kind: type[Any]) -> dict[str, Any]:
     if not isinstance(request, kind):
         raise TypeError(f"request must be a {kind.__name__}, got {type(request).__name__}")
-    return request.to_json()
+    body: dict[str, Any] = request.to_json()
+    return body
 
 
 @lru_cache(maxsize=256)
@@ -136,20 +147,24 @@ class _CookiesWhenSet(httpx.Cookies):
             super().extract_cookies(response)
 
 
+def _jar_when_set(client: httpx.Client | httpx.AsyncClient, cookies: Any) -> None:
+    client._cookies = _CookiesWhenSet(cookies)
+
+
 class _HttpClient(httpx.Client):
     """httpx.Client with a _CookiesWhenSet jar."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
-        self.cookies = options.get("cookies")
+        _jar_when_set(self, options.get("cookies"))
 
-    @property  # type: ignore[override]
-    def cookies(self) -> httpx.Cookies:
-        return self._jar
 
-    @cookies.setter
-    def cookies(self, cookies: Any) -> None:
-        self._jar = _CookiesWhenSet(cookies)
+class _AsyncHttpClient(httpx.AsyncClient):
+    """httpx.AsyncClient with a _CookiesWhenSet jar."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        _jar_when_set(self, options.get("cookies"))
 
 
 def _page(data: Any, parse: Callable[[Any], T]) -> Page[T]:
@@ -163,12 +178,355 @@ def _page(data: Any, parse: Callable[[Any], T]) -> Page[T]:
     return Page(items=[parse(item) for item in data["items"]], next_page_token=token or None)
 
 
-class Client:
-    """Synchronous Orbit API client.
+# --------------------------------------------------------------------------- one set of verbs
 
-    Every mutating call takes the Idempotency-Key first. The client never re-sends a write on its
-    own: a :class:`TransportError` means the outcome is unknown, so re-send the *same* request
-    with the *same* key; an :class:`APIError` is the server's definite answer.
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One request, described without sending it: both clients send the same ones."""
+
+    method: str
+    path: str
+    # The envelope's data and the request id (which a batch's per-item errors carry).
+    parse: Callable[[Any, str], T]
+    key: str | None = None
+    body: Mapping[str, Any] | None = None
+    params: Mapping[str, Any] | None = None
+
+
+def _call(
+    method: str,
+    path: str,
+    parse: Callable[[Any], T],
+    *,
+    key: str | None = None,
+    body: Mapping[str, Any] | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> _Call[T]:
+    return _Call(method, path, lambda data, _request_id: parse(data), key=key, body=body, params=params)
+
+
+def _as_is(data: Any) -> Any:
+    return data
+
+
+class _Verb(Generic[P, T]):
+    """An API operation written once, as a function that describes its request.
+
+    Read on a :class:`Client` it is a method that sends the request and returns ``T``; read
+    on an :class:`AsyncClient`, a method that returns a coroutine of ``T``. The overloads
+    below tell type checkers (and editors) exactly that.
+    """
+
+    def __init__(self, build: Callable[Concatenate[Any, P], _Call[T]]) -> None:
+        self._build = build
+        functools.update_wrapper(self, build)
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, client: Client, owner: type[Any]) -> Callable[P, T]: ...
+
+    @overload
+    def __get__(self, client: AsyncClient, owner: type[Any]) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, client: _BaseClient | None, owner: type[Any]) -> Any:
+        if client is None:
+            return self
+        build, invoke = self._build, client._invoke
+
+        @functools.wraps(build)
+        def method(*args: P.args, **kwargs: P.kwargs) -> Any:
+            return invoke(build, client, *args, **kwargs)
+
+        return method
+
+    def __call__(self, client: _BaseClient, *args: P.args, **kwargs: P.kwargs) -> Any:
+        """``Client.get_queue(client, queue_id)``, as for a plain method."""
+        return self.__get__(client, type(client))(*args, **kwargs)  # type: ignore[call-overload]
+
+
+def _batch_items(
+    tasks: Mapping[str, SubmitTaskRequest] | Iterable[tuple[str, SubmitTaskRequest]],
+) -> list[tuple[str, SubmitTaskRequest]]:
+    pairs = list(tasks.items() if isinstance(tasks, Mapping) else tasks)
+    if not 1 <= len(pairs) <= MAX_BATCH_ITEMS:
+        # Refused here: split into several calls knowingly, each is its own transaction.
+        raise ValueError(f"submit_tasks takes 1 to {MAX_BATCH_ITEMS} tasks, got {len(pairs)}")
+    seen: set[str] = set()
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise TypeError("submit_tasks takes a mapping or pairs of (idempotency key, SubmitTaskRequest)")
+        key = _check_idempotency_key(pair[0])
+        if key in seen:
+            raise ValueError(f"Idempotency-Key {key!r} given twice in one batch")
+        seen.add(key)
+    return pairs
+
+
+def _batch_results(keys: list[str]) -> Callable[[Any, str], list[BatchItemResult]]:
+    def parse(data: Any, request_id: str) -> list[BatchItemResult]:
+        results = data.get("results") if isinstance(data, dict) else None
+        if not isinstance(results, list) or len(results) != len(keys):
+            raise ProtocolError(f"tasks:batch: expected a 'results' list of {len(keys)} items")
+        items = [BatchItemResult.from_json(result, request_id) for result in results]
+        for key, item in zip(keys, items, strict=True):
+            if item.idempotency_key != key:
+                raise ProtocolError(f"tasks:batch: result for {item.idempotency_key!r} where {key!r} was expected")
+        return items
+
+    return parse
+
+
+class _BaseClient:
+    """What both clients share: argument checks, request encoding, answer decoding, verbs."""
+
+    def __init__(self, url: str, token: str) -> None:
+        # Checked here, not left to the first request: a header httpx cannot send would
+        # surface as a TransportError, which says "outcome unknown, send again".
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
+        if not isinstance(token, str) or not token or not all(0x21 <= ord(ch) <= 0x7E for ch in token):
+            raise ValueError("token must be a non-empty string of printable ASCII without spaces")
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": USER_AGENT}
+
+    def _invoke(self, build: Callable[..., _Call[T]], *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def _encode(self, call: _Call[Any]) -> tuple[httpx.URL, bytes | None, dict[str, Any] | None, dict[str, str]]:
+        headers = {}
+        if call.key is not None:
+            headers["Idempotency-Key"] = _check_idempotency_key(call.key)
+        content = None
+        if call.body is not None:
+            headers["Content-Type"] = "application/json"
+            content = json.dumps(call.body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        query = {name: value for name, value in (call.params or {}).items() if value is not None}
+        try:
+            url = _full_url(self.url, call.path)
+        except httpx.InvalidURL as exc:  # e.g. an id too long for a URL: nothing was sent
+            raise ValueError(f"{call.method} {call.path[:80]}: {exc}") from exc
+        return url, content, query or None, headers
+
+    @staticmethod
+    def _transport_error(call: _Call[Any], exc: httpx.TransportError) -> TransportError:
+        if isinstance(exc, httpx.TimeoutException):
+            return TransportError(f"{call.method} {call.path}: timed out ({exc.__class__.__name__})")
+        return TransportError(f"{call.method} {call.path}: {exc.__class__.__name__}: {exc}")
+
+    @staticmethod
+    def _decode(call: _Call[T], response: httpx.Response) -> T:
+        if not 200 <= response.status_code < 300:
+            raise _api_error(response)
+        try:
+            envelope = response.json()
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ProtocolError(f"{call.method} {call.path}: success response is not JSON") from exc
+        if not isinstance(envelope, dict) or "data" not in envelope:
+            raise ProtocolError(f"{call.method} {call.path}: success response has no 'data' envelope")
+        request_id = envelope.get("request_id")
+        if not isinstance(request_id, str):
+            request_id = response.headers.get("X-Request-Id", "")
+        return call.parse(envelope["data"], request_id)
+
+    # ------------------------------------------------------------------ queues
+
+    @_Verb
+    def create_queue(self, key: str, request: CreateQueueRequest) -> _Call[CreateQueueResult]:
+        """``POST /v1/queues``: 201 first, replay 200 with ``deduplicated=True``."""
+        body = _body_of(request, CreateQueueRequest)
+        return _call("POST", "/v1/queues", CreateQueueResult.from_json, key=key, body=body)
+
+    @_Verb
+    def get_queue(self, queue_id: str) -> _Call[Queue]:
+        return _call("GET", f"/v1/queues/{_segment(queue_id)}", Queue.from_json)
+
+    @_Verb
+    def list_queues(self, page_size: int | None = None, page_token: str | None = None) -> _Call[Page[Queue]]:
+        params = {"page_size": page_size, "page_token": page_token}
+        return _call("GET", "/v1/queues", lambda data: _page(data, Queue.from_json), params=params)
+
+    @_Verb
+    def configure_queue(self, queue_id: str, key: str, request: ConfigureQueueRequest) -> _Call[CreateQueueResult]:
+        """Full replacement of the queue's controls, checked against ``expected_revision``."""
+        path = f"/v1/queues/{_segment(queue_id)}:configure"
+        return _call("POST", path, CreateQueueResult.from_json, key=key, body=_body_of(request, ConfigureQueueRequest))
+
+    @_Verb
+    def retire_queue(self, queue_id: str, key: str, expected_revision: int, reason: str) -> _Call[CreateQueueResult]:
+        """Retire a paused, empty queue for good (reads keep working, the name stays taken)."""
+        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
+        return _call("POST", f"/v1/queues/{_segment(queue_id)}:retire", CreateQueueResult.from_json, key=key, body=body)
+
+    # ------------------------------------------------------------ application
+
+    @_Verb
+    def get_application(self, application_id: str) -> _Call[Application]:
+        """The credential's own application: quotas and live counters (``applications:manage``)."""
+        return _call("GET", f"/v1/applications/{_segment(application_id)}", Application.from_json)
+
+    @_Verb
+    def configure_application(
+        self,
+        application_id: str,
+        key: str,
+        expected_revision: int,
+        reason: str,
+        max_active_attempts: int,
+        max_unfinished_tasks: int,
+    ) -> _Call[ConfigureApplicationResult]:
+        """Full replacement of the application's quotas, checked against ``expected_revision``."""
+        body = {
+            "expected_revision": _uint64_text(expected_revision, "expected_revision"),
+            "reason": reason,
+            "max_active_attempts": max_active_attempts,
+            "max_unfinished_tasks": max_unfinished_tasks,
+        }
+        path = f"/v1/applications/{_segment(application_id)}:configure"
+        return _call("POST", path, ConfigureApplicationResult.from_json, key=key, body=body)
+
+    @_Verb
+    def list_events(self, after: int | None = None, page_size: int | None = None) -> _Call[EventPage]:
+        """The namespace's events after cursor ``after`` (from the start when None), oldest first."""
+        params = {"after": None if after is None else _uint64_text(after, "after"), "page_size": page_size}
+        return _call("GET", "/v1/events", EventPage.from_json, params=params)
+
+    # ------------------------------------------------------------------ plans
+
+    @_Verb
+    def create_plan(self, key: str, request: CreatePlanRequest) -> _Call[PlanResult]:
+        return _call("POST", "/v1/plans", PlanResult.from_json, key=key, body=_body_of(request, CreatePlanRequest))
+
+    @_Verb
+    def get_plan(self, plan_id: str) -> _Call[Plan]:
+        return _call("GET", f"/v1/plans/{_segment(plan_id)}", Plan.from_json)
+
+    @_Verb
+    def list_plans(self, page_size: int | None = None, page_token: str | None = None) -> _Call[Page[Plan]]:
+        params = {"page_size": page_size, "page_token": page_token}
+        return _call("GET", "/v1/plans", lambda data: _page(data, Plan.from_json), params=params)
+
+    @_Verb
+    def update_plan(self, plan_id: str, key: str, request: UpdatePlanRequest) -> _Call[PlanResult]:
+        """A new immutable version; its schedule starts from now."""
+        path = f"/v1/plans/{_segment(plan_id)}:update"
+        return _call("POST", path, PlanResult.from_json, key=key, body=_body_of(request, UpdatePlanRequest))
+
+    @_Verb
+    def pause_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:
+        return _change_plan("pause", plan_id, key, expected_revision, reason)
+
+    @_Verb
+    def resume_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:
+        """Points that fell while paused are not made up."""
+        return _change_plan("resume", plan_id, key, expected_revision, reason)
+
+    @_Verb
+    def retire_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:
+        return _change_plan("retire", plan_id, key, expected_revision, reason)
+
+    @_Verb
+    def list_plan_triggers(
+        self, plan_id: str, page_size: int | None = None, page_token: str | None = None
+    ) -> _Call[Page[PlanTrigger]]:
+        """The plan's decided points, in the order they were decided."""
+        path = f"/v1/plans/{_segment(plan_id)}/triggers"
+        params = {"page_size": page_size, "page_token": page_token}
+        return _call("GET", path, lambda data: _page(data, PlanTrigger.from_json), params=params)
+
+    # ------------------------------------------------------------------ tasks
+
+    @_Verb
+    def submit_task(self, key: str, request: SubmitTaskRequest) -> _Call[SubmitTaskResult]:
+        """``POST /v1/tasks``. On ``QUEUE_FULL`` wait ``retry_after`` and re-send with the same key."""
+        body = _body_of(request, SubmitTaskRequest)
+        return _call("POST", "/v1/tasks", SubmitTaskResult.from_json, key=key, body=body)
+
+    @_Verb
+    def submit_tasks(
+        self, tasks: Mapping[str, SubmitTaskRequest] | Iterable[tuple[str, SubmitTaskRequest]]
+    ) -> _Call[list[BatchItemResult]]:
+        """``POST /v1/tasks:batch``: up to 500 submits in one transaction, each with its own key.
+
+        ``tasks`` maps each Idempotency-Key to its request (or is a list of such pairs). The
+        answer is one :class:`BatchItemResult` per item, in order: accepted (``task`` set,
+        ``status`` 201, or 200 with ``deduplicated`` for a replay) or refused (``error`` set,
+        nothing stored for that key). Each item is digested as a single ``submit_task`` would
+        be, so a key replays across both. A batch the server cannot read at all (a key twice,
+        more than 500 items) raises :class:`APIError`; this method refuses those before sending.
+        """
+        pairs = _batch_items(tasks)
+        body = {"tasks": [{"idempotency_key": key, "task": _body_of(task, SubmitTaskRequest)} for key, task in pairs]}
+        return _Call("POST", "/v1/tasks:batch", _batch_results([key for key, _ in pairs]), body=body)
+
+    @_Verb
+    def get_task(self, task_id: str) -> _Call[Task]:
+        """The task detail, payload included."""
+        return _call("GET", f"/v1/tasks/{_segment(task_id)}", Task.from_json)
+
+    @_Verb
+    def list_tasks(
+        self,
+        queue_id: str | None = None,
+        state: str | None = None,
+        business_key: str | None = None,
+        concurrency_key: str | None = None,
+        page_size: int | None = None,
+        page_token: str | None = None,
+    ) -> _Call[Page[Task]]:
+        """Task summaries (no payload)."""
+        params = {
+            "queue_id": queue_id,
+            "state": state,
+            "business_key": business_key,
+            "concurrency_key": concurrency_key,
+            "page_size": page_size,
+            "page_token": page_token,
+        }
+        return _call("GET", "/v1/tasks", lambda data: _page(data, Task.from_json), params=params)
+
+    @_Verb
+    def list_attempts(
+        self, task_id: str, page_size: int | None = None, page_token: str | None = None
+    ) -> _Call[Page[Attempt]]:
+        """A task's attempts in lease order, a page at a time."""
+        params = {"page_size": page_size, "page_token": page_token}
+        path = f"/v1/tasks/{_segment(task_id)}/attempts"
+        return _call("GET", path, lambda data: _page(data, Attempt.from_json), params=params)
+
+    @_Verb
+    def get_attempt(self, attempt_id: str) -> _Call[Attempt]:
+        return _call("GET", f"/v1/attempts/{_segment(attempt_id)}", Attempt.from_json)
+
+    @_Verb
+    def cancel_task(self, task_id: str, key: str, reason: str) -> _Call[CancelTaskResult]:
+        """Cancel now if not started; a running task only gets ``cancel_requested``."""
+        path = f"/v1/tasks/{_segment(task_id)}:cancel"
+        return _call("POST", path, CancelTaskResult.from_json, key=key, body={"reason": reason})
+
+    @_Verb
+    def resolve_task(self, task_id: str, key: str, resolution: str, reason: str) -> _Call[ResolveTaskResult]:
+        """Decide a NEEDS_REVIEW task: ``resolution`` is SUCCEEDED, FAILED or RETRY."""
+        path = f"/v1/tasks/{_segment(task_id)}:resolve"
+        body = {"resolution": resolution, "reason": reason}
+        return _call("POST", path, ResolveTaskResult.from_json, key=key, body=body)
+
+
+def _change_plan(verb: str, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:
+    body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
+    return _call("POST", f"/v1/plans/{_segment(plan_id)}:{verb}", PlanResult.from_json, key=key, body=body)
+
+
+class Client(_BaseClient):
+    """Synchronous Orbit API client (thread-safe: one can serve many threads).
+
+    Every mutating call takes the Idempotency-Key first (after the resource's id). The client
+    never re-sends a write on its own: a :class:`TransportError` means the outcome is unknown,
+    so re-send the *same* request with the *same* key; an :class:`APIError` is the server's
+    definite answer. ``transport`` replaces httpx's network transport (e.g. with an
+    ``httpx.MockTransport`` in tests).
     """
 
     def __init__(
@@ -179,23 +537,9 @@ class Client:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        # Checked here, not left to the first request: a header httpx cannot send would
-        # surface as a TransportError, which says "outcome unknown, send again".
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
-        if not isinstance(token, str) or not token or not all(0x21 <= ord(ch) <= 0x7E for ch in token):
-            raise ValueError("token must be a non-empty string of printable ASCII without spaces")
-        self.url = url.rstrip("/")
+        super().__init__(url, token)
         self._http = _HttpClient(
-            base_url=self.url,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Accept": "application/json",
-                "User-Agent": USER_AGENT,
-            },
-            timeout=timeout,
-            transport=transport,
-            follow_redirects=False,
+            base_url=self.url, headers=self._headers, timeout=timeout, transport=transport, follow_redirects=False
         )
 
     @classmethod
@@ -206,14 +550,14 @@ class Client:
         timeout: float = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> Client:
-        """A client from ``path`` or ``$ORBIT_CREDENTIALS_FILE`` (JSON with ``url`` and ``token``)."""
+        """A client from ``path`` or ``$ORBIT_CREDENTIALS_FILE`` (see :func:`load_credentials`)."""
         credentials = load_credentials(path)
         return cls(credentials.url, credentials.token, timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -224,7 +568,16 @@ class Client:
     ) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ plumbing
+    def _invoke(self, build: Callable[..., _Call[T]], *args: Any, **kwargs: Any) -> T:
+        return self._send(build(*args, **kwargs))
+
+    def _send(self, call: _Call[T]) -> T:
+        url, content, params, headers = self._encode(call)
+        try:
+            response = self._http.request(call.method, url, content=content, params=params, headers=headers)
+        except httpx.TransportError as exc:
+            raise self._transport_error(call, exc) from exc
+        return self._decode(call, response)
 
     def _request(
         self,
@@ -235,182 +588,76 @@ class Client:
         body: Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> Any:
-        headers = {}
-        if key is not None:
-            headers["Idempotency-Key"] = _check_idempotency_key(key)
-        content = None
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-            content = json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
-        query = {name: value for name, value in (params or {}).items() if value is not None}
+        """The envelope's ``data`` of any request (for paths this client has no method for yet)."""
+        return self._send(_call(method, path, _as_is, key=key, body=body, params=params))
+
+
+class AsyncClient(_BaseClient):
+    """The asynchronous Orbit API client: :class:`Client`'s methods, each a coroutine.
+
+    Use it as ``async with AsyncClient(...) as client`` (or call :meth:`aclose`). Argument
+    errors (a request of the wrong type, a bad key) are raised when the call is awaited.
+    ``transport`` takes an ``httpx.AsyncBaseTransport`` (e.g. ``httpx.MockTransport``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(url, token)
+        self._http = _AsyncHttpClient(
+            base_url=self.url, headers=self._headers, timeout=timeout, transport=transport, follow_redirects=False
+        )
+
+    @classmethod
+    def from_credentials_file(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> AsyncClient:
+        """A client from ``path`` or ``$ORBIT_CREDENTIALS_FILE`` (see :func:`load_credentials`)."""
+        credentials = load_credentials(path)
+        return cls(credentials.url, credentials.token, timeout=timeout, transport=transport)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def _invoke(self, build: Callable[..., _Call[T]], *args: Any, **kwargs: Any) -> T:
+        return await self._send(build(*args, **kwargs))
+
+    async def _send(self, call: _Call[T]) -> T:
+        url, content, params, headers = self._encode(call)
         try:
-            url = _full_url(self.url, path)
-        except httpx.InvalidURL as exc:  # e.g. an id too long for a URL: nothing was sent
-            raise ValueError(f"{method} {path[:80]}: {exc}") from exc
-        try:
-            response = self._http.request(method, url, content=content, params=query or None, headers=headers)
-        except httpx.TimeoutException as exc:
-            raise TransportError(f"{method} {path}: timed out ({exc.__class__.__name__})") from exc
+            response = await self._http.request(call.method, url, content=content, params=params, headers=headers)
         except httpx.TransportError as exc:
-            raise TransportError(f"{method} {path}: {exc.__class__.__name__}: {exc}") from exc
-        if not 200 <= response.status_code < 300:
-            raise _api_error(response)
-        try:
-            envelope = response.json()
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ProtocolError(f"{method} {path}: success response is not JSON") from exc
-        if not isinstance(envelope, dict) or "data" not in envelope:
-            raise ProtocolError(f"{method} {path}: success response has no 'data' envelope")
-        return envelope["data"]
+            raise self._transport_error(call, exc) from exc
+        return self._decode(call, response)
 
-    # ------------------------------------------------------------------ queues
-
-    def create_queue(self, key: str, request: CreateQueueRequest) -> CreateQueueResult:
-        """``POST /v1/queues``: 201 first, replay 200 with ``deduplicated=True``."""
-        return CreateQueueResult.from_json(
-            self._request("POST", "/v1/queues", key=key, body=_body_of(request, CreateQueueRequest))
-        )
-
-    def get_queue(self, queue_id: str) -> Queue:
-        return Queue.from_json(self._request("GET", f"/v1/queues/{_segment(queue_id)}"))
-
-    def list_queues(self, page_size: int | None = None, page_token: str | None = None) -> Page[Queue]:
-        data = self._request("GET", "/v1/queues", params={"page_size": page_size, "page_token": page_token})
-        return _page(data, Queue.from_json)
-
-    def configure_queue(self, queue_id: str, key: str, request: ConfigureQueueRequest) -> CreateQueueResult:
-        """Full replacement of the queue's controls, checked against ``expected_revision``."""
-        path = f"/v1/queues/{_segment(queue_id)}:configure"
-        return CreateQueueResult.from_json(
-            self._request("POST", path, key=key, body=_body_of(request, ConfigureQueueRequest))
-        )
-
-    def retire_queue(self, queue_id: str, key: str, expected_revision: int, reason: str) -> CreateQueueResult:
-        """Retire a paused, empty queue for good (reads keep working, the name stays taken)."""
-        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
-        path = f"/v1/queues/{_segment(queue_id)}:retire"
-        return CreateQueueResult.from_json(self._request("POST", path, key=key, body=body))
-
-    # ------------------------------------------------------------ application
-
-    def get_application(self, application_id: str) -> Application:
-        """The credential's own application: quotas and live counters (``applications:manage``)."""
-        return Application.from_json(self._request("GET", f"/v1/applications/{_segment(application_id)}"))
-
-    def configure_application(
+    async def _request(
         self,
-        application_id: str,
-        key: str,
-        expected_revision: int,
-        reason: str,
-        max_active_attempts: int,
-        max_unfinished_tasks: int,
-    ) -> ConfigureApplicationResult:
-        """Full replacement of the application's quotas, checked against ``expected_revision``."""
-        body = {
-            "expected_revision": _uint64_text(expected_revision, "expected_revision"),
-            "reason": reason,
-            "max_active_attempts": max_active_attempts,
-            "max_unfinished_tasks": max_unfinished_tasks,
-        }
-        path = f"/v1/applications/{_segment(application_id)}:configure"
-        return ConfigureApplicationResult.from_json(self._request("POST", path, key=key, body=body))
-
-    def list_events(self, after: int | None = None, page_size: int | None = None) -> EventPage:
-        """The namespace's events after cursor ``after`` (from the start when None), oldest first."""
-        params = {"after": None if after is None else _uint64_text(after, "after"), "page_size": page_size}
-        return EventPage.from_json(self._request("GET", "/v1/events", params=params))
-
-    # ------------------------------------------------------------------ plans
-
-    def create_plan(self, key: str, request: CreatePlanRequest) -> PlanResult:
-        return PlanResult.from_json(
-            self._request("POST", "/v1/plans", key=key, body=_body_of(request, CreatePlanRequest))
-        )
-
-    def get_plan(self, plan_id: str) -> Plan:
-        return Plan.from_json(self._request("GET", f"/v1/plans/{_segment(plan_id)}"))
-
-    def list_plans(self, page_size: int | None = None, page_token: str | None = None) -> Page[Plan]:
-        data = self._request("GET", "/v1/plans", params={"page_size": page_size, "page_token": page_token})
-        return _page(data, Plan.from_json)
-
-    def update_plan(self, plan_id: str, key: str, request: UpdatePlanRequest) -> PlanResult:
-        """A new immutable version; its schedule starts from now."""
-        path = f"/v1/plans/{_segment(plan_id)}:update"
-        return PlanResult.from_json(self._request("POST", path, key=key, body=_body_of(request, UpdatePlanRequest)))
-
-    def _change_plan(self, verb: str, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
-        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
-        return PlanResult.from_json(self._request("POST", f"/v1/plans/{_segment(plan_id)}:{verb}", key=key, body=body))
-
-    def pause_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
-        return self._change_plan("pause", plan_id, key, expected_revision, reason)
-
-    def resume_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
-        """Points that fell while paused are not made up."""
-        return self._change_plan("resume", plan_id, key, expected_revision, reason)
-
-    def retire_plan(self, plan_id: str, key: str, expected_revision: int, reason: str) -> PlanResult:
-        return self._change_plan("retire", plan_id, key, expected_revision, reason)
-
-    def list_plan_triggers(
-        self, plan_id: str, page_size: int | None = None, page_token: str | None = None
-    ) -> Page[PlanTrigger]:
-        """The plan's decided points, in the order they were decided."""
-        path = f"/v1/plans/{_segment(plan_id)}/triggers"
-        return _page(
-            self._request("GET", path, params={"page_size": page_size, "page_token": page_token}), PlanTrigger.from_json
-        )
-
-    # ------------------------------------------------------------------ tasks
-
-    def submit_task(self, key: str, request: SubmitTaskRequest) -> SubmitTaskResult:
-        """``POST /v1/tasks``. On ``QUEUE_FULL`` wait ``retry_after`` and re-send with the same key."""
-        return SubmitTaskResult.from_json(
-            self._request("POST", "/v1/tasks", key=key, body=_body_of(request, SubmitTaskRequest))
-        )
-
-    def get_task(self, task_id: str) -> Task:
-        """The task detail, payload included."""
-        return Task.from_json(self._request("GET", f"/v1/tasks/{_segment(task_id)}"))
-
-    def list_tasks(
-        self,
-        queue_id: str | None = None,
-        state: str | None = None,
-        business_key: str | None = None,
-        concurrency_key: str | None = None,
-        page_size: int | None = None,
-        page_token: str | None = None,
-    ) -> Page[Task]:
-        """Task summaries (no payload)."""
-        params = {
-            "queue_id": queue_id,
-            "state": state,
-            "business_key": business_key,
-            "concurrency_key": concurrency_key,
-            "page_size": page_size,
-            "page_token": page_token,
-        }
-        return _page(self._request("GET", "/v1/tasks", params=params), Task.from_json)
-
-    def list_attempts(self, task_id: str, page_size: int | None = None, page_token: str | None = None) -> Page[Attempt]:
-        """A task's attempts in lease order, a page at a time."""
-        params = {"page_size": page_size, "page_token": page_token}
-        path = f"/v1/tasks/{_segment(task_id)}/attempts"
-        return _page(self._request("GET", path, params=params), Attempt.from_json)
-
-    def get_attempt(self, attempt_id: str) -> Attempt:
-        return Attempt.from_json(self._request("GET", f"/v1/attempts/{_segment(attempt_id)}"))
-
-    def cancel_task(self, task_id: str, key: str, reason: str) -> CancelTaskResult:
-        """Cancel now if not started; a running task only gets ``cancel_requested``."""
-        path = f"/v1/tasks/{_segment(task_id)}:cancel"
-        return CancelTaskResult.from_json(self._request("POST", path, key=key, body={"reason": reason}))
-
-    def resolve_task(self, task_id: str, key: str, resolution: str, reason: str) -> ResolveTaskResult:
-        """Decide a NEEDS_REVIEW task: ``resolution`` is SUCCEEDED, FAILED or RETRY."""
-        path = f"/v1/tasks/{_segment(task_id)}:resolve"
-        body = {"resolution": resolution, "reason": reason}
-        return ResolveTaskResult.from_json(self._request("POST", path, key=key, body=body))
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        body: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The envelope's ``data`` of any request (for paths this client has no method for yet)."""
+        return await self._send(_call(method, path, _as_is, key=key, body=body, params=params))

@@ -12,9 +12,9 @@ import datetime
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
-from orbit_sdk._exceptions import ProtocolError
+from orbit_sdk._exceptions import APIError, ProtocolError
 
 T = TypeVar("T")
 
@@ -494,6 +494,53 @@ class SubmitTaskResult:
 
 
 @dataclass(frozen=True)
+class BatchItemResult:
+    """One item's result of ``submit_tasks``, in the order the items were sent.
+
+    Accepted: ``task`` is set, ``status`` is 201 (or 200 with ``deduplicated=True``, a replay).
+    Refused: ``error`` is set (its ``code``, ``status_code`` and ``message``, and the batch's
+    ``request_id``) and nothing was stored for this key: fix the item, or after ``QUEUE_FULL``
+    wait, and send it again with the same key.
+    """
+
+    idempotency_key: str
+    status: int
+    task: Task | None = None
+    deduplicated: bool = False
+    error: APIError | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def from_json(cls, value: Any, request_id: str = "") -> BatchItemResult:
+        what = "tasks:batch result"
+        obj = _object(value, what)
+        key, status = _str(obj, "idempotency_key", what), _int(obj, "status", what)
+        error = obj.get("error")
+        if error is not None:
+            error = _object(error, f"{what}.error")
+            message = error.get("message")
+            return cls(
+                idempotency_key=key,
+                status=status,
+                error=APIError(
+                    code=_str(error, "code", f"{what}.error"),
+                    status_code=status,
+                    message=message if isinstance(message, str) else "",
+                    request_id=request_id,
+                ),
+            )
+        return cls(
+            idempotency_key=key,
+            status=status,
+            task=Task.from_json(obj.get("task")),
+            deduplicated=_bool(obj, "deduplicated", what),
+        )
+
+
+@dataclass(frozen=True)
 class CancelTaskResult:
     """Receipt of a cancel; ``task.cancel_requested`` is True when the task was already running."""
 
@@ -501,7 +548,7 @@ class CancelTaskResult:
     task: Task
 
     @classmethod
-    def from_json(cls, value: Any) -> CancelTaskResult:
+    def from_json(cls, value: Any) -> Self:
         obj = _object(value, "data")
         task = obj.get("task", obj)  # the task itself, or wrapped with the receipt's flag
         return cls(deduplicated=bool(obj.get("deduplicated", False)), task=Task.from_json(task))

@@ -117,7 +117,9 @@ def test_all_lists_exactly_the_public_names():
     assert set(orbit_sdk.__all__) == {
         "APIError",
         "Application",
+        "AsyncClient",
         "Attempt",
+        "BatchItemResult",
         "CancelRequested",
         "CancelTaskResult",
         "Client",

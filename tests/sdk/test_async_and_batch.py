@@ -1,0 +1,287 @@
+"""AsyncClient has Client's verbs and sends the same requests; submit_tasks (POST /v1/tasks:batch)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+import orbit_sdk
+from orbit_sdk import (
+    APIError,
+    AsyncClient,
+    BatchItemResult,
+    Client,
+    ConfigureQueueRequest,
+    CreatePlanRequest,
+    CreateQueueRequest,
+    ProtocolError,
+    SubmitTaskRequest,
+    TransportError,
+    UpdatePlanRequest,
+)
+from tests.sdk.test_client import (
+    APPLICATION,
+    ATTEMPT,
+    ATTEMPT_ID,
+    PLAN,
+    QUEUE,
+    QUEUE_ID,
+    REQUEST_ID,
+    TASK_ID,
+    TASK_SUMMARY,
+    TOKEN,
+)
+
+PLAN_ID = PLAN["id"]
+TASK_SPEC = {"handler": "h", "handler_version": "v1", "payload_version": "v1", "payload": {}}
+REQUEST = SubmitTaskRequest(QUEUE_ID, "object.update", "v1", "v1", {"a": 1})
+
+# Every verb, with arguments and the data its answer carries.
+VERBS: list[tuple[str, tuple[Any, ...], Any]] = [
+    ("create_queue", ("k1", CreateQueueRequest("images", 8, 100)), {"deduplicated": False, "queue": QUEUE}),
+    ("get_queue", (QUEUE_ID,), QUEUE),
+    ("list_queues", (10, "tok"), {"items": [QUEUE], "next_page_token": None}),
+    (
+        "configure_queue",
+        (QUEUE_ID, "k2", ConfigureQueueRequest(1, "more", False, 8, 10, 100)),
+        {"deduplicated": False, "queue": QUEUE},
+    ),
+    ("retire_queue", (QUEUE_ID, "k3", 2, "done"), {"deduplicated": False, "queue": QUEUE}),
+    ("get_application", (APPLICATION["id"],), APPLICATION),
+    (
+        "configure_application",
+        (APPLICATION["id"], "k4", 1, "cap", 3, 2),
+        {"deduplicated": False, "application": APPLICATION},
+    ),
+    ("list_events", (40, 10), {"items": [], "next_cursor": "40"}),
+    (
+        "create_plan",
+        ("k5", CreatePlanRequest("nightly", QUEUE_ID, {"interval_seconds": 60}, {"policy": "SKIP"}, TASK_SPEC)),
+        {"deduplicated": False, "plan": PLAN},
+    ),
+    ("get_plan", (PLAN_ID,), PLAN),
+    ("list_plans", (), {"items": [PLAN]}),
+    (
+        "update_plan",
+        (PLAN_ID, "k6", UpdatePlanRequest(1, "r", {"interval_seconds": 60}, {"policy": "SKIP"}, TASK_SPEC)),
+        {"deduplicated": False, "plan": PLAN},
+    ),
+    ("pause_plan", (PLAN_ID, "k7", 1, "r"), {"deduplicated": False, "plan": PLAN}),
+    ("resume_plan", (PLAN_ID, "k8", 1, "r"), {"deduplicated": False, "plan": PLAN}),
+    ("retire_plan", (PLAN_ID, "k9", 1, "r"), {"deduplicated": False, "plan": PLAN}),
+    ("list_plan_triggers", (PLAN_ID,), {"items": []}),
+    ("submit_task", ("k10", REQUEST), {"deduplicated": False, "task": TASK_SUMMARY}),
+    (
+        "submit_tasks",
+        ({"k11": REQUEST},),
+        {"results": [{"idempotency_key": "k11", "status": 201, "deduplicated": False, "task": TASK_SUMMARY}]},
+    ),
+    ("get_task", (TASK_ID,), {**TASK_SUMMARY, "payload": {"a": 1}}),
+    ("list_tasks", (QUEUE_ID, "WAITING", None, None, 5), {"items": [TASK_SUMMARY]}),
+    ("list_attempts", (TASK_ID,), {"items": [ATTEMPT]}),
+    ("get_attempt", (ATTEMPT_ID,), ATTEMPT),
+    ("cancel_task", (TASK_ID, "k12", "not needed"), {"deduplicated": False, "task": TASK_SUMMARY}),
+    ("resolve_task", (TASK_ID, "k13", "FAILED", "checked"), {"deduplicated": False, "task": TASK_SUMMARY}),
+]
+
+CLIENT_ONLY = {"close", "from_credentials_file"}
+ASYNC_ONLY = {"aclose", "from_credentials_file"}
+
+
+def public_methods(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_") and callable(getattr(cls, name))}
+
+
+def test_both_clients_have_the_same_verbs_with_the_same_signatures():
+    verbs = public_methods(Client) - CLIENT_ONLY
+    assert verbs == public_methods(AsyncClient) - ASYNC_ONLY
+    assert verbs == {name for name, _, _ in VERBS}  # the table below covers every verb
+    for name in verbs:
+        assert inspect.signature(getattr(Client, name)) == inspect.signature(getattr(AsyncClient, name)), name
+        assert getattr(Client, name).__doc__ == getattr(AsyncClient, name).__doc__
+
+
+class Recorder:
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.requests: list[httpx.Request] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return httpx.Response(200, json={"request_id": REQUEST_ID, "data": self.data})
+
+
+def seen(request: httpx.Request) -> tuple[str, str, str | None, bytes]:
+    return request.method, str(request.url), request.headers.get("Idempotency-Key"), request.content
+
+
+@pytest.mark.parametrize(("name", "args", "data"), VERBS, ids=[name for name, _, _ in VERBS])
+def test_each_verb_sends_the_same_request_and_reads_the_same_answer_on_both_clients(name, args, data):
+    sync_recorder, async_recorder = Recorder(data), Recorder(data)
+    sync_result = getattr(Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(sync_recorder)), name)(*args)
+
+    async def call() -> Any:
+        async with AsyncClient("http://orbit.test", TOKEN, transport=httpx.MockTransport(async_recorder)) as client:
+            pending = getattr(client, name)(*args)
+            assert inspect.iscoroutine(pending)
+            return await pending
+
+    async_result = asyncio.run(call())
+    assert async_result == sync_result
+    assert [seen(r) for r in async_recorder.requests] == [seen(r) for r in sync_recorder.requests]
+    (request,) = async_recorder.requests
+    assert request.headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+def test_the_async_client_maps_errors_as_the_sync_one_and_raises_argument_errors_when_awaited():
+    body = {"request_id": REQUEST_ID, "error": {"code": "QUEUE_FULL", "message": "full"}}
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/tasks":
+            return httpx.Response(429, json=body, headers={"Retry-After": "3"})
+        raise httpx.ConnectError("refused")
+
+    async def scenario() -> None:
+        async with AsyncClient("http://orbit.test", TOKEN, transport=httpx.MockTransport(respond)) as client:
+            with pytest.raises(APIError) as caught:
+                await client.submit_task("k", REQUEST)
+            assert (caught.value.code, caught.value.status_code, caught.value.request_id) == (
+                "QUEUE_FULL",
+                429,
+                REQUEST_ID,
+            )
+            assert caught.value.retry_after.total_seconds() == 3
+            with pytest.raises(TransportError):
+                await client.get_task(TASK_ID)
+            pending = client.submit_task("k", None)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="request must be a SubmitTaskRequest"):
+                await pending
+
+    asyncio.run(scenario())
+
+
+def test_async_client_from_credentials_file(tmp_path, monkeypatch):
+    path = tmp_path / "creds.json"
+    path.write_text(json.dumps({"url": "http://orbit.test", "token": TOKEN}))
+    monkeypatch.setenv("ORBIT_CREDENTIALS_FILE", str(path))
+    recorder = Recorder(QUEUE)
+
+    async def scenario() -> None:
+        async with AsyncClient.from_credentials_file(transport=httpx.MockTransport(recorder)) as client:
+            queue = await client.get_queue(QUEUE_ID)
+        assert queue.id == QUEUE_ID
+
+    asyncio.run(scenario())
+    assert recorder.requests[0].headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+def test_a_verb_read_on_the_class_can_be_called_with_the_client():
+    recorder = Recorder(QUEUE)
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
+    assert Client.get_queue(client, QUEUE_ID).id == QUEUE_ID
+
+
+# --------------------------------------------------------------------------- submit_tasks
+
+
+def test_submit_tasks_sends_each_item_with_its_key_and_reads_each_result():
+    recorder = Recorder(
+        {
+            "results": [
+                {"idempotency_key": "a", "status": 201, "deduplicated": False, "task": TASK_SUMMARY},
+                {"idempotency_key": "b", "status": 200, "deduplicated": True, "task": TASK_SUMMARY},
+                {"idempotency_key": "c", "status": 429, "error": {"code": "QUEUE_FULL", "message": "queue is full"}},
+            ]
+        }
+    )
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
+    other = SubmitTaskRequest(QUEUE_ID, "object.update", "v1", "v1", None, concurrency_key="object/42")
+    results = client.submit_tasks([("a", REQUEST), ("b", REQUEST), ("c", other)])
+
+    (request,) = recorder.requests
+    assert (request.method, str(request.url)) == ("POST", "http://orbit.test/v1/tasks:batch")
+    assert "Idempotency-Key" not in request.headers  # the items carry theirs
+    assert json.loads(request.content) == {
+        "tasks": [
+            {"idempotency_key": "a", "task": REQUEST.to_json()},
+            {"idempotency_key": "b", "task": REQUEST.to_json()},
+            {"idempotency_key": "c", "task": other.to_json()},
+        ]
+    }
+    assert [(r.idempotency_key, r.status, r.accepted, r.deduplicated) for r in results] == [
+        ("a", 201, True, False),
+        ("b", 200, True, True),
+        ("c", 429, False, False),
+    ]
+    assert results[0].task is not None and results[0].task.id == TASK_ID
+    refused = results[2]
+    assert refused.task is None and isinstance(refused.error, APIError)
+    assert (refused.error.code, refused.error.status_code, refused.error.message, refused.error.request_id) == (
+        "QUEUE_FULL",
+        429,
+        "queue is full",
+        REQUEST_ID,
+    )
+    assert isinstance(refused, BatchItemResult)
+
+
+def test_submit_tasks_takes_a_mapping_of_keys_to_requests():
+    recorder = Recorder(
+        {"results": [{"idempotency_key": "x", "status": 201, "deduplicated": False, "task": TASK_SUMMARY}]}
+    )
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
+    (result,) = client.submit_tasks({"x": REQUEST})
+    assert result.accepted and json.loads(recorder.requests[0].content)["tasks"][0]["idempotency_key"] == "x"
+
+
+@pytest.mark.parametrize(
+    ("tasks", "error", "match"),
+    [
+        ({}, ValueError, "1 to 500 tasks, got 0"),
+        ({f"k{n}": REQUEST for n in range(501)}, ValueError, "1 to 500 tasks, got 501"),
+        ([("same", REQUEST), ("same", REQUEST)], ValueError, "given twice"),
+        ([("", REQUEST)], ValueError, "Idempotency-Key"),
+        ([("k", {"queue_id": QUEUE_ID})], TypeError, "request must be a SubmitTaskRequest"),
+        (["k"], TypeError, "pairs of"),
+    ],
+)
+def test_submit_tasks_refuses_a_batch_the_server_could_not_take_before_sending(tasks, error, match):
+    recorder = Recorder({"results": []})
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
+    with pytest.raises(error, match=match):
+        client.submit_tasks(tasks)
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"results": []},
+        {"results": [{"idempotency_key": "other", "status": 201, "deduplicated": False, "task": TASK_SUMMARY}]},
+        {"results": [{"idempotency_key": "k", "status": 201}]},
+        {"items": []},
+    ],
+)
+def test_submit_tasks_answers_that_do_not_match_the_items_are_protocol_errors(data):
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(Recorder(data)))
+    with pytest.raises(ProtocolError):
+        client.submit_tasks({"k": REQUEST})
+
+
+def test_a_refused_batch_raises_api_error():
+    body = {"request_id": REQUEST_ID, "error": {"code": "INVALID_ARGUMENT", "message": "tasks[0].task: ..."}}
+    client = Client(
+        "http://orbit.test", TOKEN, transport=httpx.MockTransport(lambda request: httpx.Response(400, json=body))
+    )
+    with pytest.raises(APIError) as caught:
+        client.submit_tasks({"k": REQUEST})
+    assert caught.value.code == "INVALID_ARGUMENT"
+
+
+def test_the_new_names_are_exported():
+    assert orbit_sdk.AsyncClient is AsyncClient and orbit_sdk.BatchItemResult is BatchItemResult
