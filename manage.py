@@ -1,14 +1,8 @@
 #!/usr/bin/env python
-import os
-import sys
+"""Django's management commands with Orbit's settings, in the repo; installed,
+the same command line is `orbit` (orbit/cli.py), `serve` included."""
 
-
-def main() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
-    from django.core.management import execute_from_command_line
-
-    execute_from_command_line(sys.argv)
-
+from orbit.cli import main
 
 if __name__ == "__main__":
     main()

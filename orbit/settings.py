@@ -9,8 +9,15 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# In the repo, local state (the SQLite file) lives under the checkout's .local/;
+# installed (`pip install .`), BASE_DIR is site-packages, so it lives under the
+# working directory's .local/ instead.
+LOCAL_DIR = (BASE_DIR if (BASE_DIR / "manage.py").is_file() else Path.cwd()) / ".local"
 
-SECRET_KEY = os.environ.get("ORBIT_SECRET_KEY", "orbit-development-only-secret-key-change-me")
+DEVELOPMENT_SECRET_KEY = "orbit-development-only-secret-key-change-me"
+SECRET_KEY = os.environ.get("ORBIT_SECRET_KEY") or DEVELOPMENT_SECRET_KEY
+# `orbit serve` warns when this is true outside scripts/run.
+ORBIT_DEVELOPMENT_SECRET_KEY = SECRET_KEY == DEVELOPMENT_SECRET_KEY
 DEBUG = os.environ.get("ORBIT_DEBUG", "") == "1"
 ALLOWED_HOSTS = ["*"]
 
@@ -69,7 +76,7 @@ def database_from_env() -> dict:
     if not dsn:
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": os.environ.get("ORBIT_SQLITE_PATH", str(BASE_DIR / ".local" / "orbit.sqlite3")),
+            "NAME": os.environ.get("ORBIT_SQLITE_PATH", str(LOCAL_DIR / "orbit.sqlite3")),
             "OPTIONS": {
                 # IMMEDIATE takes the write lock at BEGIN, so two writers never
                 # deadlock upgrading a read lock; WAL lets readers run beside them.
@@ -78,7 +85,7 @@ def database_from_env() -> dict:
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
             # A file, not :memory:, so a live server process can share the test database.
-            "TEST": {"NAME": str(BASE_DIR / ".local" / "test.sqlite3")},
+            "TEST": {"NAME": str(LOCAL_DIR / "test.sqlite3")},
         }
     url = urlparse(dsn)
     if url.scheme != "mysql":
@@ -121,6 +128,8 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
+# Where `orbit collectstatic` gathers the admin's files for a web server to serve.
+STATIC_ROOT = os.environ.get("ORBIT_STATIC_ROOT") or None
 
 # A task payload may be 256 KiB encoded; the body around it carries its JSON
 # escaping and the other fields, so leave room before Django refuses to read.
@@ -153,6 +162,10 @@ LOGGING = {
 
 # Public address the server is reached at; printed in credential files.
 ORBIT_HTTP_ADDR = os.environ.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080")
+
+# The platform operator's bearer token for GET /metrics (orbit/metrics.py);
+# unset, metrics are off (404). Tenant credentials never read them.
+ORBIT_METRICS_TOKEN = os.environ.get("ORBIT_METRICS_TOKEN", "") or None
 
 # SQLite has no column or table comments; MySQL, the production store, gets them all.
 SILENCED_SYSTEM_CHECKS = ["fields.W163", "models.W046"]

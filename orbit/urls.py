@@ -1,7 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from orbit import views
+from orbit import probes, views
 from orbit.api.errors import json_error_view
 from orbit.api.pooled import pooled
 from orbit.api.schema import OpenApiDocumentView
@@ -11,6 +11,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/openapi.json", OpenApiDocumentView.as_view(), name="openapi"),
     path("metrics", pooled(MetricsView.as_view())),
+    # Probes: plain async views, outside DRF's credential authentication.
+    path("healthz", probes.healthz, name="healthz"),
+    path("readyz", probes.readyz, name="readyz"),
     re_path(
         r"^v1/applications/(?P<application_id>[^/:]+):configure$", pooled(views.ApplicationConfigureView.as_view())
     ),

@@ -1,0 +1,118 @@
+"""The `orbit` command of an installed server (and of manage.py in the repo).
+
+`orbit <command>` is Django's management command line with Orbit's settings:
+`orbit migrate`, `orbit orbit_bootstrap ...`, `orbit orbit_check`, `orbit help`.
+`orbit serve [-b HOST] [-p PORT] [daphne's options]` runs the server as
+`python -m orbit.serve -b HOST -p PORT orbit.asgi:application` does, after
+checking that it can serve: the database answers and has every migration.
+It prints one start-up line on stdout; a problem is one line on stderr and
+exit status 1."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+SETTINGS_MODULE = "orbit.settings"
+DEFAULT_HTTP_ADDR = "127.0.0.1:8080"
+APPLICATION = "orbit.asgi:application"
+# The start-up check waits this long for the database: a production server
+# may be slow to accept right after it started, unlike a 1 s readiness poll.
+STARTUP_DB_SECONDS = 5.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv if argv is None else argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS_MODULE)
+    if len(argv) > 1 and argv[1] == "serve":
+        sys.exit(serve(argv[2:]))
+    problem = settings_problem()
+    if problem is not None:
+        sys.exit(f"{os.path.basename(argv[0])}: {problem}")
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(argv)
+
+
+def settings_problem() -> str | None:
+    """A configuration error (a malformed ORBIT_MYSQL_DSN) as one line, not
+    the traceback Django would print from inside its settings import."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018 - importing the settings module is the check
+    except (ImproperlyConfigured, ValueError) as exc:
+        return f"configuration error: {exc}"
+    return None
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    """ORBIT_HTTP_ADDR's host and port: `host:port`, or `[v6]:port`."""
+    host, sep, port = addr.strip().rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"ORBIT_HTTP_ADDR must look like HOST:PORT, not {addr!r}")
+    return host.strip("[]"), int(port)
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="orbit serve",
+        description="Serve Orbit's HTTP API and worker protocol (daphne on uvloop). "
+        "Other options are daphne's (see `daphne --help`), e.g. --access-log FILE.",
+    )
+    parser.add_argument("-b", "--bind", metavar="HOST", help="address to listen on (default: ORBIT_HTTP_ADDR's host)")
+    parser.add_argument("-p", "--port", type=int, help="port to listen on (default: ORBIT_HTTP_ADDR's port)")
+    return parser
+
+
+def serve(args: list[str]) -> int:
+    options, daphne_args = serve_parser().parse_known_args(args)
+    try:
+        default_host, default_port = split_addr(os.environ.get("ORBIT_HTTP_ADDR") or DEFAULT_HTTP_ADDR)
+    except ValueError as exc:
+        return fail(str(exc))
+    host = options.bind or default_host
+    port = default_port if options.port is None else options.port
+
+    # Before Django's setup imports daphne (INSTALLED_APPS), which makes its
+    # event loop on import: orbit.serve sets uvloop's policy first.
+    from orbit import serve as server
+
+    problem = settings_problem()
+    if problem is not None:
+        return fail(problem)
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    from orbit.probes import check_database, database_settings, describe_database
+
+    if settings.ORBIT_DEVELOPMENT_SECRET_KEY:
+        print(
+            "orbit serve: warning: ORBIT_SECRET_KEY is not set, so the public development secret key signs "
+            "sessions and admin logins; set ORBIT_SECRET_KEY to a long random value",
+            file=sys.stderr,
+            flush=True,
+        )
+    database = database_settings()
+    problem = check_database(database, timeout=STARTUP_DB_SECONDS)
+    if problem is not None:
+        return fail(problem)
+
+    def announce(addresses: list[tuple[str, int]]) -> None:
+        where = ", ".join(f"http://{'[' + h + ']' if ':' in h else h}:{p}" for h, p in addresses)
+        print(f"orbit: serving on {where}; database {describe_database(database)}; pid {os.getpid()}", flush=True)
+
+    return server.run(["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce)
+
+
+def fail(message: str) -> int:
+    print(f"orbit serve: {message}", file=sys.stderr, flush=True)
+    return 1
+
+
+if __name__ == "__main__":
+    main()

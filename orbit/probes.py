@@ -1,0 +1,230 @@
+"""Unauthenticated probes: GET /healthz (the process answers) and GET /readyz
+(the database answers within 1 s and every migration is applied), plus the
+database check `orbit serve` runs before it listens.
+
+Both probes are polled every second by orchestrators, so they stay cheap:
+/healthz touches nothing, /readyz sends one `SELECT 1` once the migrations
+have been seen applied (that result is kept: migrations are not un-applied
+under a running server, and reading the migration graph each second would
+cost far more than the query).
+
+The 1 s bound holds even against a frozen database server (one that accepts
+connections and never answers): the check runs on a thread of its own, on a
+connection of its own with short client timeouts, and the request waits for
+it at most PROBE_SECONDS. Polls that arrive while a check is still running
+wait on that same check instead of starting another, so a frozen server
+costs one stuck thread, not one per poll."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import math
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import load_backend
+from django.http import HttpRequest, JsonResponse
+
+from orbit.api.errors import COMPACT_JSON, error_body
+from orbit.api.middleware import request_id_of
+
+PROBE_SECONDS = 1.0
+
+# MySQL client error numbers, for a reason an operator can act on.
+_UNKNOWN_DATABASE = 1049
+_ACCESS_DENIED = frozenset({1044, 1045, 1698})
+_UNREACHABLE = frozenset({2002, 2003, 2005, 2006, 2013, 2055})
+
+
+def database_settings(alias: str = "default") -> dict[str, Any]:
+    """The alias's current settings (pytest-django renames NAME to the test
+    database on this very dict), copied so a probe's changes stay its own."""
+    return copy.deepcopy(connections[alias].settings_dict)
+
+
+def describe_database(settings_dict: dict[str, Any]) -> str:
+    """`mysql "orbit" at db:3306` / `sqlite /srv/orbit.sqlite3`: no password."""
+    vendor = _vendor(settings_dict)
+    if vendor == "sqlite":
+        return f"sqlite {settings_dict['NAME']}"
+    return f'{vendor} "{settings_dict["NAME"]}" at {_server(settings_dict)}'
+
+
+def _vendor(settings_dict: dict[str, Any]) -> str:
+    engine = settings_dict["ENGINE"]
+    if "sqlite" in engine:
+        return "sqlite"
+    if "mysql" in engine:
+        return "mysql"
+    return engine.rsplit(".", 1)[-1]
+
+
+def _server(settings_dict: dict[str, Any]) -> str:
+    return f"{settings_dict.get('HOST') or '127.0.0.1'}:{settings_dict.get('PORT') or 3306}"
+
+
+def open_connection(settings_dict: dict[str, Any], timeout: float) -> BaseDatabaseWrapper:
+    """A connection of its own (not the thread's `django.db.connection`), with
+    client timeouts of `timeout` seconds on MySQL: the server's settings keep
+    30 s read timeouts for queries that may wait on row locks; a probe's
+    `SELECT 1` waits on nothing."""
+    settings_dict = copy.deepcopy(settings_dict)
+    if _vendor(settings_dict) == "mysql":
+        seconds = max(1, math.ceil(timeout))  # the driver takes whole seconds
+        settings_dict.setdefault("OPTIONS", {}).update(
+            connect_timeout=seconds, read_timeout=seconds, write_timeout=seconds
+        )
+    settings_dict["CONN_MAX_AGE"] = None  # a probe keeps its one connection
+    backend = load_backend(settings_dict["ENGINE"])
+    return backend.DatabaseWrapper(settings_dict, "default")
+
+
+def unapplied_migrations(connection: BaseDatabaseWrapper) -> list[str]:
+    """`app.migration` names the code has and the database has not applied, in order."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _backwards in plan]
+
+
+def _not_found(settings_dict: dict[str, Any]) -> str | None:
+    """SQLite creates a missing file on connect; a probe must not (an empty
+    file would then look like a database with no migrations)."""
+    name = str(settings_dict["NAME"])
+    if _vendor(settings_dict) == "sqlite" and name != ":memory:" and not name.startswith("file:"):
+        if not Path(name).is_file():
+            return f"database file {name} does not exist (run `orbit migrate` to create it)"
+    return None
+
+
+def explain(exc: BaseException, settings_dict: dict[str, Any]) -> str:
+    """One line an operator can act on, for an error reaching the database."""
+    errno = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    detail = str(exc.args[1] if errno is not None and len(exc.args) > 1 else exc).splitlines()[0]
+    if errno == _UNKNOWN_DATABASE:
+        return f'database "{settings_dict["NAME"]}" does not exist on {_server(settings_dict)}'
+    if errno in _ACCESS_DENIED:
+        return f"the database server at {_server(settings_dict)} refused the credentials: {detail}"
+    if errno in _UNREACHABLE:
+        return f"cannot reach the database server at {_server(settings_dict)}: {detail}"
+    return f"database error: {detail}"
+
+
+def diagnose(connection: BaseDatabaseWrapper, *, migrations: bool = True) -> str | None:
+    """Why the database is not ready on `connection`, or None when it is."""
+    missing = _not_found(connection.settings_dict)
+    if missing is not None:
+        return missing
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+        pending = unapplied_migrations(connection) if migrations else []
+    except DatabaseError as exc:
+        return explain(exc, connection.settings_dict)
+    if pending:
+        count = f"{len(pending)} migration{'s' if len(pending) != 1 else ''}"
+        return f"{count} not applied (first: {pending[0]}); run `orbit migrate`"
+    return None
+
+
+def check_database(settings_dict: dict[str, Any] | None = None, timeout: float = 5.0) -> str | None:
+    """Start-up check of `orbit serve`, on a connection it closes again."""
+    settings_dict = database_settings() if settings_dict is None else settings_dict
+    connection = open_connection(settings_dict, timeout)
+    try:
+        return diagnose(connection)
+    finally:
+        try:
+            connection.close()
+        except DatabaseError:  # a connection that never opened has nothing to close
+            pass
+
+
+class Readiness:
+    """The /readyz check: one at a time, on one thread and one kept connection."""
+
+    def __init__(self, settings_dict: dict[str, Any] | None = None, timeout: float = PROBE_SECONDS) -> None:
+        self.settings_dict = settings_dict  # None: the default database's, when first checked
+        self.timeout = timeout
+        self.migrated = False  # kept once true (see the module's docstring)
+        self._lock = threading.Lock()
+        self._running: Future[str | None] | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orbit-readyz")
+        self._connection: BaseDatabaseWrapper | None = None  # used on the executor's thread only
+
+    def start(self) -> Future[str | None]:
+        """The check under way, or a new one: never two at once."""
+        with self._lock:
+            if self._running is None or self._running.done():
+                self._running = self._executor.submit(self._check)
+            return self._running
+
+    def _check(self) -> str | None:
+        if self.settings_dict is None:
+            self.settings_dict = database_settings()
+        kept = self._connection is not None
+        reason = self._check_once()
+        if reason is not None and kept:
+            # The kept connection may be what broke (the server restarted
+            # since the last poll): one more try, on a new connection.
+            reason = self._check_once()
+        return reason
+
+    def _check_once(self) -> str | None:
+        assert self.settings_dict is not None
+        if self._connection is None:
+            self._connection = open_connection(self.settings_dict, self.timeout)
+        try:
+            reason = diagnose(self._connection, migrations=not self.migrated)
+        except Exception as exc:  # noqa: BLE001 - a probe answers 503, it does not raise
+            reason = f"readiness check failed: {exc}"
+        if reason is None:
+            self.migrated = True
+        else:
+            try:
+                self._connection.close()
+            except Exception:  # noqa: BLE001,S110 - closing a dead connection may fail too
+                pass
+            self._connection = None
+        return reason
+
+    async def reason(self) -> str | None:
+        """Why the server is not ready, or None; within `timeout` seconds."""
+        running = asyncio.wrap_future(self.start())
+        # wait(), not wait_for(): a timeout must not cancel the check others share.
+        done, _ = await asyncio.wait({running}, timeout=self.timeout)
+        if not done:
+            return f"the database did not answer within {self.timeout:g} s"
+        return running.result()
+
+
+READINESS = Readiness()
+
+
+def _no_store(response: JsonResponse) -> JsonResponse:
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+async def healthz(request: HttpRequest) -> JsonResponse:
+    """GET /healthz: the process answers. No credential, no database."""
+    body = {"request_id": request_id_of(request), "data": {"status": "ok"}}
+    return _no_store(JsonResponse(body, json_dumps_params=COMPACT_JSON))
+
+
+async def readyz(request: HttpRequest) -> JsonResponse:
+    """GET /readyz: 200 when the database answers within 1 s with every
+    migration applied; else 503 UNAVAILABLE with the reason. No credential."""
+    reason = await READINESS.reason()
+    if reason is None:
+        body: dict[str, Any] = {"request_id": request_id_of(request), "data": {"status": "ready"}}
+        return _no_store(JsonResponse(body, json_dumps_params=COMPACT_JSON))
+    body = error_body(request_id_of(request), "UNAVAILABLE", f"not ready: {reason}")
+    return _no_store(JsonResponse(body, status=503, json_dumps_params=COMPACT_JSON))

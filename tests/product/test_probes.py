@@ -1,0 +1,198 @@
+"""GET /healthz and GET /readyz: no credential, cheap, and a 1 s bound on the
+readiness answer even when the database server is frozen."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sqlite3
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from orbit import probes
+from orbit.probes import Readiness, check_database, database_settings, open_connection
+from tests.conftest import api_client
+
+HEX32 = r"[0-9a-f]{32}"
+
+
+def mysql_settings(port: int) -> dict[str, Any]:
+    """A MySQL database on 127.0.0.1:`port`: whatever the suite's own vendor."""
+    return {
+        "ENGINE": "orbit.db_backends.mysql",
+        "NAME": "orbit",
+        "USER": "root",
+        "PASSWORD": "",
+        "HOST": "127.0.0.1",
+        "PORT": str(port),
+        "OPTIONS": {"charset": "utf8mb4"},
+        "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": False,
+        "AUTOCOMMIT": True,
+        "ATOMIC_REQUESTS": False,
+        "TIME_ZONE": None,
+        "TEST": {},
+    }
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def frozen_server() -> Iterator[int]:
+    """A port whose server accepts connections (the kernel completes the
+    handshake into the backlog) and never says a word: a frozen mysqld."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def empty_database(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
+    """A reachable database with no migration applied, beside the test database."""
+    with django_db_blocker.unblock():
+        base = database_settings()
+        if connection.vendor == "sqlite":
+            path = tmp_path_factory.mktemp("empty") / "empty.sqlite3"
+            sqlite3.connect(path).close()
+            yield {**base, "NAME": str(path)}
+            return
+        name = f"{base['NAME']}_empty"
+        admin = open_connection(base, 5)
+        with admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
+        try:
+            yield {**base, "NAME": name}
+        finally:
+            with admin.cursor() as cursor:
+                cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+            admin.close()
+
+
+@pytest.fixture
+def readiness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Installs a Readiness of the test's choosing behind GET /readyz."""
+    made: list[Readiness] = []
+
+    def install(settings_dict: dict[str, Any] | None = None, timeout: float = probes.PROBE_SECONDS) -> Readiness:
+        checker = Readiness(settings_dict, timeout)
+        monkeypatch.setattr(probes, "READINESS", checker)
+        made.append(checker)
+        return checker
+
+    yield install
+    for checker in made:
+        checker._executor.shutdown(wait=False)
+
+
+def assert_unavailable(response: Any, reason: str) -> None:
+    assert response.status_code == 503, response.content
+    body = response.json()
+    assert set(body) == {"request_id", "error"}
+    assert body["request_id"] == response["X-Request-Id"]
+    assert body["error"]["code"] == "UNAVAILABLE"
+    assert reason in body["error"]["message"], body
+
+
+def test_healthz_answers_without_a_credential_or_the_database(django_db_blocker):
+    # No db fixture: any database access would fail the test.
+    response = api_client(None).get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["data"] == {"status": "ok"} and body["request_id"] == response["X-Request-Id"]
+    assert response["Cache-Control"] == "no-store"
+
+
+@pytest.mark.django_db
+def test_a_credential_is_not_needed_and_a_bad_one_is_not_refused(readiness):
+    readiness()
+    for headers in ({}, {"HTTP_AUTHORIZATION": "Bearer orb_nonsense"}):
+        assert api_client(None).get("/healthz", **headers).status_code == 200
+        assert api_client(None).get("/readyz", **headers).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_is_200_on_the_migrated_database_and_then_one_query_per_poll(readiness):
+    checker = readiness()
+    first = api_client(None).get("/readyz")
+    assert first.status_code == 200, first.content
+    assert first.json()["data"] == {"status": "ready"}
+    assert checker.migrated
+    # Later polls only ask the database whether it answers: the migration
+    # graph is not read again (it took tens of ms; SELECT 1 takes well under one).
+    started = time.monotonic()
+    for _ in range(5):
+        assert api_client(None).get("/readyz").status_code == 200
+    assert (time.monotonic() - started) / 5 < 0.1
+    # And never on the request's own connection.
+    with CaptureQueriesContext(connection) as queries:
+        assert api_client(None).get("/readyz").status_code == 200
+    assert len(queries) == 0
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_while_migrations_are_not_applied(readiness, empty_database):
+    readiness(empty_database)
+    assert_unavailable(api_client(None).get("/readyz"), "not applied")
+    assert "orbit migrate" in api_client(None).get("/readyz").json()["error"]["message"]
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_when_the_database_server_is_unreachable(readiness):
+    readiness(mysql_settings(closed_port()))
+    started = time.monotonic()
+    assert_unavailable(api_client(None).get("/readyz"), "cannot reach the database server at 127.0.0.1:")
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.django_db
+def test_readyz_is_503_for_a_database_that_does_not_exist(readiness):
+    if connection.vendor == "sqlite":
+        readiness({**database_settings(), "NAME": "/nonexistent/orbit.sqlite3"})
+        assert_unavailable(api_client(None).get("/readyz"), "database file /nonexistent/orbit.sqlite3 does not exist")
+    else:
+        readiness({**database_settings(), "NAME": "orbit_no_such_database"})
+        assert_unavailable(api_client(None).get("/readyz"), 'database "orbit_no_such_database" does not exist')
+
+
+@pytest.mark.django_db
+def test_readyz_answers_within_1_s_when_the_database_is_frozen(readiness, frozen_server):
+    readiness(mysql_settings(frozen_server))
+    for _ in range(2):
+        started = time.monotonic()
+        response = api_client(None).get("/readyz")
+        elapsed = time.monotonic() - started
+        assert response.status_code == 503, response.content
+        assert elapsed < 1.5, elapsed
+
+
+def test_a_frozen_database_holds_one_check_however_often_it_is_polled(frozen_server):
+    # A bound below the driver's 1 s timeout: the check is still stuck when
+    # each poll gives up, and every poll waits on that same check.
+    checker = Readiness(mysql_settings(frozen_server), timeout=0.3)
+    try:
+        started = time.monotonic()
+        reasons = [asyncio.run(checker.reason()) for _ in range(2)]
+        assert time.monotonic() - started < 0.9
+        assert reasons == ["the database did not answer within 0.3 s"] * 2
+        assert checker.start() is checker.start()
+        # Once the driver gives up (connect_timeout 1 s) the check ends with its reason.
+        assert "database" in checker.start().result(timeout=10)
+    finally:
+        checker._executor.shutdown(wait=False)
+
+
+@pytest.mark.django_db
+def test_the_start_up_check_names_what_is_wrong(empty_database):
+    assert check_database() is None
+    assert "migrations not applied (first: " in (check_database(empty_database) or "")
+    assert check_database(mysql_settings(closed_port()), timeout=1).startswith("cannot reach the database server")
