@@ -18,6 +18,8 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 ROOT = Path(__file__).resolve().parent.parent
+# The platform operator's /metrics token of every live server the tests start.
+LIVE_METRICS_TOKEN = "live-metrics-token-for-tests"
 
 
 def free_port() -> int:
@@ -40,6 +42,7 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["ORBIT_SQLITE_PATH"] = settings["NAME"]
     env["ORBIT_MAINTENANCE"] = "1"
     env["ORBIT_INLINE_DB"] = "0"
+    env.setdefault("ORBIT_METRICS_TOKEN", LIVE_METRICS_TOKEN)
     env.update(extra or {})
     return env
 

@@ -9,6 +9,7 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.invariants import find_violations
 from tasks.models import Task
+from tests.live import LIVE_METRICS_TOKEN
 from tests.tasks.support import numbered_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,9 +99,13 @@ def test_the_api_handler_answers_with_the_usual_headers(tenant, orbit_server):
     assert schema.status_code == 200 and "/v1/tasks" in schema.text
     admin = httpx.get(f"{orbit_server.url}/admin/login/", timeout=30)
     assert admin.status_code == 200 and "csrftoken" in admin.cookies
-    # metrics, like every request, need a credential's bearer token (SPEC §2)
+    # metrics are the platform operator's: ORBIT_METRICS_TOKEN, never a tenant's credential (SPEC §11)
     anonymous = httpx.get(f"{orbit_server.url}/metrics", timeout=30)
     assert anonymous.status_code == 401 and anonymous.json()["error"]["code"] == "UNAUTHENTICATED"
-    metrics = http.get("/metrics")
+    tenant_scrape = http.get("/metrics")
+    assert tenant_scrape.status_code == 403 and tenant_scrape.json()["error"]["code"] == "PERMISSION_DENIED"
+    metrics = httpx.get(
+        f"{orbit_server.url}/metrics", headers={"Authorization": f"Bearer {LIVE_METRICS_TOKEN}"}, timeout=30
+    )
     assert metrics.status_code == 200 and metrics.headers["Content-Type"].startswith("text/plain")
     assert "orbit_tasks_submitted_total" in metrics.text
