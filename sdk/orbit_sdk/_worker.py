@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -79,6 +80,11 @@ TRANSIENT_CODES = frozenset({"UNAVAILABLE", "INTERNAL"})
 # Close codes after which reconnecting with the same hello cannot help.
 FATAL_CLOSE_CODES = {4401: "UNAUTHENTICATED", 4403: "PERMISSION_DENIED", 4409: "STATE_CONFLICT"}
 FATAL_HTTP_STATUSES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
+# Close codes after which the worker reconnects, logging the server's error frame sent before.
+CLOSE_MEANINGS = {
+    1009: "a frame over the server's message size limit",
+    4408: "assignments not acknowledged in time",
+}
 
 
 class _NoAnswer(Exception):
@@ -87,6 +93,10 @@ class _NoAnswer(Exception):
 
 class _Abandoned(Exception):
     """The caller no longer wants the request sent."""
+
+
+class _HelloRefused(Exception):
+    """The hello was answered "not now" (UNAVAILABLE, INTERNAL): reconnect and try again."""
 
 
 def _fatal(code: str, message: str) -> APIError:
@@ -269,6 +279,7 @@ class _Connection:
         self.closed = False
         self.drain_acked = False
         self.last_error: dict[str, Any] | None = None
+        self.error_was_last = False  # the last frame received was that error (it says why a close came)
         self.fatal: APIError | None = None
 
 
@@ -429,6 +440,8 @@ class Worker:
         self._drain_before_start = False
         self._stop_before_start = False
         self._finished = threading.Event()
+        self._thread: threading.Thread | None = None  # set by start()
+        self._error: BaseException | None = None  # what ended a start()ed run
 
         # Loop state (touched only on the loop thread once run_async starts).
         self._ids = itertools.count(1)
@@ -442,6 +455,8 @@ class Worker:
         self._stopping = False
         self._lease_seconds = DEFAULT_LEASE_SECONDS
         self._renew_seconds = DEFAULT_RENEW_SECONDS
+        self._reconnect_delay = min_reconnect_delay
+        self._closed_conn: _Connection | None = None  # the latest connection, kept to say why it closed
         self.session_id: str | None = None
 
     @classmethod
@@ -461,18 +476,28 @@ class Worker:
 
     # ------------------------------------------------------------------ public control
 
-    def run(self) -> None:
-        """Run until drained or stopped (blocking; owns an event loop via ``asyncio.run``)."""
+    def run(self, *, handle_signals: bool = True) -> None:
+        """Run until drained or stopped (blocking; owns an event loop via ``asyncio.run``).
+
+        Called on the main thread with ``handle_signals`` (the default), SIGTERM and SIGINT
+        stop the worker gracefully, as :meth:`drain` does: the server is told ``drain`` (no
+        new leases), attempts not yet started are handed back, running handlers finish (their
+        leases renewed meanwhile), their results are acknowledged, then the connection closes
+        and ``run`` returns. A second signal ends it at once, as :meth:`stop` with
+        ``timeout=0``. The previous signal handlers are restored when ``run`` returns.
+        """
         with self._control:
             if self._ran:
                 raise RuntimeError("a Worker runs once; create a new one")
-        asyncio.run(self.run_async())
+        asyncio.run(self.run_async(handle_signals=handle_signals))
 
-    async def run_async(self) -> None:
+    async def run_async(self, *, handle_signals: bool = False) -> None:
         """Run on the current loop until drained or stopped.
 
         Raises :class:`APIError` when the server refuses the worker for good (bad token, missing
-        scope, a hello it rejects, ``concurrency_keys`` changed for this ``worker_id``).
+        scope, a hello it rejects, ``concurrency_keys`` changed for this ``worker_id``). With
+        ``handle_signals`` (off here: the loop's owner usually owns the signals too), SIGTERM and
+        SIGINT drain as in :meth:`run`; only on the main thread.
         """
         with self._control:
             if self._ran:
@@ -484,6 +509,7 @@ class Worker:
         self._renew_kick = asyncio.Event()
         self._ready = asyncio.Event()
         renewer = asyncio.create_task(self._renew_loop())
+        restore = self._install_signal_handlers() if handle_signals else {}
         try:
             if stop_first:
                 self._on_stop()
@@ -491,12 +517,37 @@ class Worker:
                 self._begin_drain()
             await self._connection_loop()
         finally:
+            for signum, previous in restore.items():
+                signal.signal(signum, previous)
             renewer.cancel()
             pending = [renewer, *self._tasks]
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             self._finished.set()
+
+    def start(self) -> None:
+        """Run in a background thread, for embedding in another program; returns at once.
+
+        End it with :meth:`stop` (graceful) and wait with :meth:`join`, which raises what ended
+        the run if it was an error (e.g. :class:`APIError` for a refused token). The thread is a
+        daemon: a program that exits without ``stop()`` abandons its in-flight attempts (their
+        leases run out on the server). Signals stay the embedding program's own.
+        """
+        with self._control:
+            if self._ran or self._thread is not None:
+                raise RuntimeError("a Worker runs once; create a new one")
+            self._thread = threading.Thread(
+                target=self._run_in_thread, name=f"orbit-worker-{self.worker_id}", daemon=True
+            )
+        self._thread.start()
+
+    def _run_in_thread(self) -> None:
+        try:
+            asyncio.run(self.run_async())
+        except BaseException as exc:  # handed to join(); a thread has no caller to raise to
+            logger.error("orbit worker %s: run ended with %r", self.worker_id, exc)
+            self._error = exc
 
     def drain(self) -> None:
         """Stop taking work, let in-flight attempts finish and report, then end ``run``.
@@ -513,29 +564,90 @@ class Worker:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to drain
                 loop.call_soon_threadsafe(self._begin_drain)
 
-    def stop(self) -> None:
-        """End ``run`` now without waiting for in-flight work (its leases run out on the server).
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop gracefully, as :meth:`drain` does; after ``timeout`` seconds, if in-flight work
+        has still not finished and reported, end at once (those attempts' leases run out on
+        the server: a running one then needs review). ``timeout=0`` ends at once.
 
-        Thread-safe. Sync handlers already running in a thread are not interrupted; ``run()``
-        returns once they return.
+        Thread-safe and non-blocking (callable from a handler); :meth:`join` waits for the end.
+        Sync handlers already running in a thread are not interrupted: ``run()`` returns once
+        they return.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
+            raise ValueError("timeout must be None or a number of seconds >= 0")
         with self._control:
             loop = self._loop
             if loop is None:
-                self._stop_before_start = True
+                if timeout == 0:
+                    self._stop_before_start = True
+                else:
+                    self._drain_before_start = True
                 return
         if not self._finished.is_set():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._on_stop)
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to stop
+                loop.call_soon_threadsafe(self._stop_within, timeout)
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait (from another thread) until ``run`` has ended; True if it has."""
-        return self._finished.wait(timeout)
+        """Wait (from another thread) until ``run`` has ended; True if it has.
+
+        For a worker started with :meth:`start`, raises the exception that ended its run, if any.
+        """
+        thread = self._thread
+        if thread is None:
+            return self._finished.wait(timeout)
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def _stop_within(self, timeout: float | None) -> None:
+        if timeout == 0:
+            self._on_stop()
+            return
+        self._begin_drain()
+        if timeout is not None:
+            assert self._loop is not None
+            self._loop.call_later(timeout, self._stop_overdue, timeout)
+
+    def _stop_overdue(self, timeout: float) -> None:
+        if not self._exit.is_set():
+            logger.warning(
+                "orbit worker %s: in-flight work not done %.1f s after stop(); stopping now", self.worker_id, timeout
+            )
+            self._on_stop()
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """SIGTERM and SIGINT → graceful stop; returns the handlers they replace."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        loop = asyncio.get_running_loop()
+
+        def on_signal(signum: int, frame: Any) -> None:
+            loop.call_soon_threadsafe(self._on_signal, signal.Signals(signum).name)
+
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, on_signal)
+        return previous
+
+    def _on_signal(self, name: str) -> None:
+        if self._draining:
+            logger.warning("orbit worker %s: %s again: stopping now", self.worker_id, name)
+            self._on_stop()
+            return
+        logger.info(
+            "orbit worker %s: %s: stopping gracefully (no new leases; running handlers finish and report; "
+            "send it again to stop at once)",
+            self.worker_id,
+            name,
+        )
+        self._begin_drain()
 
     # ------------------------------------------------------------------ connection
 
     async def _connection_loop(self) -> None:
-        delay = self._min_reconnect_delay
         while True:
             self._check_finished()
             if self._exit.is_set():
@@ -548,12 +660,13 @@ class Worker:
                     close_timeout=CLOSE_TIMEOUT,
                     max_size=None,
                 ) as ws:
-                    delay = self._min_reconnect_delay
                     await self._session(ws)
                 if not self._exit.is_set():
-                    logger.warning(
-                        "orbit worker %s: connection closed (code %s); reconnecting", self.worker_id, ws.close_code
-                    )
+                    self._log_close(ws)
+            except _HelloRefused as exc:
+                logger.warning(
+                    "orbit worker %s: %s; reconnecting in %.1f s", self.worker_id, exc, self._reconnect_delay
+                )
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in FATAL_HTTP_STATUSES:
@@ -564,16 +677,40 @@ class Worker:
             self._check_finished()
             if self._exit.is_set():
                 return
+            # Reset only by a hello.ok: a server that accepts connections but refuses
+            # hellos (UNAVAILABLE) is asked less and less often.
+            delay = self._reconnect_delay
+            self._reconnect_delay = min(delay * 2, self._max_reconnect_delay)
             try:
                 await asyncio.wait_for(self._exit.wait(), timeout=delay)
             except TimeoutError:
                 pass
-            delay = min(delay * 2, self._max_reconnect_delay)
+
+    def _log_close(self, ws: ClientConnection) -> None:
+        """Why the server closed, in its own words when it sent them (an error frame first)."""
+        code = ws.close_code
+        conn = self._closed_conn
+        error = conn.last_error if conn is not None and conn.error_was_last else None
+        said = ""
+        if error is not None:
+            said = f": {error.get('code')} {error.get('message')}"
+        elif ws.close_reason:
+            said = f": {ws.close_reason}"
+        meaning = CLOSE_MEANINGS.get(code) if code is not None else None
+        level = logging.ERROR if code == 1009 else logging.WARNING
+        logger.log(
+            level,
+            "orbit worker %s: connection closed by the server (code %s%s)%s; reconnecting",
+            self.worker_id,
+            code,
+            f", {meaning}" if meaning else "",
+            said,
+        )
 
     async def _session(self, ws: ClientConnection) -> None:
         self._generation += 1
         conn = _Connection(ws, self._generation)
-        self._conn = conn
+        self._conn = self._closed_conn = conn
         reader = asyncio.create_task(self._read_loop(conn))
         try:
             try:
@@ -592,7 +729,9 @@ class Worker:
                 if reply.get("type") != "hello.ok":
                     code, message = _error_code(reply), str(reply.get("message", ""))
                     if code in TRANSIENT_CODES:
-                        raise _NoAnswer(f"hello: {code} {message}")
+                        # "Not now" (e.g. this worker_id is still in use by a live connection):
+                        # the same hello can succeed later, so reconnect with backoff.
+                        raise _HelloRefused(f"hello answered {code}: {message}")
                     raise _fatal(code, f"hello refused: {message}")
                 self.session_id = reply.get("session_id") if isinstance(reply.get("session_id"), str) else None
                 self._lease_seconds = _seconds(reply.get("lease_seconds"), DEFAULT_LEASE_SECONDS)
@@ -608,6 +747,7 @@ class Worker:
                     raise conn.fatal from None
                 raise
             conn.ready = True
+            self._reconnect_delay = self._min_reconnect_delay
             self._ready.set()
             logger.info("orbit worker %s: connected (session %s)", self.worker_id, self.session_id)
             if self._draining:
@@ -646,7 +786,8 @@ class Worker:
             code = conn.ws.close_code
             if code in FATAL_CLOSE_CODES and conn.fatal is None:
                 error = conn.last_error or {}
-                message = error.get("message") if isinstance(error.get("message"), str) else f"closed with {code}"
+                said = error.get("message")
+                message = said if isinstance(said, str) else f"closed with {code}"
                 conn.fatal = _fatal(_error_code(error) if error else FATAL_CLOSE_CODES[code], message)
             self._drop_connection(conn)
 
@@ -660,6 +801,7 @@ class Worker:
             logger.error("orbit worker %s: protocol error: frame is not a JSON object", self.worker_id)
             return
         reply_to = frame.get("reply_to")
+        conn.error_was_last = reply_to is None and frame.get("type") == "error"
         if reply_to is not None:
             future = conn.pending.pop(reply_to, None) if isinstance(reply_to, str) else None
             if future is not None and not future.done():

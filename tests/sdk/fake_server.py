@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,10 @@ class FakeServer:
     result_actions: list[str] = field(default_factory=list)
     tamper_held: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
     hello_error: dict[str, Any] | None = None  # {"code":..., "message":..., "close": 4401}
+    # Refusals for the next hellos, one each (then hellos succeed); same shape as hello_error,
+    # without "close" the connection stays open as the server leaves it after UNAVAILABLE.
+    hello_refusals: list[dict[str, Any]] = field(default_factory=list)
+    connected_at: list[float] = field(default_factory=list)  # time.monotonic() of each connection
     auth_headers: list[str | None] = field(default_factory=list)
     connections: int = 0
     events: list[str] = field(default_factory=list)  # shared with handlers for ordering checks
@@ -131,6 +136,13 @@ class FakeServer:
         if self._live is not None:
             await self._live.close(code)
 
+    async def close_with_error(self, close_code: int, code: str, message: str) -> None:
+        """As the server closes a connection for cause: an error frame saying why, then the close."""
+        if self._live is not None:
+            ws = self._live
+            await self._send(ws, {"type": "error", "code": code, "message": message})
+            await ws.close(close_code)
+
     def received(self, kind: str, attempt_id: str | None = None) -> list[dict[str, Any]]:
         return [
             frame
@@ -178,6 +190,7 @@ class FakeServer:
 
     async def _serve(self, ws: ServerConnection) -> None:
         self.connections += 1
+        self.connected_at.append(time.monotonic())
         self.auth_headers.append(ws.request.headers.get("Authorization"))
         worker: str | None = None
         try:
@@ -194,13 +207,16 @@ class FakeServer:
                     return {"type": "error", "reply_to": rid, "code": code, "message": code.lower(), **fields}
 
                 if kind == "hello":
-                    if self.hello_error is not None:
-                        spec = dict(self.hello_error)
+                    if self.hello_refusals or self.hello_error is not None:
+                        scripted = bool(self.hello_refusals)
+                        spec = dict(self.hello_refusals.pop(0) if scripted else self.hello_error or {})
                         close = spec.pop("close", None)
                         await self._send(ws, error(spec["code"], message=spec.get("message", "no")))
                         if close:
                             await ws.close(close)
-                        return
+                        if close or not scripted:
+                            return
+                        continue
                     worker = frame["worker_id"]
                     held = [
                         self.held_entry(a) for a in self.attempts.values() if a.worker_id == worker and a.state in LIVE

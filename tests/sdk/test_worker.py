@@ -43,7 +43,7 @@ async def running(worker: orbit_sdk.Worker) -> AsyncIterator[asyncio.Task[None]]
         yield task
     finally:
         if not task.done():
-            worker.stop()
+            worker.stop(timeout=0)  # at once: a test may leave a handler blocked
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 1.0)
 
 
