@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit import applications
 from orbit.api.fields import canonical_uint64
 from orbit.api.responses import ok
-from orbit.api.schema import PAGE_SIZE, documented
+from orbit.api.schema import PAGE_SIZE, documented, uint64_query
 from orbit.api.views import OrbitView, page_size_of, validated
 from orbit.audit import event_page
 from orbit.errors import InvalidArgument
@@ -21,7 +20,7 @@ from orbit.serializers import ApplicationConfigureInput
 
 
 class ApplicationDetailView(OrbitView):
-    @documented()
+    @documented(data="Application")
     def get(self, request: Request, application_id: str) -> Response:
         principal = self.principal(request)
         principal.require("applications:manage")
@@ -29,7 +28,7 @@ class ApplicationDetailView(OrbitView):
 
 
 class ApplicationConfigureView(OrbitView):
-    @documented(ApplicationConfigureInput, idempotent=True)
+    @documented(ApplicationConfigureInput, data="ApplicationReceipt", idempotent=True)
     def post(self, request: Request, application_id: str) -> Response:
         principal = self.principal(request)
         principal.require("applications:manage")
@@ -68,10 +67,8 @@ def cursor_of(request: Request) -> int:
 
 class EventListView(OrbitView):
     @documented(
-        extra_parameters=(
-            OpenApiParameter("after", str, OpenApiParameter.QUERY, description="cursor of the last event read"),
-            PAGE_SIZE,
-        )
+        data="EventPage",
+        extra_parameters=(uint64_query("after", "cursor of the last event read"), PAGE_SIZE),
     )
     def get(self, request: Request) -> Response:
         principal = self.principal(request)

@@ -23,7 +23,7 @@ def body_of(fields: dict[str, Any], body: dict[str, Any]) -> actions.PlanBody:
 
 
 class PlanCollectionView(OrbitView):
-    @documented(operation_id="plans_list", paged=True)
+    @documented(data="PlanPage", operation_id="plans_list", paged=True)
     def get(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("plans:manage")
@@ -32,7 +32,7 @@ class PlanCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(PlanCreateInput, created=True, idempotent=True)
+    @documented(PlanCreateInput, data="PlanReceipt", created=True, idempotent=True, not_found=True)
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("plans:manage")
@@ -54,7 +54,7 @@ class PlanCollectionView(OrbitView):
 
 
 class PlanDetailView(OrbitView):
-    @documented()
+    @documented(data="Plan")
     def get(self, request: Request, plan_id: str) -> Response:
         principal = self.principal(request)
         principal.require("plans:manage")
@@ -62,7 +62,7 @@ class PlanDetailView(OrbitView):
 
 
 class PlanTriggersView(OrbitView):
-    @documented(operation_id="plan_triggers_list", paged=True)
+    @documented(data="TriggerPage", operation_id="plan_triggers_list", paged=True)
     def get(self, request: Request, plan_id: str) -> Response:
         principal = self.principal(request)
         principal.require("plans:manage")
@@ -74,7 +74,7 @@ class PlanTriggersView(OrbitView):
 
 
 class PlanUpdateView(OrbitView):
-    @documented(PlanUpdateInput, idempotent=True)
+    @documented(PlanUpdateInput, data="PlanReceipt", idempotent=True)
     def post(self, request: Request, plan_id: str) -> Response:
         self.principal(request).require("plans:manage")
 
@@ -102,7 +102,7 @@ def change_view(verb: Callable[..., dict[str, Any]], operation: str) -> type[Orb
     """:pause, :resume and :retire: `{expected_revision, reason}`, the plan back."""
 
     class PlanChangeView(OrbitView):
-        @documented(PlanChangeInput, idempotent=True, operation_id=operation.replace(".", "_"))
+        @documented(PlanChangeInput, data="PlanReceipt", idempotent=True, operation_id=operation.replace(".", "_"))
         def post(self, request: Request, plan_id: str) -> Response:
             self.principal(request).require("plans:manage")
 

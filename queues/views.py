@@ -22,7 +22,7 @@ def limits_of(fields: dict[str, Any]) -> actions.QueueLimits:
 
 
 class QueueCollectionView(OrbitView):
-    @documented(operation_id="queues_list", paged=True)
+    @documented(data="QueuePage", operation_id="queues_list", paged=True)
     def get(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("queues:read")
@@ -31,7 +31,7 @@ class QueueCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(QueueCreateInput, created=True, idempotent=True)
+    @documented(QueueCreateInput, data="QueueReceipt", created=True, idempotent=True)
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("queues:manage")
@@ -51,7 +51,7 @@ class QueueCollectionView(OrbitView):
 
 
 class QueueDetailView(OrbitView):
-    @documented()
+    @documented(data="Queue")
     def get(self, request: Request, queue_id: str) -> Response:
         principal = self.principal(request)
         principal.require("queues:read")
@@ -59,7 +59,7 @@ class QueueDetailView(OrbitView):
 
 
 class QueueConfigureView(OrbitView):
-    @documented(QueueConfigureInput, idempotent=True)
+    @documented(QueueConfigureInput, data="QueueReceipt", idempotent=True)
     def post(self, request: Request, queue_id: str) -> Response:
         principal = self.principal(request)
         principal.require("queues:manage")
@@ -86,7 +86,7 @@ class QueueConfigureView(OrbitView):
 
 
 class QueueRetireView(OrbitView):
-    @documented(QueueRetireInput, idempotent=True)
+    @documented(QueueRetireInput, data="QueueReceipt", idempotent=True)
     def post(self, request: Request, queue_id: str) -> Response:
         principal = self.principal(request)
         principal.require("queues:manage")

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from orbit.api.middleware import request_id_of
 from orbit.api.responses import ok, page
-from orbit.api.schema import documented
+from orbit.api.schema import Documented, documented
 from orbit.api.views import (
     OrbitView,
     decode_page_token,
@@ -25,7 +25,12 @@ from tasks.serializers import CancelTaskInput, ResolveTaskInput, SubmitTaskInput
 
 
 class TaskCollectionView(OrbitView):
-    @documented(operation_id="tasks_list", filters=("queue_id", "state", "business_key", "concurrency_key"), paged=True)
+    @documented(
+        data="TaskPage",
+        operation_id="tasks_list",
+        filters=("queue_id", "state", "business_key", "concurrency_key"),
+        paged=True,
+    )
     def get(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -39,7 +44,7 @@ class TaskCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(SubmitTaskInput, created=True, idempotent=True)
+    @documented(SubmitTaskInput, data="TaskReceipt", created=True, idempotent=True, not_found=True, queue_full=True)
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:submit")
@@ -65,7 +70,7 @@ class TaskCollectionView(OrbitView):
 
 
 class TaskDetailView(OrbitView):
-    @documented()
+    @documented(data="Task")
     def get(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -73,7 +78,7 @@ class TaskDetailView(OrbitView):
 
 
 class TaskAttemptsView(OrbitView):
-    @documented(paged=True)
+    @documented(data="AttemptPage", paged=True)
     def get(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -88,7 +93,7 @@ class TaskAttemptsView(OrbitView):
 
 
 class AttemptDetailView(OrbitView):
-    @documented()
+    @documented(data="Attempt")
     def get(self, request: Request, attempt_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:read")
@@ -96,7 +101,7 @@ class AttemptDetailView(OrbitView):
 
 
 class TaskCancelView(OrbitView):
-    @documented(CancelTaskInput, idempotent=True)
+    @documented(CancelTaskInput, data="TaskReceipt", idempotent=True)
     def post(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:cancel")
@@ -118,7 +123,7 @@ class TaskResolveView(OrbitView):
     """POST /v1/tasks/{id}:resolve — a person's decision about a task whose
     effect was unknown (SPEC §7); held by the same scope as cancel."""
 
-    @documented(ResolveTaskInput, idempotent=True)
+    @documented(ResolveTaskInput, data="TaskReceipt", idempotent=True)
     def post(self, request: Request, task_id: str) -> Response:
         principal = self.principal(request)
         principal.require("tasks:cancel")
@@ -142,7 +147,7 @@ class TaskBatchView(OrbitView):
     """POST /v1/tasks:batch — each item carries its own Idempotency-Key and gets
     its own result; the request as a whole is not idempotent and needs no header."""
 
-    @documented()
+    @documented(Documented("SubmitBatchInput"), data="BatchResults")
     def post(self, request: Request) -> Response:
         principal = self.principal(request)
         principal.require("tasks:submit")

@@ -1,10 +1,19 @@
-"""OpenAPI (drf-spectacular) for the v1 API: the bearer credential and the
-request bodies. Responses are the envelope `{"request_id", "data"}` (or
-`{"request_id", "error"}`) described in README and SPEC; they are documented as
-objects."""
+"""OpenAPI (drf-spectacular) for the v1 API: the exact contract.
+
+Request bodies come from the serializers the views validate with; the
+extensions below state in JSON Schema what each strict field checks (its
+pattern, range, format) and the rules between fields (one of two schedule
+forms, the misfire window, deadline_at or timeout_seconds), from the
+fields' own constants. Answers are the envelopes and objects of
+orbit.api.openapi_objects, with every error status an operation can answer.
+The document is served without a credential (it holds no data), from
+`GET /v1/openapi.json`, and generated once per process."""
 
 from __future__ import annotations
 
+import copy
+import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,12 +22,29 @@ from drf_spectacular.extensions import (
     OpenApiSerializerExtension,
     OpenApiSerializerFieldExtension,
 )
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from drf_spectacular.views import SpectacularJSONAPIView
+from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
+
+from orbit.api import openapi_objects as shapes
+from orbit.api.fields import NAME_PATTERN
+from orbit.api.views import MAX_PAGE_SIZE
+from orbit.fields import UINT64_MAX
+
+DOCUMENT_SETTINGS = {
+    "DESCRIPTION": (
+        "Orbit's HTTP API (v1). Every request but this document's carries `Authorization: Bearer "
+        "<token>`; every mutating POST an `Idempotency-Key`. Success is `{request_id, data}`, failure "
+        "`{request_id, error: {code, message}}`, both with `X-Request-Id`. Workers use the WebSocket "
+        f"protocol at `/v1/workers/connect`, described in [{shapes.PROTOCOL_DOC}]"
+        f"(https://github.com/orbit/orbit/blob/main/{shapes.PROTOCOL_DOC}) ({shapes.PROTOCOL_DOC} in "
+        "the repository)."
+    ),
+}
 
 
 class BearerCredential(OpenApiAuthenticationExtension):
@@ -27,6 +53,18 @@ class BearerCredential(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
         return {"type": "http", "scheme": "bearer", "description": "orb_<credential id>_<secret>"}
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def _base(auto_schema: Any, field: Any, direction: Any) -> dict[str, Any]:
+    """What drf-spectacular makes of the field (type, lengths, bounds)."""
+    return auto_schema._map_serializer_field(field, direction, bypass_extensions=True)
+
+
+# Django's CharField refuses NUL (ProhibitNullCharactersValidator) in every string field.
+NO_NUL = "^[^\\u0000]*$"
 
 
 class StrictChoices(OpenApiSerializerFieldExtension):
@@ -39,59 +77,447 @@ class StrictChoices(OpenApiSerializerFieldExtension):
         return {"type": "string", "enum": list(self.target.values)}
 
 
+class StrictStrings(OpenApiSerializerFieldExtension):
+    target_class = "orbit.api.fields.StrictCharField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {**_base(auto_schema, self.target, direction), "pattern": NO_NUL}
+
+
+class Names(OpenApiSerializerFieldExtension):
+    target_class = "orbit.api.fields.NameField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {**_base(auto_schema, self.target, direction), "pattern": f"^{NAME_PATTERN.pattern}$"}
+
+
+class Reasons(OpenApiSerializerFieldExtension):
+    """Non-blank: at least one character that is neither whitespace (what
+    str.strip() removes) nor NUL."""
+
+    target_class = "orbit.api.fields.ReasonField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = _base(auto_schema, self.target, direction)
+        return {
+            **schema,
+            "minLength": 1,
+            "pattern": "^[^\\u0000]*[^\\u0000\\s][^\\u0000]*$",
+            "description": "not blank (not only whitespace); goes to the audit row",
+        }
+
+
+class Uint64Strings(OpenApiSerializerFieldExtension):
+    target_class = "orbit.api.fields.Uint64StringField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return dict(shapes.REVISION if self.target.nonzero else shapes.UINT64_STRING)
+
+
+# tasks.serializers.is_control: C0, DEL and C1.
+_KEY_CHARACTER = "[^\\u0000-\\u001f\\u007f-\\u009f]"
+_KEY_EDGE = "[^\\u0000-\\u001f\\u007f-\\u009f\\s]"
+
+
+class ConcurrencyKeys(OpenApiSerializerFieldExtension):
+    target_class = "tasks.serializers.ConcurrencyKeyField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {
+            **_base(auto_schema, self.target, direction),
+            "pattern": f"^(?:{_KEY_EDGE}(?:{_KEY_CHARACTER}*{_KEY_EDGE})?)?$",
+            "description": "empty or omitted: none; no control characters, no whitespace at either end; "
+            "compared byte for byte",
+        }
+
+
+class Times(OpenApiSerializerFieldExtension):
+    target_class = "tasks.serializers.TimeField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return {
+            "type": "string",
+            "format": "date-time",
+            "pattern": shapes.DATE_TIME_PATTERN,
+            "description": "RFC 3339 with a time zone offset, e.g. 2026-01-02T03:04:05Z",
+        }
+
+
+def payload_schema() -> dict[str, Any]:
+    """tasks.serializers.PayloadField. Set by ClosedBodies: the field class's
+    own extend_schema_field (any value) wins over a field extension."""
+    from tasks.serializers import MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES
+
+    return {
+        # Any JSON but null (OpenAPI 3.0 has no "null" type to exclude).
+        "anyOf": [
+            {"type": "object"},
+            {"type": "array", "items": {}},
+            {"type": "string"},
+            {"type": "number"},
+            {"type": "boolean"},
+        ],
+        "description": f"any JSON value but null: at most {MAX_PAYLOAD_BYTES} bytes encoded (413 above), "
+        f"arrays and objects nested at most {MAX_JSON_DEPTH} deep",
+    }
+
+
+# --------------------------------------------------------------------------- cron
+
+
+def _anycase(word: str) -> str:
+    return "".join(f"[{ch.upper()}{ch.lower()}]" for ch in word)
+
+
+def _names(words: str) -> str:
+    return "|".join(_anycase(word) for word in words.split())
+
+
+_STEP = "0*[1-9][0-9]*"
+
+
+def _cron_field(value: str, *extra_terms: str) -> str:
+    term = f"(?:(?:\\*|(?:{value})(?:-(?:{value}))?)(?:/{_STEP})?{''.join('|' + t for t in extra_terms)})"
+    return f"{term}(?:,{term})*"
+
+
+_DOW = f"0*[0-7]|{_names('SUN MON TUE WED THU FRI SAT')}"
+# cronsim's five fields (minute hour day-of-month month day-of-week), each a
+# list of `*`, values, ranges, steps, and the day fields' L, LW and #n.
+CRON_PATTERN = (
+    "^\\s*"
+    + "\\s+".join(
+        (
+            _cron_field("0*[0-5]?[0-9]"),
+            _cron_field("0*(?:1?[0-9]|2[0-3])"),
+            _cron_field("0*(?:[1-9]|[12][0-9]|3[01])", _anycase("LW"), _anycase("L")),
+            _cron_field(f"0*(?:[1-9]|1[0-2])|{_names('JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC')}"),
+            _cron_field(_DOW, f"0*[0-7]{_anycase('L')}", f"(?:{_DOW})#0*[1-5]"),
+        )
+    )
+    + "\\s*$"
+)
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def _schedule_forms(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """plans.serializers.ScheduleInput: {cron, timezone?} or {interval_seconds}."""
+    from plans.serializers import iana_zone_names
+
+    properties = schema["properties"]
+    cron = {
+        **properties["cron"],
+        "pattern": CRON_PATTERN,
+        "description": "5 fields: minute hour day-of-month month day-of-week; ranges ascending, "
+        "and a day that some month of the expression has",
+    }
+    timezone = {
+        "type": "string",
+        "enum": sorted(iana_zone_names()),
+        "description": "an IANA time zone; omitted: UTC",
+    }
+    forms = {
+        "CronSchedule": shapes.closed({"cron": cron, "timezone": timezone}, optional=("timezone",)),
+        "IntervalSchedule": shapes.closed({"interval_seconds": properties["interval_seconds"]}),
+    }
+    for name, form in forms.items():
+        auto_schema.registry.register_on_missing(
+            ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=form)
+        )
+    return {"oneOf": [shapes.ref(name) for name in forms], "description": "a plan's schedule: one of two forms"}
+
+
+def _misfire_rule(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """plans.serializers.MisfireInput: SKIP has no window, the others need one."""
+    from plans.serializers import POLICIES
+
+    choices = {"UnwindowedPolicy": ["SKIP"], "WindowedPolicy": [p for p in POLICIES if p != "SKIP"]}
+    for name, values in choices.items():
+        auto_schema.registry.register_on_missing(
+            ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=shapes.enum(values))
+        )
+    return {
+        **schema,
+        "oneOf": [
+            {
+                "properties": {"policy": shapes.ref("UnwindowedPolicy")},
+                "not": {"required": ["catch_up_window_seconds"]},
+            },
+            {"properties": {"policy": shapes.ref("WindowedPolicy")}, "required": ["catch_up_window_seconds"]},
+        ],
+    }
+
+
+def _exclusive(first: str, second: str) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
+    def rule(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        if first not in schema["properties"] or second not in schema["properties"]:
+            return schema  # a subclass without one of them (plans' task template)
+        return {**schema, "not": {"required": [first, second]}}
+
+    return rule
+
+
+def _retry_rule(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    return {**schema, "description": "max_seconds must be at least initial_seconds (defaults 1 and 300)"}
+
+
+# Rules between fields that a serializer's validate() enforces, by its class name.
+BODY_RULES: dict[str, Callable[[Any, dict[str, Any]], dict[str, Any]]] = {
+    "ScheduleInput": _schedule_forms,
+    "MisfireInput": _misfire_rule,
+    "SubmitTaskInput": _exclusive("deadline_at", "timeout_seconds"),
+    "RetryInput": _retry_rule,
+}
+
+
 class ClosedBodies(OpenApiSerializerExtension):
-    """Request bodies refuse fields they do not name (400): the schema says so."""
+    """Request bodies refuse fields they do not name (400): the schema says
+    so, with the serializer's own rules between fields (BODY_RULES)."""
 
     target_class = "orbit.api.fields.StrictSerializer"
     match_subclasses = True
 
     def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        schema = auto_schema._map_basic_serializer(self.target, direction)
-        return {**schema, "additionalProperties": False}
+        from tasks.serializers import PayloadField
+
+        schema = {**auto_schema._map_basic_serializer(self.target, direction), "additionalProperties": False}
+        for name, field in self.target.fields.items():
+            if isinstance(field, PayloadField):
+                schema["properties"][name] = payload_schema()
+        rule = BODY_RULES.get(type(self.target).__name__)
+        return rule(auto_schema, schema) if rule else schema
 
 
-PAGE_SIZE = OpenApiParameter("page_size", int, OpenApiParameter.QUERY, description="1 to 500, default 100")
+# --------------------------------------------------------------------------- answers
+
+
+class Documented(serializers.Serializer):
+    """Stands for a component of orbit.api.openapi_objects (or BATCH_BODY)
+    wherever drf-spectacular takes a serializer."""
+
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+
+def _batch_body() -> dict[str, Any]:
+    from tasks.actions.batch import MAX_BATCH_ITEMS
+
+    return shapes.closed(
+        {
+            "tasks": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_BATCH_ITEMS,
+                "items": shapes.closed(
+                    {"idempotency_key": shapes.ref("IdempotencyKey"), "task": shapes.ref("SubmitTaskInput")}
+                ),
+                "description": "each item's key used once in the batch; each item is answered as "
+                "POST /v1/tasks would answer it",
+            }
+        }
+    )
+
+
+def _component_schema(name: str) -> dict[str, Any]:
+    # A copy: drf-spectacular's enum hook rewrites the document's schemas in place.
+    return _batch_body() if name == "SubmitBatchInput" else copy.deepcopy(shapes.component(name))
+
+
+def _register_references(auto_schema: Any, schema: dict[str, Any]) -> None:
+    """Registers every component of openapi_objects that `schema` reaches;
+    the serializers' components it names are resolved from the serializers."""
+    from plans.serializers import DefinitionInput, MisfireInput, ScheduleInput
+    from tasks.serializers import SubmitTaskInput
+
+    serializer_components = {
+        "SubmitTaskInput": SubmitTaskInput,
+        "ScheduleInput": ScheduleInput,
+        "MisfireInput": MisfireInput,
+        "DefinitionInput": DefinitionInput,
+    }
+    pending = list(shapes.references(schema))
+    while pending:
+        name = pending.pop()
+        if name in serializer_components:
+            auto_schema.resolve_serializer(serializer_components[name], "request")
+            continue
+        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name)
+        if component in auto_schema.registry:
+            continue
+        component.schema = _component_schema(name)
+        auto_schema.registry.register_on_missing(component)
+        pending.extend(shapes.references(component.schema))
+
+
+class DocumentedShapes(OpenApiSerializerExtension):
+    target_class = "orbit.api.schema.Documented"
+
+    def get_name(self, auto_schema: Any, direction: Any) -> str:
+        return self.target.component
+
+    def get_identity(self, auto_schema: Any, direction: Any) -> Any:
+        return self.target.component
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        schema = _component_schema(self.target.component)
+        _register_references(auto_schema, schema)
+        return schema
+
+
+PAGE_SIZE = OpenApiParameter(
+    "page_size",
+    {"type": "integer", "minimum": 1, "maximum": MAX_PAGE_SIZE},
+    OpenApiParameter.QUERY,
+    description=f"1 to {MAX_PAGE_SIZE}, default 100",
+)
 PAGE_PARAMETERS = (
     PAGE_SIZE,
     OpenApiParameter("page_token", str, OpenApiParameter.QUERY, description="next_page_token of the previous page"),
 )
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
-    str,
+    {
+        **shapes.IDEMPOTENCY_KEY,
+        # HTTP drops the spaces around a header's value, so a key sent as a
+        # header cannot start or end with one.
+        "pattern": "^[\\x21-\\x7e](?:[\\x20-\\x7e]*[\\x21-\\x7e])?$",
+        "description": "1 to 255 printable ASCII characters, no space at either end",
+    },
     OpenApiParameter.HEADER,
     required=True,
-    description="1 to 255 printable ASCII characters; the same key and body replay the first answer",
+    description="1 to 255 printable ASCII characters, no space at either end; the same key and body "
+    "replay the first answer (200, deduplicated: true), another body is 409 IDEMPOTENCY_CONFLICT",
+)
+REQUEST_ID_HEADER = OpenApiParameter(
+    "X-Request-Id",
+    {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+    OpenApiParameter.HEADER,
+    required=True,
+    response=True,
+    description="the request's id, as in the envelope",
+)
+RETRY_AFTER_HEADER = OpenApiParameter(
+    "Retry-After",
+    {"type": "string", "pattern": "^[0-9]+$"},
+    OpenApiParameter.HEADER,
+    required=True,
+    response=[429],
+    description="seconds to wait before retrying with the same Idempotency-Key",
+)
+TASK_STATE_FILTER = OpenApiParameter(
+    "state", dict(shapes.component("TaskState")), OpenApiParameter.QUERY, description="exact match"
 )
 
 
+def uint64_query(name: str, description: str) -> OpenApiParameter:
+    return OpenApiParameter(
+        name,
+        {"type": "string", "pattern": shapes.decimal_up_to(UINT64_MAX)},
+        OpenApiParameter.QUERY,
+        description=description,
+    )
+
+
+def _responses(data: str, created: bool, errors: list[int]) -> dict[int, Any]:
+    success = Documented(f"{data}Response")
+    responses: dict[int, Any] = (
+        {201: OpenApiResponse(success, "created"), 200: OpenApiResponse(success, "the replay of a create")}
+        if created
+        else {200: OpenApiResponse(success, "success")}
+    )
+    for status in errors:
+        responses[status] = OpenApiResponse(Documented(f"Error{status}"), shapes.ERROR_DESCRIPTIONS[status])
+    return responses
+
+
 def documented(
-    request: type | None = None,
+    request: type | Documented | None = None,
     *,
+    data: str,
     operation_id: str | None = None,
     created: bool = False,
     idempotent: bool = False,
     filters: tuple[str, ...] = (),
     paged: bool = False,
     extra_parameters: tuple[OpenApiParameter, ...] = (),
+    not_found: bool = False,
+    queue_full: bool = False,
 ) -> Callable[[Any], Any]:
-    """A view method's OpenAPI entry: its request body serializer, envelope
-    responses (201 and the replay's 200 for a create), its query parameters
-    and the Idempotency-Key header of a mutating call."""
-    responses = {201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT} if created else OpenApiTypes.OBJECT
-    parameters = [OpenApiParameter(name, str, OpenApiParameter.QUERY, description="exact match") for name in filters]
-    parameters += [*PAGE_PARAMETERS] if paged else []
-    parameters += [IDEMPOTENCY_KEY] if idempotent else []
-    parameters += extra_parameters
-    return extend_schema(request=request, responses=responses, operation_id=operation_id, parameters=parameters)
+    """A view method's OpenAPI entry: its request body, its answer (`data`,
+    a component of openapi_objects, in the success envelope; 201 and the
+    replay's 200 for a create), every error status it can answer, its query
+    parameters and the Idempotency-Key header of a mutating call. A method
+    with path parameters (a resource's id) answers 404; `not_found`: one
+    that looks up a resource its body names."""
+
+    def decorate(method: Any) -> Any:
+        path_parameters = len(inspect.signature(method).parameters) > 2  # self, request, ids...
+        errors = [401, 403, 503]
+        if request is not None or paged or filters or extra_parameters or idempotent:
+            errors.append(400)
+        if path_parameters or not_found:
+            errors.append(404)
+        if idempotent:
+            errors.append(409)
+        if request is not None:
+            errors.append(413)
+        if queue_full:
+            errors.append(429)
+        parameters: list[OpenApiParameter] = []
+        for name in filters:
+            parameters.append(
+                TASK_STATE_FILTER
+                if name == "state"
+                else OpenApiParameter(name, str, OpenApiParameter.QUERY, description="exact match")
+            )
+        parameters += [*PAGE_PARAMETERS] if paged else []
+        parameters += [IDEMPOTENCY_KEY] if idempotent else []
+        parameters += extra_parameters
+        parameters.append(REQUEST_ID_HEADER)
+        if queue_full:
+            parameters.append(RETRY_AFTER_HEADER)
+        return extend_schema(
+            request=request,
+            responses=_responses(data, created, sorted(errors)),
+            operation_id=operation_id,
+            parameters=parameters,
+        )(method)
+
+    return decorate
+
+
+_document_lock = threading.Lock()
 
 
 class OpenApiDocumentView(SpectacularJSONAPIView):
     """`GET /v1/openapi.json`: the document as JSON whatever Accept says (the
     default view answers YAML to `Accept: */*`), and its errors as
-    application/json like every other error of the API."""
+    application/json like every other error of the API. It needs no
+    credential (SPEC §11: it holds no data), and is generated once per
+    process: it depends on the code only."""
+
+    authentication_classes: list[Any] = []
+    custom_settings = DOCUMENT_SETTINGS
+
+    def _get_schema_response(self, request: Request) -> Response:
+        with _document_lock:
+            return Response(data=_document(self, request))
 
     def finalize_response(self, request: Request, response: Response, *args: Any, **kwargs: Any) -> Response:
         if response.status_code >= 400:
             request.accepted_renderer = JSONRenderer()
             request.accepted_media_type = JSONRenderer.media_type
         return super().finalize_response(request, response, *args, **kwargs)
+
+
+_document_cache: dict[str, Any] = {}
+
+
+def _document(view: OpenApiDocumentView, request: Request) -> dict[str, Any]:
+    if "document" not in _document_cache:
+        generator = view.generator_class(urlconf=view.urlconf, api_version=None, patterns=view.patterns)
+        _document_cache["document"] = generator.get_schema(request=None, public=True)
+    return _document_cache["document"]

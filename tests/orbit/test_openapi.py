@@ -1,10 +1,24 @@
 """The OpenAPI document (drf-spectacular) lists every v1 endpoint, with its
-request body and the bearer credential, and generates without warnings."""
+request body and the bearer credential, and generates without warnings; it
+is served without a credential; its answers, errors and body rules are the
+server's (the rules checked here against the validators themselves; the
+answers against a live server in tests/contract)."""
 
 import io
+import json
+import re
 
+import pytest
 import yaml
 from django.core.management import call_command
+from rest_framework.exceptions import ValidationError
+
+from orbit.api.fields import ReasonField, Uint64StringField, canonical_uint64
+from orbit.api.openapi_objects import decimal_up_to
+from orbit.api.schema import CRON_PATTERN
+from orbit.fields import UINT64_MAX
+from plans.serializers import ScheduleInput
+from tasks.serializers import TimeField
 
 ENDPOINTS = {
     "/v1/queues": {"get", "post"},
@@ -62,7 +76,9 @@ def test_creates_mutations_and_lists_document_their_statuses_headers_and_query()
         return {p["name"] for p in paths[path][method].get("parameters", []) if p["in"] == where}
 
     for create in ("/v1/queues", "/v1/tasks", "/v1/plans"):
-        assert set(paths[create]["post"]["responses"]) == {"200", "201"}
+        responses = set(paths[create]["post"]["responses"])
+        assert {status for status in responses if status < "300"} == {"200", "201"}
+        assert responses - {"200", "201"} >= {"400", "401", "403", "409", "413", "503"}
     for path in (
         "/v1/queues",
         "/v1/tasks",
@@ -91,3 +107,137 @@ def test_creates_mutations_and_lists_document_their_statuses_headers_and_query()
         "page_size",
         "page_token",
     }
+
+
+def document() -> dict:
+    out = io.StringIO()
+    call_command(
+        "spectacular", "--format", "openapi-json", "--custom-settings", "orbit.api.schema.DOCUMENT_SETTINGS", stdout=out
+    )
+    return json.loads(out.getvalue())
+
+
+def test_the_document_is_served_without_a_credential(client):
+    response = client.get("/v1/openapi.json")
+    assert response.status_code == 200
+    served = json.loads(response.content)
+    assert served["paths"].keys() == ENDPOINTS.keys()
+    assert "docs/protocol.md" in served["info"]["description"]  # the WebSocket protocol's home
+
+
+def test_every_operation_documents_its_envelope_and_its_errors():
+    schema = document()
+    components = schema["components"]["schemas"]
+    for path, methods in ENDPOINTS.items():
+        for method in methods:
+            operation = schema["paths"][path][method]
+            responses = operation["responses"]
+            for status, response in responses.items():
+                target = response["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+                assert "X-Request-Id" in response["headers"], (path, method, status)
+                if status >= "400":
+                    assert target == f"Error{status}"
+                    error = components[target]["properties"]["error"]
+                    assert set(error["required"]) == {"code", "message"}
+                else:
+                    assert components[target]["required"] == ["request_id", "data"]
+            assert {"401", "403", "503"} <= set(responses), (path, method)
+            if "{" in path:
+                assert "404" in responses, (path, method)
+    assert components["Error409"]["properties"]["error"]["properties"]["code"]["enum"] == [
+        "IDEMPOTENCY_CONFLICT",
+        "STATE_CONFLICT",
+    ]
+    assert "Retry-After" in schema["paths"]["/v1/tasks"]["post"]["responses"]["429"]["headers"]
+    page = components["QueuePage"]
+    assert page["required"] == ["items", "next_page_token"]
+    assert components["Queue"]["additionalProperties"] is False
+
+
+def test_body_rules_are_documented():
+    schema = document()
+    components = schema["components"]["schemas"]
+    paths = schema["paths"]
+    page_size = next(p for p in paths["/v1/queues"]["get"]["parameters"] if p["name"] == "page_size")
+    assert (page_size["schema"]["minimum"], page_size["schema"]["maximum"]) == (1, 500)
+    key = next(p for p in paths["/v1/queues"]["post"]["parameters"] if p["name"] == "Idempotency-Key")
+    assert key["required"] and (key["schema"]["minLength"], key["schema"]["maxLength"]) == (1, 255)
+    batch = components["SubmitBatchInput"]["properties"]["tasks"]
+    assert (batch["minItems"], batch["maxItems"]) == (1, 500)
+    assert batch["items"]["properties"]["task"]["$ref"].endswith("/SubmitTaskInput")
+    forms = [ref["$ref"].rsplit("/", 1)[1] for ref in components["ScheduleInput"]["oneOf"]]
+    assert forms == ["CronSchedule", "IntervalSchedule"]
+    assert set(components["CronSchedule"]["properties"]) == {"cron", "timezone"}
+    assert components["IntervalSchedule"]["required"] == ["interval_seconds"]
+    assert len(components["MisfireInput"]["oneOf"]) == 2
+    assert components["SubmitTaskInput"]["not"] == {"required": ["deadline_at", "timeout_seconds"]}
+    assert components["SubmitTaskInput"]["properties"]["available_at"]["format"] == "date-time"
+    assert "pattern" in components["CancelTaskInput"]["properties"]["reason"]
+
+
+def accepts(field, value) -> bool:
+    try:
+        field.run_validation(value)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("nonzero", [False, True])
+def test_the_uint64_pattern_is_canonical_uint64(nonzero):
+    pattern = re.compile(decimal_up_to(UINT64_MAX, nonzero=nonzero))
+    field = Uint64StringField(nonzero=nonzero)
+    samples = ["0", "1", "9", "10", "01", "-1", "+1", " 1", "1.0", str(UINT64_MAX), str(UINT64_MAX + 1)]
+    samples += [str(UINT64_MAX)[:i] + "9" * (20 - i) for i in range(20)]  # each digit one above
+    samples += [str(10**k) for k in range(21)] + [str(10**k - 1) for k in range(1, 21)]
+    for sample in samples:
+        assert bool(pattern.match(sample)) == accepts(field, sample), sample
+        if not nonzero:
+            assert bool(pattern.match(sample)) == (canonical_uint64(sample) is not None), sample
+
+
+def test_reason_and_time_patterns_are_the_fields_rules():
+    schema = document()["components"]["schemas"]
+    reason = re.compile(schema["CancelTaskInput"]["properties"]["reason"]["pattern"])
+    for sample in ["x", " x ", "", " ", "\t\n", "\u3000", "a\x00", "\u00a0", "ok\u2003"]:
+        assert bool(reason.search(sample)) == accepts(ReasonField(), sample), repr(sample)
+    time = re.compile(schema["SubmitTaskInput"]["properties"]["available_at"]["pattern"])
+    for sample in [
+        "2026-01-02T03:04:05Z",
+        "2026-01-02t03:04:05.123456z",
+        "2026-01-02T03:04:05+01:00",
+        "2026-01-02 03:04:05Z",
+        "2026-01-02T03:04:05",
+        "2026-01-02T03:04:05+0100",
+        "2026-W01-1T03:04:05Z",
+    ]:
+        assert bool(time.search(sample)) == accepts(TimeField(), sample), sample
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        "* * * * *",
+        "*/5 0-23/2 1,15 JAN-jun mon-FRI",
+        "0 0 L * *",
+        "0 0 LW * *",
+        "0 0 * * 5L",
+        "0 0 * * MON#2",
+        " 05  4 * * 0 ",
+        "60 * * * *",
+        "* 24 * * *",
+        "* * 0 * *",
+        "* * * 13 *",
+        "* * * * 8",
+        "*/0 * * * *",
+        "* * * *",
+        "* * * * * *",
+        "@daily",
+        "0 0 * * MON#6",
+    ],
+)
+def test_the_cron_pattern_is_the_schedules_rule(cron):
+    # The pattern does not see a range's order or a day no month has; it
+    # agrees with the server on everything else.
+    serializer = ScheduleInput(data={"cron": cron})
+    assert bool(re.search(CRON_PATTERN, cron)) == serializer.is_valid(), cron
