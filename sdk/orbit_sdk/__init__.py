@@ -1,22 +1,25 @@
-"""Orbit Python SDK: the HTTP ``Client`` and the WebSocket ``Worker``. No Django import.
+"""Orbit Python SDK: the HTTP ``Client`` / ``AsyncClient`` and the WebSocket ``Worker``. No Django import.
 
-Submitting::
+Submitting (``key`` is the Idempotency-Key: re-send with the same key, never a second task)::
 
-    with orbit_sdk.Client.from_credentials_file() as client:  # $ORBIT_CREDENTIALS_FILE
-        accepted = client.submit_task(
-            "update-object-42-operation-001",  # Idempotency-Key: re-send with the same key
-            orbit_sdk.SubmitTaskRequest(queue_id, "object.update", "v1", "v1", {"object_ref": "objects/42"},
-                                        concurrency_key="object/42"),
-        )
+    credentials = orbit_sdk.load_credentials(path)  # path=None: $ORBIT_CREDENTIALS_FILE
+    with orbit_sdk.Client(credentials.url, credentials.token) as client:
+        request = orbit_sdk.SubmitTaskRequest(queue_id, "object.update", "v1", "v1", {"object_ref": "objects/42"},
+                                              concurrency_key="object/42")
+        accepted = client.submit_task("update-object-42-operation-001", request)
+        results = client.submit_tasks({"update-object-43-op-1": request2, ...})  # one transaction
 
 Working::
 
-    def update(execution: orbit_sdk.Execution) -> dict:
+    def update(execution: orbit_sdk.Execution) -> dict[str, str]:
         # runs only after task.start.ok; execution.concurrency_token is an int for keyed tasks
         return {"written_with_token": str(execution.concurrency_token)}
 
-    worker = orbit_sdk.Worker(url, token, [queue_id], {("object.update", "v1"): update}, capacity=4)
-    worker.run()  # until worker.drain() (from any thread or a handler) or worker.stop()
+    worker = orbit_sdk.Worker(credentials.url, credentials.token, [queue_id], {("object.update", "v1"): update})
+    worker.run()  # until SIGTERM/SIGINT, drain() or stop(): graceful
+    # or, inside another program: worker.start(); ...; worker.stop(); worker.join()
+
+sdk/README.md has a quickstart that runs as written against ``scripts/run``.
 """
 
 from orbit_sdk._client import AsyncClient, Client
