@@ -65,9 +65,9 @@ def test_serve_prints_one_start_up_line_and_warns_about_the_development_key(env,
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with stdout.open("w") as out, stderr.open("w") as err:
         process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve", "-b", "127.0.0.1", "-p", str(port)],
+            [sys.executable, "manage.py", "serve"],  # the address: ORBIT_HTTP_ADDR's
             cwd=ROOT,
-            env=env,  # no ORBIT_SECRET_KEY
+            env={**env, "ORBIT_HTTP_ADDR": f"127.0.0.1:{port}"},  # and no ORBIT_SECRET_KEY
             stdout=out,
             stderr=err,
         )
