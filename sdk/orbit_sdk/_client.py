@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import datetime
 import functools
+import inspect
 import json
 import os
 import re
+import types
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -219,8 +221,18 @@ class _Verb(Generic[P, T]):
     """
 
     def __init__(self, build: Callable[Concatenate[Any, P], _Call[T]]) -> None:
-        self._build = build
-        functools.update_wrapper(self, build)
+        def method(client: _BaseClient, *args: Any, **kwargs: Any) -> Any:
+            return client._invoke(build, client, *args, **kwargs)
+
+        functools.update_wrapper(method, build)
+        # What the method returns is the call's answer, not the description of the request.
+        signature = inspect.signature(build)
+        returns = signature.return_annotation
+        if isinstance(returns, str) and returns.startswith("_Call[") and returns.endswith("]"):
+            signature = signature.replace(return_annotation=returns[len("_Call[") : -1])
+        method.__signature__ = signature  # type: ignore[attr-defined]
+        self._method = method
+        functools.update_wrapper(self, method)
 
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
@@ -234,17 +246,12 @@ class _Verb(Generic[P, T]):
     def __get__(self, client: _BaseClient | None, owner: type[Any]) -> Any:
         if client is None:
             return self
-        build, invoke = self._build, client._invoke
-
-        @functools.wraps(build)
-        def method(*args: P.args, **kwargs: P.kwargs) -> Any:
-            return invoke(build, client, *args, **kwargs)
-
-        return method
+        # A bound method, as for any function on a class (cheap, and without `self` in its signature).
+        return types.MethodType(self._method, client)
 
     def __call__(self, client: _BaseClient, *args: P.args, **kwargs: P.kwargs) -> Any:
         """``Client.get_queue(client, queue_id)``, as for a plain method."""
-        return self.__get__(client, type(client))(*args, **kwargs)  # type: ignore[call-overload]
+        return self._method(client, *args, **kwargs)
 
 
 def _batch_items(
