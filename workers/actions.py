@@ -1,14 +1,32 @@
-"""Worker registration verbs."""
+"""Worker registration verbs: who may hold a worker identity, and its session's liveness."""
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from orbit.api.auth import Principal
-from orbit.errors import NotFound, StateConflict
+from orbit.errors import NotFound, StateConflict, Unavailable
 from queues.models import Queue
 from workers.models import WorkerIdentity
+
+# A connection marks its session alive this often (workers.consumers); a
+# session not seen for SESSION_STALE_SECONDS is taken to be gone (its server
+# died without closing it).
+HEARTBEAT_SECONDS = 5.0
+SESSION_STALE_SECONDS = 3 * HEARTBEAT_SECONDS
+
+
+def _may_take_over(identity: WorkerIdentity, principal: Principal, now: datetime) -> bool:
+    """A hello supersedes the identity's current session if its credential may
+    consume every queue that session consumes, or if that session is gone.
+    Otherwise a credential of one queue range could close a live worker of
+    another range (worker ids are not secret) and keep it out."""
+    if all(principal.covers_queue(queue_id) for queue_id in identity.queue_ids):
+        return True
+    return identity.seen_at is None or identity.seen_at <= now - timedelta(seconds=SESSION_STALE_SECONDS)
 
 
 def register_worker(
@@ -18,7 +36,9 @@ def register_worker(
     which from now on leases only for `session_id`; returns the identity's row id.
 
     The flag is a property of the process identity: a reconnect that changes it
-    is refused, an upgraded process must use a new worker_id."""
+    is refused, an upgraded process must use a new worker_id. A live session
+    whose queues this credential may not consume is not superseded: the hello
+    is refused UNAVAILABLE (retry once that session has closed)."""
     for queue_id in queue_ids:
         principal.require_queue(queue_id)
     found = set(
@@ -27,29 +47,43 @@ def register_worker(
     missing = [queue_id for queue_id in queue_ids if queue_id not in found]
     if missing:
         raise NotFound(f"queue not found: {missing[0]}")
-    now = timezone.now()
+    session = {
+        "session_id": session_id,
+        "credential_id": principal.credential_id,
+        "queue_ids": queue_ids,
+    }
     for _ in range(2):
-        identity = WorkerIdentity.objects.filter(namespace_id=principal.namespace_id, worker_id=worker_id).first()
-        if identity is not None:
-            if identity.concurrency_keys != concurrency_keys:
-                raise StateConflict(
-                    "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
-                )
-            # Waits for a lease of the previous session still deciding (it
-            # holds this row), so the hello's held attempts include that lease's.
-            WorkerIdentity.objects.filter(pk=identity.pk).update(
-                session_id=session_id, credential_id=principal.credential_id, connected_at=now
+        with transaction.atomic():
+            # Locked: waits for a lease of the previous session still deciding
+            # (it holds this row), so the hello's held attempts include that
+            # lease's; and two hellos of one worker_id decide one after the other.
+            identity = (
+                WorkerIdentity.objects.select_for_update()
+                .filter(namespace_id=principal.namespace_id, worker_id=worker_id)
+                .first()
             )
-            return identity.pk
+            now = timezone.now()
+            if identity is not None:
+                if identity.concurrency_keys != concurrency_keys:
+                    raise StateConflict(
+                        "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
+                    )
+                if not _may_take_over(identity, principal, now):
+                    raise Unavailable(
+                        "worker_id is in use by a live connection consuming queues outside this credential's range;"
+                        " retry after it closes, or use another worker_id"
+                    )
+                WorkerIdentity.objects.filter(pk=identity.pk).update(**session, connected_at=now, seen_at=now)
+                return identity.pk
         try:
             with transaction.atomic():
                 created = WorkerIdentity.objects.create(
                     namespace_id=principal.namespace_id,
                     worker_id=worker_id,
                     concurrency_keys=concurrency_keys,
-                    credential_id=principal.credential_id,
-                    session_id=session_id,
                     connected_at=now,
+                    seen_at=now,
+                    **session,
                 )
             return created.pk
         except IntegrityError:
@@ -57,10 +91,11 @@ def register_worker(
     raise StateConflict("worker registration raced; reconnect")
 
 
-def current_session(*, namespace_id: str, worker_id: str) -> str | None:
-    """The session id of the newest hello of this worker identity."""
-    return (
-        WorkerIdentity.objects.filter(namespace_id=namespace_id, worker_id=worker_id)
-        .values_list("session_id", flat=True)
-        .first()
-    )
+def mark_session_alive(*, identity_id: int, session_id: str) -> bool:
+    """The connection's heartbeat; False once a newer hello superseded the session."""
+    return bool(WorkerIdentity.objects.filter(pk=identity_id, session_id=session_id).update(seen_at=timezone.now()))
+
+
+def end_session(*, identity_id: int, session_id: str) -> None:
+    """The session's connection closed: another credential's hello may now take the identity over."""
+    WorkerIdentity.objects.filter(pk=identity_id, session_id=session_id).update(seen_at=None)

@@ -11,6 +11,8 @@ import json
 import logging
 import re
 import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -20,19 +22,28 @@ from channels.layers import get_channel_layer
 from django.db import DatabaseError
 from rest_framework import serializers
 
-from orbit.api.auth import Principal, authenticate_token, token_from_header
+from orbit.api.auth import Minted, Principal, authenticate_token, known_credential, token_from_header
 from orbit.api.errors import translate
 from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, is_valid_utf8, uint32_field
 from orbit.api.parsers import malformed, strict_loads
-from orbit.errors import InvalidArgument, LeaseLost, OrbitError, PermissionDenied, StateConflict, TaskCancelled
+from orbit.errors import (
+    InvalidArgument,
+    LeaseLost,
+    OrbitError,
+    PermissionDenied,
+    StateConflict,
+    TaskCancelled,
+    Unauthenticated,
+    Unavailable,
+)
 from orbit.fields import UINT32_MAX, new_id
 from tasks.actions import dispatch, endings
 from tasks.actions.dispatch import StartRequest, WorkerContext
 from tasks.actions.rounds import SUPERSEDED, LeaseRequest
 from tasks.coalesce import ROUNDS
 from tasks.serializers import TOO_DEEP, nested_too_deeply
-from workers.actions import current_session, register_worker
-from workers.db import run_db
+from workers.actions import HEARTBEAT_SECONDS, end_session, mark_session_alive, register_worker
+from workers.db import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, run_db
 from workers.wakeup import registry
 
 logger = logging.getLogger("orbit.workers")
@@ -43,8 +54,15 @@ RENEW_SECONDS = 10
 POLL_INTERVAL_SECONDS = 0.25
 # A busy worker's dispatcher waits this long after a freed slot before leasing.
 LEASE_GATHER_SECONDS = 0.01
-# How often a connection re-checks that its credential is still valid.
-CREDENTIAL_RECHECK_SECONDS = 5.0
+# A connection that reads nothing gets nothing more: at most this many
+# assignments (and, past UNACKED_MAX_BYTES of them, none more) go out before
+# the worker acknowledges one (task.assign.ack, or any frame naming the attempt).
+UNACKED_MAX = 16
+UNACKED_MAX_BYTES = 1024 * 1024
+# An assignment unacknowledged this long (or until its lease ends, if sooner)
+# marks a connection that does not read: it is closed and its unstarted leases
+# are released at once, so none of them expires into a new lease for it.
+ACK_TIMEOUT_SECONDS = 10.0
 
 # A JSON escape of a UTF-16 surrogate (pairs are fine; a lone one is not UTF-8).
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -55,6 +73,7 @@ MAX_EPOCH = UINT32_MAX  # attempts' epoch column (INT UNSIGNED)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
+CLOSE_ACK_TIMEOUT = 4408
 
 
 def answerable(request_id: Any) -> bool:
@@ -94,9 +113,22 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], *, 
     return value
 
 
+@dataclass
+class Unacknowledged:
+    epoch: int
+    overdue_at: float  # time.monotonic()
+    size: int  # bytes of the task.assign frame
+
+
+def seconds_until(rfc3339: str) -> float:
+    return (datetime.fromisoformat(rfc3339.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
+
+
 class WorkerConsumer(AsyncWebsocketConsumer):
     principal: Principal | None = None
+    credential: Minted | None = None
     worker: WorkerContext | None = None
+    heartbeat: asyncio.Task | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         """Channels' AsyncConsumer.__call__ without a channel layer (Orbit
@@ -117,6 +149,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         await self.accept()
         self.capacity = 0
         self.held: set[str] = set()
+        self.unacked: dict[str, Unacknowledged] = {}
+        self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task | None = None
@@ -127,8 +161,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         headers = dict(self.scope.get("headers") or [])
         raw = headers.get(b"authorization")
         try:
-            token = token_from_header(raw.decode("latin-1") if raw else None)
-            self.principal = await run_db(authenticate_token, token)
+            self.token = token_from_header(raw.decode("latin-1") if raw else None)
+            self.principal = await run_db(authenticate_token, self.token)
+            self.credential = known_credential(self.token)
             self.principal.require("workers:connect")
         except OrbitError as error:
             await self.send_error(None, error)
@@ -138,7 +173,6 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             await self.send_error(None, translate(exc) or OrbitError("internal error"))
             await self.close(code=1011)
             self.principal = None
-        self.credential_checked_at = time.monotonic()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Channels' dispatch, without closing the event-loop thread's stale
@@ -153,8 +187,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         # Disconnecting releases nothing: leases run out or results arrive as usual.
         registry.unregister(self.wake)
-        if self.dispatcher is not None:
-            self.dispatcher.cancel()
+        for task in (self.dispatcher, self.heartbeat):
+            if task is not None:
+                task.cancel()
+        if self.worker is not None and self.worker.identity_id is not None:
+            with contextlib.suppress(Exception):  # the database may be down: the session then goes stale
+                ended = run_db(end_session, identity_id=self.worker.identity_id, session_id=self.worker.session_id)
+                await asyncio.wait_for(ended, REQUEST_DEADLINE_SECONDS)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.principal is None:
@@ -203,7 +242,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 raise InvalidArgument(f"id: must be a string of 1 to {MAX_REQUEST_ID_LENGTH} characters")
             if kind != "hello" and self.worker is None:
                 raise StateConflict("send hello first")
-            reply = await handler(self, message)
+            try:
+                async with asyncio.timeout(REQUEST_DEADLINE_SECONDS):
+                    reply = await handler(self, message)
+            except TimeoutError:
+                raise Unavailable(DATABASE_TOO_SLOW) from None
             if reply is not None:
                 await self.send_json({"type": f"{kind}.ok", "reply_to": request_id, **reply})
         except Exception as exc:  # every failure becomes an error frame, never a dropped connection
@@ -214,6 +257,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             await self.send_error(request_id, error)
             if kind == "hello" and isinstance(error, StateConflict) and self.worker is None:
                 await self.close(code=CLOSE_CONFLICT)
+            elif isinstance(error, Unauthenticated):  # revoked since the handshake
+                await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content, separators=(",", ":")))
@@ -254,14 +299,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             handlers=tuple((h["handler"], h["handler_version"]) for h in hello.get("handlers", [])),
             concurrency_keys=hello["concurrency_keys"],
             identity_id=identity_id,
+            consumable=principal.queue_ids,
+            credential=self.credential,
         )
         self.capacity = hello["capacity"]
-        held = await run_db(
-            dispatch.held_assignments, namespace_id=principal.namespace_id, worker_id=hello["worker_id"]
-        )
+        held = await run_db(dispatch.held_assignments, worker=self.worker)
         self.held = {entry["attempt_id"] for entry in held}
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
+        self.heartbeat = asyncio.create_task(self.heartbeat_loop())
         return {
             "session_id": session_id,
             "lease_seconds": DEFAULT_LEASE_SECONDS,
@@ -270,14 +316,21 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         }
 
     async def on_ack(self, message: dict[str, Any]) -> None:
-        field(message, "attempt_id", str)
+        self.acknowledged(field(message, "attempt_id", str))
         return None
+
+    def acknowledged(self, attempt_id: str) -> None:
+        entry = self.unacked.pop(attempt_id, None)
+        if entry is not None:
+            self.unacked_bytes -= entry.size
+            self.wake.set()  # room for more assignments
 
     def attempt_ref(self, message: dict[str, Any]) -> dict[str, Any]:
         attempt_id = field(message, "attempt_id", str)
         epoch = field(message, "epoch", int)
         if not 1 <= epoch <= MAX_EPOCH:
             raise InvalidArgument(f"epoch: must be an integer between 1 and {MAX_EPOCH}")
+        self.acknowledged(attempt_id)  # a frame naming the attempt shows it was read
         return {"attempt_id": attempt_id, "epoch": epoch}
 
     async def on_start(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -303,9 +356,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         holds (it would then assign past capacity, or close a draining
         connection that still holds work)."""
         assert self.worker is not None
-        held = await run_db(
-            dispatch.held_attempt_ids, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
-        )
+        held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
         if attempt_id not in held:
             self.forget(attempt_id)
 
@@ -384,7 +435,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                         await self.close(code=1000)
                         return
                 else:
-                    free = self.capacity - len(self.held)
+                    if await self.close_if_not_reading():
+                        return
+                    free = min(self.capacity - len(self.held), UNACKED_MAX - len(self.unacked))
+                    if self.unacked_bytes >= UNACKED_MAX_BYTES:
+                        free = 0
                     if free > 0:
                         async with self.lease_lock:
                             assignments = []
@@ -396,13 +451,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                                 except StateConflict as superseded:
                                     await self.close_superseded(superseded)
                                     return
+                                except Unauthenticated as revoked:
+                                    await self.send_error(None, revoked)
+                                    await self.close(code=CLOSE_UNAUTHENTICATED)
+                                    return
                                 assignments = outcome.assignments
                                 if outcome.rate_reopens_in is not None:
                                     # Come back when the start window reopens, not a poll later.
                                     wait = min(wait, max(outcome.rate_reopens_in, 0.001))
                             for entry in assignments:
-                                self.held.add(entry["attempt_id"])
-                                await self.send_json({"type": "task.assign", "id": entry["attempt_id"], **entry})
+                                await self.send_assignment(entry)
                         if len(assignments) == min(free, dispatch.LEASE_BATCH_MAX):
                             continue  # a full batch: there may be more right now
                 self.wake.clear()
@@ -420,6 +478,40 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 logger.warning("dispatch cycle failed", exc_info=True)
                 await asyncio.sleep(1.0)
 
+    async def send_assignment(self, entry: dict[str, Any]) -> None:
+        frame = json.dumps({"type": "task.assign", "id": entry["attempt_id"], **entry}, separators=(",", ":"))
+        bound = min(ACK_TIMEOUT_SECONDS, seconds_until(entry["lease_expires_at"]))
+        self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))
+        self.unacked_bytes += len(frame)
+        self.held.add(entry["attempt_id"])
+        await self.send(text_data=frame)
+
+    async def close_if_not_reading(self) -> bool:
+        """Closes a connection that left an assignment unacknowledged past its
+        bound, releasing its unacknowledged (so unstarted) leases now: their
+        tasks go to workers that read, not back to this one after expiry."""
+        now = time.monotonic()
+        if not any(entry.overdue_at <= now for entry in self.unacked.values()):
+            return False
+        assert self.worker is not None
+        unacked, self.unacked, self.unacked_bytes = self.unacked, {}, 0
+        for attempt_id, entry in unacked.items():
+            with contextlib.suppress(Exception):  # started, ended or expired meanwhile: nothing to hand back
+                await run_db(
+                    endings.release_attempt,
+                    worker=self.worker,
+                    attempt_id=attempt_id,
+                    epoch=entry.epoch,
+                    reason="assignment not acknowledged",
+                )
+        message = (
+            f"{len(unacked)} assignments not acknowledged within {ACK_TIMEOUT_SECONDS:g} s"
+            " (or before their lease ended); their leases were released"
+        )
+        await self.send_json({"type": "error", "code": "ACK_TIMEOUT", "message": message})
+        await self.close(code=CLOSE_ACK_TIMEOUT)
+        return True
+
     async def close_superseded(self, error: StateConflict) -> None:
         """A newer connection of this worker_id took over (this one is a
         half-open leftover, or its worker reconnected): it leases no more."""
@@ -427,25 +519,30 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         await self.close(code=CLOSE_CONFLICT)
 
     async def on_idle(self) -> None:
-        """Reconciles held attempts with the database (leases recovered elsewhere)
-        and re-checks the credential now and then."""
+        """Reconciles held attempts with the database (leases recovered elsewhere)."""
         assert self.worker is not None
-        self.held = await run_db(
-            dispatch.held_attempt_ids, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
-        )
-        if time.monotonic() - self.credential_checked_at >= CREDENTIAL_RECHECK_SECONDS:
-            self.credential_checked_at = time.monotonic()
-            current = await run_db(
-                current_session, namespace_id=self.worker.namespace_id, worker_id=self.worker.worker_id
-            )
-            if current != self.worker.session_id:
-                await self.close_superseded(StateConflict(SUPERSEDED))
-                raise asyncio.CancelledError
-            headers = dict(self.scope.get("headers") or [])
-            token = token_from_header((headers.get(b"authorization") or b"").decode("latin-1"))
+        self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
+
+    async def heartbeat_loop(self) -> None:
+        """Marks the session alive (workers.actions: a live session is not
+        taken over by a credential of another range) and re-checks the
+        credential between requests (each grant re-checks it anyway)."""
+        assert self.worker is not None and self.worker.identity_id is not None
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
-                await run_db(authenticate_token, token)
+                current = await run_db(
+                    mark_session_alive, identity_id=self.worker.identity_id, session_id=self.worker.session_id
+                )
+                if not current:
+                    await self.close_superseded(StateConflict(SUPERSEDED))
+                    return
+                await run_db(authenticate_token, self.token)
             except OrbitError as error:
                 await self.send_error(None, error)
                 await self.close(code=CLOSE_UNAUTHENTICATED)
-                raise asyncio.CancelledError from None
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # database down: the next beat tries again
+                logger.warning("worker heartbeat failed", exc_info=True)

@@ -15,6 +15,8 @@ class WorkerIdentity(models.Model):
     credential_id = IdField(db_comment="最近一次连接使用的凭据ID")
     session_id = IdField(db_comment="最近一次会话ID")
     connected_at = models.DateTimeField(db_comment="最近一次握手时间（UTC）")
+    queue_ids = models.JSONField(default=list, db_comment="当前会话 hello 声明消费的队列ID列表")
+    seen_at = models.DateTimeField(null=True, db_comment="当前会话连接最近一次心跳时间（UTC）；连接关闭后为空")
 
     class Meta:
         db_table = "orbit_worker_identity"

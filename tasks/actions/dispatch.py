@@ -12,17 +12,19 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from orbit.api.auth import Minted
 from orbit.audit import emit_event
-from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
+from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled, Unauthenticated
 from orbit.fields import UINT64_MAX
 from orbit.idempotency import run_retrying
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
-from orbit.models import Application, ApplicationState
+from orbit.models import Application, ApplicationState, Credential
 from orbit.rows import (
     Add,
     add_to_row,
     db_value,
     insert_rows,
+    lock_by_pk,
     lock_by_pk_together,
     new_row,
     read_by_pk,
@@ -43,6 +45,7 @@ LEASE_BATCH_MAX = 16
 RATE_WINDOW = timedelta(seconds=1)
 # A key row must be able to advance twice more (this lease, then its release).
 MAX_LEASABLE_KEY_VERSION = UINT64_MAX - 2
+CREDENTIAL_REVOKED = "credential was revoked or no longer grants this connection"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,51 @@ class WorkerContext:
     # one for a lease (a newer hello of the worker_id supersedes it); None for
     # in-process callers, which have no connection.
     identity_id: int | None = None
+    # The queues the connection's credential may consume (None: every queue
+    # of the namespace). Worker ids are not secret (every attempt shows them):
+    # an attempt of another queue is not this connection's, whatever its
+    # worker_id says, and is answered as an unknown attempt.
+    consumable: frozenset[str] | None = None
+    # The credential as the connection authenticated it: every transaction
+    # that grants or records for this worker reads its row again (locked) and
+    # refuses if it no longer grants; None for in-process callers.
+    credential: Minted | None = None
+
+    def owns(self, *, namespace_id: str, worker_id: str, queue_id: str) -> bool:
+        """Whether an attempt with these columns is this connection's to act on."""
+        return (
+            namespace_id == self.namespace_id
+            and worker_id == self.worker_id
+            and (self.consumable is None or queue_id in self.consumable)
+        )
+
+    def owns_attempt(self, attempt: Attempt) -> bool:
+        return self.owns(namespace_id=attempt.namespace_id, worker_id=attempt.worker_id, queue_id=attempt.queue_id)
+
+    def range_filter(self) -> dict[str, Any]:
+        """Attempt filters for what this connection holds (held, capacity)."""
+        found: dict[str, Any] = {"namespace_id": self.namespace_id, "worker_id": self.worker_id}
+        if self.consumable is not None:
+            found["queue_id__in"] = sorted(self.consumable)
+        return found
+
+
+def confirm_credentials(workers: Iterable[WorkerContext], *, locked: bool = True) -> set[str]:
+    """Reads the workers' credential rows again inside the caller's
+    transaction (locked, so a revocation commits before or after this
+    transaction, never during it); returns the ids of those that no longer
+    grant what the connection authenticated with (revoked, or changed)."""
+    minted = {worker.credential.principal.credential_id: worker.credential for worker in workers if worker.credential}
+    if not minted:
+        return set()
+    rows = lock_by_pk(Credential, minted) if locked else read_by_pk(Credential, minted)
+    return {credential_id for credential_id, grant in minted.items() if not grant.still_grants(rows.get(credential_id))}
+
+
+def refuse_revoked(workers: Iterable[WorkerContext], *, locked: bool = True) -> None:
+    """Raises UNAUTHENTICATED if a worker's credential no longer grants (caller holds the transaction)."""
+    if confirm_credentials(workers, locked=locked):
+        raise Unauthenticated(CREDENTIAL_REVOKED)
 
 
 def window_open(state: QueueState, now: datetime) -> bool:
@@ -272,7 +320,7 @@ def _emit_moves(tasks: list[Task], state: str, *, previous: str) -> None:
 
 def _peek_own_attempt(worker: WorkerContext, attempt_id: str) -> Attempt:
     attempt = Attempt.objects.filter(id=attempt_id, namespace_id=worker.namespace_id).first()
-    if attempt is None or attempt.worker_id != worker.worker_id:
+    if attempt is None or not worker.owns_attempt(attempt):
         raise LeaseLost("attempt is not held by this worker")
     return attempt
 
@@ -310,7 +358,7 @@ def peek_starts(
     answers: list[dict[str, Any] | LeaseLost | None] = []
     for request in requests:
         peek, worker = peeks.get(request.attempt_id), request.worker
-        if peek is None or peek.namespace_id != worker.namespace_id or peek.worker_id != worker.worker_id:
+        if peek is None or not worker.owns_attempt(peek):
             answers.append(LeaseLost("attempt is not held by this worker"))
         elif peek.epoch != request.epoch:
             answers.append(LeaseLost("epoch does not match the current lease"))
@@ -464,12 +512,12 @@ def _renew(worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]
     from orbit.timefmt import format_time
 
     with transaction.atomic():
+        refuse_revoked([worker])  # credentials come before attempts in the global order
         attempt = lock_attempt(attempt_id)
         now = timezone.now()  # after the lock: the lease is judged as of now
         if (
             attempt is None
-            or attempt.namespace_id != worker.namespace_id
-            or attempt.worker_id != worker.worker_id
+            or not worker.owns_attempt(attempt)
             or attempt.epoch != epoch
             or attempt.state not in ACTIVE_ATTEMPT_STATES
             or attempt.lease_expires_at <= now
@@ -503,11 +551,13 @@ def resume_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dic
     return held_entry(Task.objects.get(id=attempt.task_id), attempt)
 
 
-def held_assignments(*, namespace_id: str, worker_id: str) -> list[dict[str, Any]]:
+def held_assignments(*, worker: WorkerContext) -> list[dict[str, Any]]:
+    """The attempts this connection may resume (hello's `held`): those of its
+    worker identity in queues its credential may consume. Others of the same
+    worker_id run out their lease as if their worker were gone."""
     attempts = list(
         Attempt.objects.filter(
-            namespace_id=namespace_id,
-            worker_id=worker_id,
+            **worker.range_filter(),
             state__in=list(ACTIVE_ATTEMPT_STATES),
             lease_expires_at__gt=timezone.now(),
         ).order_by("leased_at")
@@ -516,12 +566,11 @@ def held_assignments(*, namespace_id: str, worker_id: str) -> list[dict[str, Any
     return [held_entry(tasks[a.task_id], a) for a in attempts if a.task_id in tasks]
 
 
-def held_attempt_ids(*, namespace_id: str, worker_id: str) -> set[str]:
-    """Ids of the attempts a worker identity holds right now (capacity accounting)."""
+def held_attempt_ids(*, worker: WorkerContext) -> set[str]:
+    """Ids of the attempts this connection holds right now (capacity accounting)."""
     return set(
         Attempt.objects.filter(
-            namespace_id=namespace_id,
-            worker_id=worker_id,
+            **worker.range_filter(),
             state__in=list(ACTIVE_ATTEMPT_STATES),
             lease_expires_at__gt=timezone.now(),
         ).values_list("id", flat=True)

@@ -16,7 +16,7 @@ from orbit.errors import LeaseLost, NotFound, OrbitError, StateConflict
 from orbit.idempotency import Actor, run_retrying
 from orbit.metrics import LEASES_RECOVERED
 from orbit.timefmt import format_time
-from tasks.actions.dispatch import WorkerContext, deadline_failure
+from tasks.actions.dispatch import WorkerContext, deadline_failure, refuse_revoked
 from tasks.actions.permits import (
     Held,
     WriteBook,
@@ -130,8 +130,7 @@ def _apply_outcome(
 def _holds(worker: WorkerContext, peek: dict[str, Any] | None, epoch: int) -> bool:
     return (
         peek is not None
-        and peek["namespace_id"] == worker.namespace_id
-        and peek["worker_id"] == worker.worker_id
+        and worker.owns(namespace_id=peek["namespace_id"], worker_id=peek["worker_id"], queue_id=peek["queue_id"])
         and peek["epoch"] == epoch
     )
 
@@ -239,6 +238,9 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
     def apply() -> dict[str, Any]:
         held = lock_attempt_chain(attempt_id, peek)
         assert held is not None
+        # Read, not locked: credentials come before keys and tasks in the
+        # global order, and a release grants nothing.
+        refuse_revoked([worker], locked=False)
         now = timezone.now()
         attempt = held.attempt
         if attempt.state == AttemptState.RELEASED:

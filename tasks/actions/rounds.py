@@ -32,13 +32,13 @@ and attempts in the counters' round trip (orbit.rows.locked_ahead)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import IntegrityError
 
 from orbit.api.auth import Minted
 from orbit.audit import gathered_events
-from orbit.errors import OrbitError, StateConflict
+from orbit.errors import OrbitError, StateConflict, Unauthenticated
 from orbit.idempotency import Actor, Receipt, run_retrying
 from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
 from orbit.rows import (
@@ -274,6 +274,21 @@ def _current_sessions(
     return current
 
 
+W = TypeVar("W", ResultReport, StartRequest, LeaseRequest)
+
+
+def _granted(items: list[tuple[int, W]], revoked: set[str], decided: list[tuple[int, Any]]) -> list[tuple[int, W]]:
+    """The items whose worker's credential still grants; the others are refused into `decided`."""
+    granted: list[tuple[int, W]] = []
+    for index, item in items:
+        credential = item.worker.credential
+        if credential is not None and credential.principal.credential_id in revoked:
+            decided.append((index, Unauthenticated(dispatch.CREDENTIAL_REVOKED)))
+        else:
+            granted.append((index, item))
+    return granted
+
+
 def _decide_round(
     items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
 ) -> None:
@@ -336,6 +351,10 @@ def _decide_round(
     # are locked with the counters (a hello of the same worker_id waits for
     # this round, then counts what it leased as held).
     ahead.append((WorkerIdentity, _identity_ids(leases)))
+    # Each worker's credential is read again under a lock, so a revocation
+    # commits before this round (which then refuses its items) or after it.
+    workers = [item.worker for _, item in reports + starts + leases]
+    ahead.append((Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}))
 
     def decide() -> list[tuple[int, Any]]:
         with atomic_sent_together(), holding(ApplicationState, QueueState), locked_ahead():
@@ -352,22 +371,26 @@ def _decide_round(
         lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)], ahead=ahead)  # one round trip
         for application_id in sorted(applications):
             lock_application_state(application_id)  # kept now: raises if it has no row
+        revoked = dispatch.confirm_credentials(workers)  # kept from the round trip above
+        decide_reports = _granted(reports, revoked, decided)
+        decide_starts = _granted(starts, revoked, decided)
+        decide_leases = _granted(leases, revoked, decided)
         with gathered_events():
             if submitting and written is not None:
                 # Admitted first: the round's leases can hand out what it accepts.
                 admitted = batch.admit_submissions(submitting.actor, submitting.items, written)
                 decided.extend((submitting.indexes[index], outcome) for index, outcome in admitted.items())
-            if reports:
+            if decide_reports:
                 book = WriteBook()
-                outcomes = endings.apply_reports([r for _, r in reports], report_peeks, book)
-                decided.extend(zip([i for i, _ in reports], outcomes, strict=True))
+                outcomes = endings.apply_reports([r for _, r in decide_reports], report_peeks, book)
+                decided.extend(zip([i for i, _ in decide_reports], outcomes, strict=True))
                 book.write()  # before the starts and leases read those rows
-            if starts:
-                outcomes = dispatch.apply_starts([s for _, s in starts], start_peeks, configuration)
-                decided.extend(zip([i for i, _ in starts], outcomes, strict=True))
+            if decide_starts:
+                outcomes = dispatch.apply_starts([s for _, s in decide_starts], start_peeks, configuration)
+                decided.extend(zip([i for i, _ in decide_starts], outcomes, strict=True))
             # Workers of one kind lease together: one candidate scan for all.
             kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
-            for index, lease in _current_sessions(leases, decided):
+            for index, lease in _current_sessions(decide_leases, decided):
                 worker = lease.worker
                 kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
                 kinds.setdefault(kind, []).append((index, lease))

@@ -1,0 +1,301 @@
+"""The holes an attacker found, closed (issue 20), black box against a live server:
+worker identities bound to the credential's queue range, revocation at the next
+request, connections that do not read, and oversized input answered."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from orbit.tenancy import revoke_credential
+from tasks.models import Attempt, AttemptState, Task, TaskState
+from tests.factories import make_credential
+from tests.keys.helpers import Worker, assert_no_violations, make_queue, submit, wait_for
+from workers import consumers
+from workers.models import WorkerIdentity
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+WORKER_SCOPES = ["workers:connect", "workers:consume", "tasks:read"]
+
+
+@pytest.fixture
+def opened(orbit_server: Any) -> Iterator[list[Worker]]:
+    """Connections to close at teardown, so none keeps leasing in the live server."""
+    workers: list[Worker] = []
+    yield workers
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.close()
+
+
+def open_worker(server: Any, token: str, opened: list[Worker]) -> Worker:
+    worker = Worker(server.url, token)
+    opened.append(worker)
+    return worker
+
+
+def hello(worker: Worker, queue_id: str, worker_id: str, capacity: int = 4) -> dict[str, Any]:
+    return worker.request(
+        "hello", worker_id=worker_id, queues=[queue_id], capacity=capacity, handlers=[], concurrency_keys=True
+    )
+
+
+def close_code(worker: Worker, timeout: float = 15) -> tuple[int | None, list[dict[str, Any]]]:
+    """Reads until the server closes the connection: its close code and the frames before it."""
+    frames: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    with pytest.raises(ConnectionClosed) as closed:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                frames.append(json.loads(worker.ws.recv(timeout=0.5)))
+        raise AssertionError(f"connection still open after {timeout}s; frames: {frames}")
+    received = closed.value.rcvd
+    return (received.code if received else None), frames
+
+
+# --- 1. worker identities are bound to the credential's queue range ----------
+
+
+def test_a_live_worker_of_another_range_is_not_taken_over(tenant, orbit_server, opened):
+    # given a worker serving queue B that is running B's task
+    queue_a, queue_b = make_queue(tenant, "range-a"), make_queue(tenant, "range-b")
+    task = submit(tenant, queue_b["id"], "b-1", payload={"secret": "b"})
+    legit = open_worker(orbit_server, tenant.token, opened)
+    assert hello(legit, queue_b["id"], "w-b")["type"] == "hello.ok"
+    assign = legit.expect_assignment()
+    legit.start(assign)
+    # when a credential limited to queue A says hello with that worker_id
+    narrow = make_credential(tenant.namespace, scopes=WORKER_SCOPES, queue_ids=[queue_a["id"]])
+    attacker = open_worker(orbit_server, narrow.token, opened)
+    reply = hello(attacker, queue_a["id"], "w-b")
+    # then it is refused (retry later), learns nothing of B's attempt, and the worker keeps its lease
+    assert reply["type"] == "error" and reply["code"] == "UNAVAILABLE", reply
+    assert "secret" not in json.dumps(reply)
+    renewed = legit.request("task.renew", attempt_id=assign["attempt_id"], epoch=assign["epoch"])
+    assert renewed["type"] == "task.renew.ok", renewed
+    assert legit.result(assign)["task_state"] == "SUCCEEDED"
+    assert Task.objects.get(id=task["id"]).output is None  # the worker sent none; nobody forged one
+
+
+def test_attempts_outside_the_range_answer_as_unknown_attempts(tenant, orbit_server, opened):
+    # given worker w-b holding a running attempt of queue B, then gone (its connection closed)
+    queue_a, queue_b = make_queue(tenant, "known-a"), make_queue(tenant, "known-b")
+    submit(tenant, queue_b["id"], "b-1", payload={"secret": "b"})
+    legit = open_worker(orbit_server, tenant.token, opened)
+    hello(legit, queue_b["id"], "w-b")
+    assign = legit.expect_assignment()
+    legit.start(assign)
+    legit.close()
+    wait_for(lambda: WorkerIdentity.objects.get(worker_id="w-b").seen_at is None, timeout=5)
+    # when the same worker_id reconnects under a credential narrowed to queue A
+    narrow = make_credential(tenant.namespace, scopes=WORKER_SCOPES, queue_ids=[queue_a["id"]])
+    worker = open_worker(orbit_server, narrow.token, opened)
+    welcome = hello(worker, queue_a["id"], "w-b")
+    # then B's attempt is not among what it holds, and every frame about it is
+    # answered exactly as for an attempt that does not exist
+    assert welcome["type"] == "hello.ok", welcome
+    assert welcome["held"] == []
+    ref = {"attempt_id": assign["attempt_id"], "epoch": assign["epoch"]}
+    unknown = {"attempt_id": "0" * 32, "epoch": assign["epoch"]}
+    for kind, extra in [
+        ("task.resume", {}),
+        ("task.renew", {}),
+        ("task.start", {}),
+        ("task.release", {"reason": "x"}),
+        ("task.result", {"outcome": "SUCCEEDED", "output": {"forged": True}}),
+    ]:
+        refused = worker.request(kind, **ref, **extra)
+        absent = worker.request(kind, **unknown, **extra)
+        assert refused["type"] == "error", (kind, refused)
+        assert {k: v for k, v in refused.items() if k != "reply_to"} == {
+            k: v for k, v in absent.items() if k != "reply_to"
+        }, kind
+    # and the attempt keeps running out its lease as if its worker were gone
+    attempt = Attempt.objects.get(id=assign["attempt_id"])
+    assert attempt.state == AttemptState.RUNNING and attempt.outcome == ""
+    assert Task.objects.get(id=assign["task"]["id"]).output is None
+
+
+# --- 3. revocation takes effect at the next request ---------------------------
+
+
+def test_nothing_is_granted_after_a_revocation_commits(tenant, orbit_server, opened):
+    # given a worker with one leased (unstarted) and one running attempt
+    queue = make_queue(tenant, "revoked")
+    issued = make_credential(tenant.namespace, scopes=WORKER_SCOPES)
+    for index in range(2):
+        submit(tenant, queue["id"], f"r-{index}")
+    worker = open_worker(orbit_server, issued.token, opened)
+    hello(worker, queue["id"], "w-revoked", capacity=2)
+    running, leased = worker.expect_assignment(), worker.expect_assignment()
+    worker.start(running)
+    # when its credential is revoked
+    revoke_credential(issued.credential.id)
+    # then the very next start, renew and result are refused
+    for kind, assign, extra in [
+        ("task.start", leased, {}),
+        ("task.renew", running, {}),
+        ("task.result", running, {"outcome": "SUCCEEDED"}),
+    ]:
+        reply = worker.request(kind, attempt_id=assign["attempt_id"], epoch=assign["epoch"], **extra)
+        if reply["type"] == "error" and reply["code"] == "UNAUTHENTICATED":
+            break
+        raise AssertionError(f"{kind} was granted after revocation: {reply}")
+    code, frames = close_code(worker)
+    assert code == consumers.CLOSE_UNAUTHENTICATED
+    # and no lease, start or result was granted: the attempts are as they were
+    submit(tenant, queue["id"], "r-late")
+    time.sleep(0.5)
+    assert Attempt.objects.get(id=leased["attempt_id"]).state == AttemptState.LEASED
+    assert Attempt.objects.get(id=running["attempt_id"]).state == AttemptState.RUNNING
+    assert Attempt.objects.filter(worker_id="w-revoked").count() == 2
+    assert not [frame for frame in frames if frame.get("type") == "task.assign"]
+
+
+def test_a_revoked_credential_gets_no_new_assignment(tenant, orbit_server, opened):
+    queue = make_queue(tenant, "revoked-lease")
+    issued = make_credential(tenant.namespace, scopes=WORKER_SCOPES)
+    worker = open_worker(orbit_server, issued.token, opened)
+    hello(worker, queue["id"], "w-revoked-lease")
+    revoke_credential(issued.credential.id)
+    submit(tenant, queue["id"], "after-revoke")
+    code, frames = close_code(worker)
+    assert code == consumers.CLOSE_UNAUTHENTICATED
+    assert not [frame for frame in frames if frame.get("type") == "task.assign"]
+    assert not Attempt.objects.filter(worker_id="w-revoked-lease").exists()
+
+
+# --- 4. a connection that does not read -----------------------------------------
+
+
+def test_a_connection_that_never_reads_is_bounded_closed_and_its_leases_released(tenant, orbit_server, opened):
+    # given 40 waiting tasks and a worker of capacity 1000 that says hello and then reads nothing
+    queue = make_queue(tenant, "silent", max_concurrency=100)
+    task_ids = [submit(tenant, queue["id"], f"s-{index}")["id"] for index in range(40)]
+    silent = open_worker(orbit_server, tenant.token, opened)
+    assert hello(silent, queue["id"], "w-silent", capacity=1000)["type"] == "hello.ok"
+    started = time.monotonic()
+    # then it is assigned at most UNACKED_MAX tasks, and closed once they are overdue
+    wait_for(lambda: Attempt.objects.filter(worker_id="w-silent").exists(), timeout=5)
+    wait_for(lambda: not Attempt.objects.filter(worker_id="w-silent", state=AttemptState.LEASED).exists(), timeout=20)
+    elapsed = time.monotonic() - started
+    attempts = list(Attempt.objects.filter(worker_id="w-silent"))
+    assert 0 < len(attempts) <= consumers.UNACKED_MAX
+    # released at once (not left to expire), no attempt consumed
+    assert {attempt.state for attempt in attempts} == {AttemptState.RELEASED}
+    assert elapsed < consumers.ACK_TIMEOUT_SECONDS + 5
+    assert set(Task.objects.filter(id__in=task_ids).values_list("state", flat=True)) == {TaskState.WAITING}
+    code, _ = close_code(silent)
+    assert code == consumers.CLOSE_ACK_TIMEOUT
+    # and a worker that reads gets every task
+    reader = open_worker(orbit_server, tenant.token, opened)
+    hello(reader, queue["id"], "w-reader", capacity=40)
+    for _ in task_ids:
+        reader.finish(reader.expect_assignment())
+    assert set(Task.objects.filter(id__in=task_ids).values_list("state", flat=True)) == {TaskState.SUCCEEDED}
+    assert_no_violations()
+
+
+def test_acknowledged_assignments_make_room_for_more(tenant, orbit_server, opened):
+    # a worker that acknowledges keeps getting work past UNACKED_MAX, up to its capacity
+    queue = make_queue(tenant, "acked", max_concurrency=100)
+    for index in range(consumers.UNACKED_MAX + 8):
+        submit(tenant, queue["id"], f"a-{index}")
+    worker = open_worker(orbit_server, tenant.token, opened)
+    hello(worker, queue["id"], "w-acks", capacity=100)
+    got = []
+    while (frame := worker.next_assignment(timeout=2)) is not None:
+        worker.send("task.assign.ack", attempt_id=frame["attempt_id"])
+        got.append(frame)
+    assert len(got) == consumers.UNACKED_MAX + 8
+
+
+# --- 5. oversized input -----------------------------------------------------------
+
+
+def raw_http(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        b"X-Big: " + b"a" * 20_000 + b"\r\n",  # one line over the whole section's limit
+        b"".join(b"X-H%d: %s\r\n" % (n, b"b" * 100) for n in range(200)),  # many lines over 16 KiB
+        b"".join(b"X-N%d: 1\r\n" % n for n in range(600)),  # more lines than allowed
+    ],
+    ids=["long-line", "large-section", "many-lines"],
+)
+def test_headers_over_the_limit_answer_431_with_the_envelope(orbit_server, headers):
+    answer = raw_http(orbit_server.port, b"GET /v1/queues HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 Request Header Fields Too Large"), head
+    envelope = json.loads(body)
+    assert envelope["error"]["code"] == "REQUEST_HEADERS_TOO_LARGE"
+    assert "16384 bytes" in envelope["error"]["message"]
+    assert len(envelope["request_id"]) == 32
+
+
+def test_headers_within_the_limit_are_served(orbit_server, tenant):
+    answer = raw_http(
+        orbit_server.port,
+        b"GET /v1/queues HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer "
+        + tenant.token.encode()
+        + b"\r\nX-Pad: "
+        + b"p" * 12_000
+        + b"\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+def test_a_frame_over_1_mib_gets_an_error_frame_then_close_1009(tenant, orbit_server, opened):
+    queue = make_queue(tenant, "big-frames")
+    worker = open_worker(orbit_server, tenant.token, opened)
+    hello(worker, queue["id"], "w-big")
+    worker.ws.send(json.dumps({"id": "big", "type": "task.renew", "pad": "x" * (1024 * 1024 + 10)}))
+    code, frames = close_code(worker)
+    assert code == 1009
+    errors = [frame for frame in frames if frame.get("type") == "error"]
+    assert errors and errors[-1]["code"] == "PAYLOAD_TOO_LARGE", frames
+    assert "1048576 bytes" in errors[-1]["message"]
+
+
+def rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):  # noqa: SIM115
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_silent_connection_leaves_the_server_memory_flat(tenant, orbit_server, opened):
+    # given 150 waiting tasks of 200 KB each (the audit: 300 such tasks grew the server by 67 MiB)
+    queue = make_queue(tenant, "silent-big", max_concurrency=1000)
+    payload = {"blob": "x" * 200_000}
+    for index in range(150):
+        submit(tenant, queue["id"], f"big-{index}", payload=payload)
+    before = rss_mib(orbit_server.process.pid)
+    # when a worker of capacity 1000 says hello and reads nothing until the server closes it
+    silent = open_worker(orbit_server, tenant.token, opened)
+    hello(silent, queue["id"], "w-silent-big", capacity=1000)
+    wait_for(lambda: Attempt.objects.filter(worker_id="w-silent-big").exists(), timeout=5)
+    code, _ = close_code(silent, timeout=consumers.ACK_TIMEOUT_SECONDS + 10)
+    after = rss_mib(orbit_server.process.pid)
+    leased = Attempt.objects.filter(worker_id="w-silent-big").count()
+    print(f"silent connection: {leased} assigned of 150, server RSS {before:.0f} -> {after:.0f} MiB")
+    # then it got at most one lease's worth, was closed, and the server holds no backlog for it
+    assert code == consumers.CLOSE_ACK_TIMEOUT
+    assert leased <= consumers.UNACKED_MAX
+    assert after - before < 24, (before, after)
