@@ -7,6 +7,10 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
 django_asgi_app = get_asgi_application()
 
+from orbit.db_backends.mysql import base as mysql_backend  # noqa: E402
+
+mysql_backend.serving = True  # before any request opens a connection
+
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from orbit.api.handler import ApiHandler, split_http  # noqa: E402

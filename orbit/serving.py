@@ -19,12 +19,27 @@ not formatted at all.
 Secure transport: daphne asks whether each request came over TLS, which
 Twisted answers by adapting the connection's transport to ISSLTransport
 each time; a connection's transport is fixed once it is made, so the answer
-is kept on the connection."""
+is kept on the connection.
+
+Oversized input: Twisted closes a connection whose request line or header
+line is over 16 KiB without a word, answers a bare 400 to headers over 16 KiB
+in all, and autobahn drops (close code 1006) a WebSocket whose frame is over
+daphne's 1 MiB. Here the first two answer 431 with the API's error envelope,
+and the third gets an error frame naming the limit, then close code 1009."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
+
+from orbit.fields import new_id
+
+# The request line and headers of one HTTP request, in all (Twisted's own
+# bound, stated); and the most header lines.
+MAX_HEADER_BYTES = 16 * 1024
+MAX_HEADER_LINES = 500
+HEADERS_TOO_LARGE_CODE = "REQUEST_HEADERS_TOO_LARGE"
 
 
 def without_form_decoding(init: Callable[..., None]) -> Callable[..., None]:
@@ -51,13 +66,74 @@ def secure_once(is_secure: Callable[[Any], bool]) -> Callable[[Any], bool]:
     return secure
 
 
+def headers_too_large_response() -> bytes:
+    request_id = new_id()
+    message = f"request headers: larger than the limit of {MAX_HEADER_BYTES} bytes or {MAX_HEADER_LINES} lines"
+    body = json.dumps(
+        {"request_id": request_id, "error": {"code": HEADERS_TOO_LARGE_CODE, "message": message}},
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"X-Request-Id: {request_id}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def _refuse_headers(channel: Any) -> None:
+    """Answers 431 and closes: the rest of the request is not read."""
+    channel.transport.write(headers_too_large_response())
+    channel.dataReceived = channel.lineReceived = lambda *args: None
+    channel.loseConnection()
+
+
+def bounded_headers(line_received: Callable[[Any, bytes], None]) -> Callable[[Any, bytes], None]:
+    """HTTPChannel.lineReceived (`line_received`) refusing a header section over the limits with 431."""
+
+    def received(channel: Any, line: bytes) -> None:
+        # Twisted parses a header line when the next line arrives: count the pending one.
+        pending = 1 if getattr(channel, "_HTTPChannel__header", b"") else 0
+        if (
+            channel._receivedHeaderSize + len(line) > channel.totalHeadersSize
+            or channel._receivedHeaderCount + pending > channel.maxHeaders
+        ):
+            _refuse_headers(channel)
+            return
+        line_received(channel, line)
+
+    received.__wrapped__ = line_received  # type: ignore[attr-defined]
+    return received
+
+
+def frame_too_big(protocol: Any, size: int, limit: int, reason: str) -> None:
+    """autobahn's hook for a WebSocket message over the limit: tell the worker
+    which limit, then close with 1009 (not drop the connection: 1006)."""
+    frame = {"type": "error", "code": "PAYLOAD_TOO_LARGE", "message": f"frame: larger than the limit of {limit} bytes"}
+    protocol.sendMessage(json.dumps(frame, separators=(",", ":")).encode(), isBinary=False)
+    protocol.failByDrop = False
+    protocol._fail_connection(protocol.CLOSE_STATUS_CODE_MESSAGE_TOO_BIG, f"frame larger than {limit} bytes")
+
+
 def _no_twisted_access_line(factory: Any, request: Any) -> None:
     """Daphne writes the access log; Twisted's own line would be dropped."""
 
 
 def tune_twisted() -> None:
     from daphne.http_protocol import HTTPFactory, WebRequest
+    from daphne.ws_protocol import WebSocketProtocol
     from twisted.web import http
+
+    http.HTTPChannel.totalHeadersSize = MAX_HEADER_BYTES
+    http.HTTPChannel.maxHeaders = MAX_HEADER_LINES
+    # One line longer than the whole section never reaches lineReceived.
+    http.HTTPChannel.MAX_LENGTH = MAX_HEADER_BYTES
+    http.HTTPChannel.lineLengthExceeded = lambda channel, line: _refuse_headers(channel)
+    if not hasattr(http.HTTPChannel.lineReceived, "__wrapped__"):
+        http.HTTPChannel.lineReceived = bounded_headers(http.HTTPChannel.lineReceived)
+    WebSocketProtocol._max_message_size_exceeded = frame_too_big
 
     if not hasattr(WebRequest.__init__, "__wrapped__"):
         WebRequest.__init__ = without_form_decoding(WebRequest.__init__)

@@ -16,7 +16,7 @@ from orbit.errors import OrbitError
 from orbit.idempotency import Actor, Receipt, validate_key
 from tasks.actions import batch
 from tasks.actions.rounds import Answer, RoundItem, SubmitRequest, run_round
-from workers.groupcommit import GroupCommit
+from workers.groupcommit import GroupCommit, within_deadline
 
 # A round's submits are answered before its worker frames: a submit's caller
 # sends nothing more until it hears back, while a worker keeps its other
@@ -69,4 +69,4 @@ def join_round(loop: asyncio.AbstractEventLoop, request: SubmitRequest) -> async
 
 async def receipt_of(joined: asyncio.Future[Answer]) -> Receipt:
     """The submit's Receipt, or its refusal raised, holding no pool thread while the round runs."""
-    return _receipt(await joined)
+    return _receipt(await within_deadline(joined))

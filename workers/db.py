@@ -19,6 +19,13 @@ from django.db import InterfaceError, OperationalError, connection
 T = TypeVar("T")
 
 DB_THREADS = int(os.environ.get("ORBIT_DB_THREADS", "8"))
+# Every request of a server process (an HTTP request, a worker frame, a lease)
+# is answered within this bound: past it, UNAVAILABLE, whatever the database
+# does. A frozen (not dead) server never answers; a serving connection gives
+# up on a statement sooner (orbit.db_backends.mysql: SERVING_TIMEOUTS), so the
+# transaction it was in is rolled back, never half kept.
+REQUEST_DEADLINE_SECONDS = 4.5
+DATABASE_TOO_SLOW = f"database did not answer within {REQUEST_DEADLINE_SECONDS:g} s; retry later"
 _executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="orbit-db")
 
 

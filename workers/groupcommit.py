@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,9 +26,10 @@ from queue import Empty, SimpleQueue
 from typing import Any, Generic, TypeVar
 
 from django.conf import settings
-from django.db import connection
+from django.db import InterfaceError, OperationalError, connection
 
-from workers.db import call_guarded, run_db
+from orbit.errors import Unavailable
+from workers.db import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db
 
 logger = logging.getLogger("orbit.groupcommit")
 
@@ -58,6 +60,12 @@ class _Request(Generic[I, R]):
             return not self.future.cancelled()  # a read: the future belongs to its loop
         return self.future.set_running_or_notify_cancel()
 
+    def abandoned(self) -> bool:
+        """The caller stopped waiting (its deadline passed) after the item was claimed."""
+        if isinstance(self.future, asyncio.Future):
+            return self.future.cancelled()
+        return getattr(self.future, "abandoned", False)
+
 
 def _settle(future: Future[Any] | asyncio.Future[Any], outcome: Any) -> None:
     if isinstance(outcome, BaseException):
@@ -78,6 +86,8 @@ class _Lane(Generic[I, R]):
         self.owner = owner
         self.lane_id = lane_id
         self.inbox: SimpleQueue[_Request[I, R]] = SimpleQueue()
+        # When the group now deciding began (time.monotonic()), None between groups.
+        self.busy_since: float | None = None
         name = f"orbit-{owner.name}-{lane_id[:8]}"
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
@@ -100,23 +110,39 @@ class _Lane(Generic[I, R]):
                 group = [request for request in group if request.claim()]
                 if not group:
                     continue
+                self.busy_since = time.monotonic()
                 try:
                     outcomes = self._decide(group)
                 except BaseException as exc:  # never leave a caller waiting
                     logger.exception("group commit failed")
                     outcomes = [exc] * len(group)
+                finally:
+                    self.busy_since = None
                 _answer(group, outcomes, self.owner.answer_first)
         finally:
             connection.close()  # an idle lane gives its database connection back
 
+    def stuck(self) -> bool:
+        """Whether the group now deciding has outlived every caller's deadline
+        (its connection waits on a database that does not answer)."""
+        since = self.busy_since
+        return since is not None and time.monotonic() - since > REQUEST_DEADLINE_SECONDS
+
     def _decide(self, group: list[_Request[I, R]]) -> list[R | BaseException]:
         try:
             return call_guarded(self.owner.run_group, [request.item for request in group])
+        except (OperationalError, InterfaceError) as exc:
+            # The database failed, not an item: each alone would wait on it again.
+            return [exc] * len(group)
         except Exception as exc:
             if len(group) == 1:
                 return [exc]
             logger.warning("group of %d failed; trying each item alone", len(group), exc_info=True)
-            return [outcome for request in group for outcome in self._decide([request])]
+            outcomes: list[R | BaseException] = []
+            for request in group:
+                # A caller past its deadline has its answer already: its item is not tried again.
+                outcomes.extend([Unavailable(DATABASE_TOO_SLOW)] if request.abandoned() else self._decide([request]))
+            return outcomes
 
 
 def _answer(group: list[_Request[I, R]], outcomes: list[R | BaseException], first: Callable[[I], bool]) -> None:
@@ -178,7 +204,20 @@ class GroupCommit(Generic[I, R]):
             lane = self._lanes.get(lane_id)
             if lane is None:
                 lane = self._lanes[lane_id] = _Lane(self, lane_id)
+            if lane.stuck():
+                # Its connection gives up within the serving timeouts; until
+                # then a request that queued behind it could only time out.
+                self._refuse(request)
+                return
             lane.inbox.put(request)
+
+    @staticmethod
+    def _refuse(request: _Request[I, R]) -> None:
+        error = Unavailable(DATABASE_TOO_SLOW)
+        if isinstance(request.future, asyncio.Future):
+            request.future.get_loop().call_soon_threadsafe(_deliver, [(request.future, error)])
+        else:
+            request.future.set_exception(error)
 
     def _retire(self, lane: _Lane[I, R]) -> bool:
         with self._lock:
@@ -188,13 +227,29 @@ class GroupCommit(Generic[I, R]):
             return True
 
     def call(self, lane_id: str, item: I) -> R:
-        """From a thread: waits for the item's outcome."""
+        """From a thread: waits for the item's outcome, UNAVAILABLE past the request deadline."""
         if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction
             return unwrap(self.run_group([item])[0])
-        return self.enqueue(lane_id, item).result()
+        future = self.enqueue(lane_id, item)
+        try:
+            return future.result(timeout=REQUEST_DEADLINE_SECONDS)
+        except TimeoutError:
+            if not future.cancel():  # claimed: it runs, and its outcome goes nowhere
+                future.abandoned = True  # type: ignore[attr-defined]
+            raise Unavailable(DATABASE_TOO_SLOW) from None
 
     async def call_async(self, lane_id: str, item: I) -> R:
-        """From the event loop: awaits the item's outcome without holding a pool thread."""
+        """From the event loop: awaits the item's outcome without holding a pool
+        thread, UNAVAILABLE past the request deadline."""
         if settings.ORBIT_INLINE_DB:
             return await run_db(lambda: unwrap(self.run_group([item])[0]))
-        return await self.enqueue_for(asyncio.get_running_loop(), lane_id, item)
+        return await within_deadline(self.enqueue_for(asyncio.get_running_loop(), lane_id, item))
+
+
+async def within_deadline(waiter: asyncio.Future[R]) -> R:
+    """The outcome, or UNAVAILABLE once the request deadline passed (the
+    waiter is cancelled: an item not yet claimed is skipped)."""
+    try:
+        return await asyncio.wait_for(waiter, REQUEST_DEADLINE_SECONDS)
+    except TimeoutError:
+        raise Unavailable(DATABASE_TOO_SLOW) from None

@@ -104,7 +104,9 @@ class Config:
     warmup_seconds: float = 4.0
     seed: int = 0
     inject_faults: bool = False
-    freeze: bool = False
+    # Longer than a request's deadline (4.5 s): a request that waited on the
+    # frozen server instead of answering 503 shows as a slow answer.
+    freeze_seconds: float = 10.0
 
 
 # --------------------------------------------------------------------------- processes
@@ -272,6 +274,8 @@ class SubmitStats:
     given_up: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     slow: list[str] = field(default_factory=list)
+    # While set (an event watches the submits it spans): answers by status and the slowest.
+    watch: dict[str, Any] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -343,6 +347,9 @@ class Submitter:
             status = response.status_code
             with stats.lock:
                 stats.statuses[str(status)] += 1
+                if stats.watch is not None:
+                    stats.watch[str(status)] = stats.watch.get(str(status), 0) + 1
+                    stats.watch["worst_s"] = round(max(stats.watch.get("worst_s", 0.0), elapsed), 3)
                 if elapsed > PROBE_TIMEOUT:
                     stats.slow.append(f"POST {key} to {server.name}: {status} after {elapsed:.1f} s")
             if status in (200, 201):
@@ -938,12 +945,20 @@ class Harness:
         return event
 
     def db_freeze(self) -> dict[str, Any]:
+        """Every request while the server is frozen answers 503 within PROBE_TIMEOUT
+        (the submitters' slow answers are violations), and work resumes after."""
         event: dict[str, Any] = {"name": "MariaDB frozen (SIGSTOP: connections accepted, never answered)"}
+        assert self.submitter is not None
+        stats = self.submitter.stats
+        with stats.lock:
+            stats.watch = {}
         self.db.freeze()
         try:
-            self.probe_outage(time.monotonic() + self.cfg.db_down_seconds, event)
+            self.probe_outage(time.monotonic() + self.cfg.freeze_seconds, event)
         finally:
             self.db.thaw()
+            with stats.lock:
+                event["submits_during_freeze"], stats.watch = stats.watch, None
         self.wait_recovery(event, time.time())
         return event
 
@@ -953,6 +968,7 @@ class Harness:
             lambda n: self.kill_server(n),
             lambda n: self.db_outage(kill=True),
             lambda n: self.db_outage(kill=False),
+            lambda n: self.db_freeze(),
         ]
         if not self.cfg.short:
             events += [
@@ -962,8 +978,6 @@ class Harness:
                 lambda n: self.db_outage(kill=True, down_seconds=self.cfg.lease_seconds + 3),
                 lambda n: self.fence(n),
             ]
-        if self.cfg.freeze:
-            events.append(lambda n: self.db_freeze())
         return events
 
     def chaos(self) -> None:
@@ -1432,11 +1446,6 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=None, help="tasks submitted per second")
     parser.add_argument("--summary", type=Path, help="also write the JSON summary here")
     parser.add_argument(
-        "--freeze",
-        action="store_true",
-        help="add an event that freezes MariaDB (SIGSTOP); today requests then hang (see README)",
-    )
-    parser.add_argument(
         "--inject-faults", action="store_true", help="corrupt the rows at the end: every check must then fire"
     )
     args = parser.parse_args()
@@ -1453,7 +1462,6 @@ def main() -> int:
         settle_seconds=75.0 if args.short else 120.0,
         seed=args.seed if args.seed is not None else random.randrange(1 << 30),
         inject_faults=args.inject_faults,
-        freeze=args.freeze,
     )
     harness = Harness(cfg)
     harness.summary_path = args.summary

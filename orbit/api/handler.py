@@ -17,6 +17,8 @@ objects, or declines it to this handler (tasks/submit_route.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,7 +29,13 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections, reset_queries
+from django.http.response import HttpResponseBase
 from django.urls import set_script_prefix
+
+from orbit.api.errors import error_body
+from orbit.errors import Unavailable
+from orbit.fields import new_id
+from workers.db import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS
 
 API_MIDDLEWARE = ["orbit.api.middleware.RequestIdMiddleware"]
 API_PREFIX = "/v1/"
@@ -91,26 +99,50 @@ class ApiHandler(ASGIHandler):
             body_file = await self.read_body(receive)
         except RequestAborted:
             return
+        try:
+            # Every request is answered within the deadline (workers.db), a
+            # database that stopped answering included: waits still queued are
+            # cancelled, and what was sent to the database rolls back.
+            async with asyncio.timeout(REQUEST_DEADLINE_SECONDS):
+                answer = await self.answer(scope, body_file)
+        except TimeoutError:
+            body_file.close()
+            answer = unavailable_answer()
+        if isinstance(answer, tuple):
+            body_file.close()
+            status, headers, body = answer
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        try:
+            await self.send_response(answer, send)
+        finally:
+            answer.close()
+            body_file.close()
+
+    async def answer(self, scope: dict[str, Any], body_file: Any) -> HttpAnswer | HttpResponseBase:
         route = self.routes.get((scope["method"], scope["path"]))
         if route is not None:
             answer = await route(scope, body_file.read())
             if answer is not None:
-                body_file.close()
-                status, headers, body = answer
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-                return
+                return answer
             body_file.seek(0)
         set_script_prefix(get_script_prefix(scope))
         if request_started.has_listeners(type(self)):  # none of Django's own (see above)
             await request_started.asend(sender=type(self), scope=scope)
         request, error_response = self.create_request(scope, body_file)
-        response = error_response if request is None else await self.run_get_response(request)
-        try:
-            await self.send_response(response, send)
-        finally:
-            response.close()
-            body_file.close()
+        return error_response if request is None else await self.run_get_response(request)
+
+
+def unavailable_answer() -> HttpAnswer:
+    request_id = new_id()
+    body = json.dumps(error_body(request_id, Unavailable.code, DATABASE_TOO_SLOW), separators=(",", ":")).encode()
+    headers = [
+        (b"Content-Type", b"application/json"),
+        (b"X-Request-Id", request_id.encode("ascii")),
+        (b"Content-Length", str(len(body)).encode("ascii")),
+    ]
+    return Unavailable.status, headers, body
 
 
 def split_http(api: Any, other: Any) -> Any:

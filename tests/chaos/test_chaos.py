@@ -58,7 +58,13 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["ok"] and not summary["violations"]
     names = [event["name"] for event in summary["events"]]
-    assert names == ["kill -9 worker", "kill -9 server B", "kill -9 MariaDB", "SIGTERM restart of MariaDB"]
+    assert names == [
+        "kill -9 worker",
+        "kill -9 server B",
+        "kill -9 MariaDB",
+        "SIGTERM restart of MariaDB",
+        "MariaDB frozen (SIGSTOP: connections accepted, never answered)",
+    ]
     figures = summary["figures"]
     assert figures["orbit_check_exit"] == 0
     assert figures["tasks_accepted"] > 0 and figures["tasks_in_db"] == figures["tasks_accepted"]
@@ -67,5 +73,8 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
         if "MariaDB" in event["name"]:
             assert event["outage_probes"] > 0
             assert event["outage_probe_worst_s"] < 5
+        if "frozen" in event["name"]:
+            assert event["submits_during_freeze"].get("503", 0) > 0, event
+            assert event["submits_during_freeze"]["worst_s"] <= 5, event
             for server in ("A", "B", "C"):
                 assert event[f"server_{server}_recovered_s"] is not None

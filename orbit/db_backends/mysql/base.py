@@ -82,6 +82,17 @@ class CursorWrapper(base.CursorWrapper):
         return super().executemany(query, args)
 
 
+# A server process answers every request within workers.db's deadline
+# (4.5 s), so its connections give up on a server that stopped answering
+# sooner than the settings' (which suit commands: a migration may take long):
+# a statement's lock wait ends first (a retryable error), then the statement,
+# and the server rolls back the transaction of a connection that went away.
+SERVING_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 3, "write_timeout": 3}
+SERVING_LOCK_WAIT_SECONDS = 2
+# Set by orbit.asgi: this process serves requests.
+serving = False
+
+
 class DatabaseWrapper(base.DatabaseWrapper):
     features_class = DatabaseFeatures
     # Set by orbit.rows.atomic_sent_together when a transaction's last writes
@@ -93,6 +104,9 @@ class DatabaseWrapper(base.DatabaseWrapper):
         params["client_flag"] = params.get("client_flag", 0) | CLIENT.MULTI_STATEMENTS
         if params.get("conv") is base.django_conversions:  # not one of the settings' OPTIONS
             params["conv"] = conversions
+        if serving:
+            params.update(SERVING_TIMEOUTS)
+            params["init_command"] = f"SET SESSION innodb_lock_wait_timeout = {SERVING_LOCK_WAIT_SECONDS}"
         return params
 
     def create_cursor(self, name: str | None = None) -> CursorWrapper:
