@@ -74,14 +74,22 @@ def open_connection(settings_dict: dict[str, Any], timeout: float) -> BaseDataba
     30 s read timeouts for queries that may wait on row locks; a probe's
     `SELECT 1` waits on nothing."""
     settings_dict = copy.deepcopy(settings_dict)
-    if _vendor(settings_dict) == "mysql":
-        seconds = max(1, math.ceil(timeout))  # the driver takes whole seconds
-        settings_dict.setdefault("OPTIONS", {}).update(
-            connect_timeout=seconds, read_timeout=seconds, write_timeout=seconds
-        )
     settings_dict["CONN_MAX_AGE"] = None  # a probe keeps its one connection
     backend = load_backend(settings_dict["ENGINE"])
-    return backend.DatabaseWrapper(settings_dict, "default")
+    wrapper = backend.DatabaseWrapper(settings_dict, "default")
+    if _vendor(settings_dict) == "mysql":
+        seconds = max(1, math.ceil(timeout))  # the driver takes whole seconds
+        timeouts = {"connect_timeout": seconds, "read_timeout": seconds, "write_timeout": seconds}
+        backend_params = wrapper.get_connection_params
+
+        # Applied after the backend's own parameters: in a serving process
+        # Orbit's backend sets its serving timeouts (seconds longer) on every
+        # connection it opens, over the settings' OPTIONS.
+        def connection_params() -> dict[str, Any]:
+            return {**backend_params(), **timeouts}
+
+        wrapper.get_connection_params = connection_params  # type: ignore[method-assign]
+    return wrapper
 
 
 def unapplied_migrations(connection: BaseDatabaseWrapper) -> list[str]:

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from orbit import probes
-from orbit.probes import Readiness, check_database, database_settings
+from orbit.probes import Readiness, check_database, database_settings, open_connection
 from tests.conftest import api_client
 from tests.product.conftest import closed_port, mysql_settings
 
@@ -137,3 +137,12 @@ def test_the_start_up_check_names_what_is_wrong(empty_database):
     assert check_database() is None
     assert "migrations not applied (first: " in (check_database(empty_database) or "")
     assert check_database(mysql_settings(closed_port()), timeout=1).startswith("cannot reach the database server")
+
+
+def test_the_probe_connection_keeps_its_1_s_timeouts_in_a_serving_process(monkeypatch):
+    from orbit.db_backends.mysql import base as mysql_backend
+
+    # orbit.asgi sets serving timeouts (seconds longer) on every connection the process opens.
+    monkeypatch.setattr(mysql_backend, "serving", True)
+    params = open_connection(mysql_settings(closed_port()), probes.PROBE_SECONDS).get_connection_params()
+    assert (params["connect_timeout"], params["read_timeout"], params["write_timeout"]) == (1, 1, 1)
