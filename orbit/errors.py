@@ -13,6 +13,7 @@ its wire code and HTTP status:
     ├── StateConflict         409 STATE_CONFLICT
     ├── PayloadTooLarge       413 PAYLOAD_TOO_LARGE
     ├── QueueFull             429 QUEUE_FULL (Retry-After: 1)
+    ├── HeadersTooLarge       431 REQUEST_HEADERS_TOO_LARGE (answered by orbit.serving)
     ├── Unavailable           503 UNAVAILABLE
     └── Internal              500 INTERNAL
 """
@@ -73,6 +74,11 @@ class QueueFull(OrbitError):
 
     def __init__(self) -> None:
         super().__init__(self.MESSAGE, retry_after=1)
+
+
+class HeadersTooLarge(OrbitError):
+    code = "REQUEST_HEADERS_TOO_LARGE"
+    status = 431
 
 
 class Unavailable(OrbitError):

@@ -33,13 +33,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from orbit import reason_phrases
+from orbit.errors import HeadersTooLarge
 from orbit.fields import new_id
 
 # The request line and headers of one HTTP request, in all (Twisted's own
 # bound, stated); and the most header lines.
 MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADER_LINES = 500
-HEADERS_TOO_LARGE_CODE = "REQUEST_HEADERS_TOO_LARGE"
 
 
 def without_form_decoding(init: Callable[..., None]) -> Callable[..., None]:
@@ -70,7 +71,7 @@ def headers_too_large_response() -> bytes:
     request_id = new_id()
     message = f"request headers: larger than the limit of {MAX_HEADER_BYTES} bytes or {MAX_HEADER_LINES} lines"
     body = json.dumps(
-        {"request_id": request_id, "error": {"code": HEADERS_TOO_LARGE_CODE, "message": message}},
+        {"request_id": request_id, "error": {"code": HeadersTooLarge.code, "message": message}},
         separators=(",", ":"),
     ).encode()
     head = (
@@ -126,6 +127,7 @@ def tune_twisted() -> None:
     from daphne.ws_protocol import WebSocketProtocol
     from twisted.web import http
 
+    reason_phrases.install()
     http.HTTPChannel.totalHeadersSize = MAX_HEADER_BYTES
     http.HTTPChannel.maxHeaders = MAX_HEADER_LINES
     # One line longer than the whole section never reaches lineReceived.

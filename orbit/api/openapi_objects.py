@@ -96,6 +96,7 @@ ERROR_CLASSES: dict[int, tuple[type[errors.OrbitError], ...]] = {
     409: (errors.IdempotencyConflict, errors.StateConflict),
     413: (errors.PayloadTooLarge,),
     429: (errors.QueueFull,),
+    431: (errors.HeadersTooLarge,),
     503: (errors.Unavailable,),
 }
 ERROR_DESCRIPTIONS = {
@@ -109,7 +110,9 @@ ERROR_DESCRIPTIONS = {
     413: "PAYLOAD_TOO_LARGE: the body is over the upload limit, or a payload over 256 KiB encoded",
     429: "QUEUE_FULL: the queue's (or application's) unfinished-task limit is reached; retry with the "
     "same Idempotency-Key after Retry-After seconds",
-    503: "UNAVAILABLE: the database is unreachable; retry later",
+    431: "REQUEST_HEADERS_TOO_LARGE: the request line and headers are over 16,384 bytes or 500 lines",
+    503: "UNAVAILABLE: the database is unreachable, or did not answer within 4.5 s; retry later "
+    "(a write with the same Idempotency-Key)",
 }
 ALL_ERROR_CODES = [cls.code for classes in ERROR_CLASSES.values() for cls in classes]
 

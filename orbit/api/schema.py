@@ -455,7 +455,7 @@ def documented(
 
     def decorate(method: Any) -> Any:
         path_parameters = len(inspect.signature(method).parameters) > 2  # self, request, ids...
-        errors = [401, 403, 503]
+        errors = [401, 403, 431, 503]
         if request is not None or paged or filters or extra_parameters or idempotent:
             errors.append(400)
         if path_parameters or not_found:
