@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 SETTINGS_MODULE = "orbit.settings"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8080"
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     problem = settings_problem()
     if problem is not None:
         sys.exit(f"{os.path.basename(argv[0])}: {problem}")
+    make_local_dir()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(argv)
@@ -46,6 +48,17 @@ def settings_problem() -> str | None:
     except (ImproperlyConfigured, ValueError) as exc:
         return f"configuration error: {exc}"
     return None
+
+
+def make_local_dir(engine: str | None = None, local_dir: Path | None = None) -> None:
+    """The default SQLite file's directory (.local/), so that `orbit migrate`
+    can create the file there, as scripts/run's mkdir does in the repo. Only
+    for the default path: a path given in ORBIT_SQLITE_PATH is the user's."""
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"] if engine is None else engine
+    if "sqlite" in engine and not os.environ.get("ORBIT_SQLITE_PATH"):
+        (settings.LOCAL_DIR if local_dir is None else local_dir).mkdir(mode=0o700, exist_ok=True)
 
 
 def split_addr(addr: str) -> tuple[str, int]:

@@ -66,3 +66,14 @@ def test_the_serve_address_comes_from_orbit_http_addr():
     assert split_addr("127.0.0.1:8080") == ("127.0.0.1", 8080)
     assert split_addr("0.0.0.0:9000") == ("0.0.0.0", 9000)
     assert split_addr("[::1]:8081") == ("::1", 8081)
+
+
+def test_commands_make_the_default_sqlite_directory(tmp_path, monkeypatch):
+    # Installed, the default SQLite file is ./.local/orbit.sqlite3: `orbit migrate` must be able to create it.
+    from orbit.cli import make_local_dir
+
+    monkeypatch.delenv("ORBIT_SQLITE_PATH", raising=False)
+    make_local_dir("orbit.db_backends.mysql", tmp_path / "not-for-mysql")
+    assert not (tmp_path / "not-for-mysql").exists()
+    make_local_dir("django.db.backends.sqlite3", tmp_path / ".local")
+    assert (tmp_path / ".local").is_dir() and (tmp_path / ".local").stat().st_mode & 0o777 == 0o700
