@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(argv)
+    if argv[1:] in ([], ["help"], ["--help"], ["-h"]):
+        # serve is not a management command (see serve()): list it beside them.
+        print(f"\n[server]\n    serve    (`{os.path.basename(argv[0])} serve --help`)")
 
 
 def settings_problem() -> str | None:
