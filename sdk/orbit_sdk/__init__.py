@@ -19,9 +19,15 @@ Working::
     worker.run()  # until SIGTERM/SIGINT, drain() or stop(): graceful
     # or, inside another program: worker.start(); ...; worker.stop(); worker.join()
 
+Fencing the real write (the resource refuses a stale token, in one transaction)::
+
+    guard = orbit_sdk.fencing.Guard(connection, "postgresql")  # sqlite3, psycopg, MySQLdb/PyMySQL, Django
+    guard.for_execution(execution).write("update-42-op-1", lambda conn: ...)  # StaleToken if superseded
+
 sdk/README.md has a quickstart that runs as written against ``scripts/run``.
 """
 
+from orbit_sdk import fencing  # the resource-side guard, also importable as orbit_sdk.fencing
 from orbit_sdk._client import AsyncClient, Client
 from orbit_sdk._credentials import Credentials, load_credentials
 from orbit_sdk._exceptions import (
@@ -100,5 +106,6 @@ __all__ = [
     "UnknownOutcome",
     "UpdatePlanRequest",
     "Worker",
+    "fencing",
     "load_credentials",
 ]

@@ -51,6 +51,7 @@ from orbit_sdk._exceptions import (
     UnknownOutcome,
 )
 from orbit_sdk._models import TaskInfo, _object, _opt_int, _opt_str, _opt_time, parse_uint64
+from orbit_sdk.fencing import headers_for
 
 logger = logging.getLogger("orbit_sdk.worker")
 
@@ -210,7 +211,12 @@ class Execution:
         self.attempt_number: int = attempt_number
         self.epoch: int = assignment.epoch
         self.concurrency_token: int | None = assignment.concurrency_token
+        # The lease's end as the server last confirmed it: every renewal refreshes it, so a
+        # resource can refuse a write from a worker paused past it (orbit_sdk.fencing).
         self.lease_expires_at: datetime.datetime | None = lease_expires_at
+        # The credential's namespace (the key's scope): from Worker(namespace_id=...), which
+        # Worker.from_credentials_file fills in; None when the worker was not told.
+        self.namespace_id: str | None = worker.namespace_id
         self._cancel_requested = False
         self._lease_lost = False
         self._signal_threads = threading.Event()
@@ -226,6 +232,10 @@ class Execution:
     @property
     def concurrency_key(self) -> str | None:
         return self.task.concurrency_key
+
+    def fence_headers(self, operation_id: str) -> dict[str, str]:
+        """Headers that let a fenced service (``orbit_sdk.fencing`` middleware) guard this write."""
+        return headers_for(self, operation_id)
 
     @property
     def cancel_requested(self) -> bool:
@@ -394,6 +404,7 @@ class Worker:
         request_timeout: float = 15.0,
         min_reconnect_delay: float = 0.5,
         max_reconnect_delay: float = 30.0,
+        namespace_id: str | None = None,
     ) -> None:
         self.url = websocket_url(url)
         self._token = token
@@ -410,6 +421,7 @@ class Worker:
         if not 1 <= len(self.worker_id) <= 128 or not all(0x21 <= ord(ch) <= 0x7E for ch in self.worker_id):
             raise ValueError("worker_id must be 1-128 printable ASCII characters without spaces")
         self.version = version
+        self.namespace_id = namespace_id  # given to each Execution, for fencing (hello.ok does not carry it)
         self._request_timeout = request_timeout
         self._min_reconnect_delay = min_reconnect_delay
         self._max_reconnect_delay = max_reconnect_delay
@@ -472,6 +484,7 @@ class Worker:
     ) -> Worker:
         """A worker from ``path`` or ``$ORBIT_CREDENTIALS_FILE`` (JSON with ``url`` and ``token``)."""
         credentials = load_credentials(path)
+        kwargs.setdefault("namespace_id", credentials.namespace_id)
         return cls(credentials.url, credentials.token, queues, handlers, capacity, concurrency_keys, **kwargs)
 
     # ------------------------------------------------------------------ public control
