@@ -11,7 +11,7 @@ from tests.fencing.dbs import DB, server_database
 
 
 @pytest.fixture(params=["mysql", "postgresql", "sqlite"])
-def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DB]:
+def fence_db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DB]:
     """An empty database with the guard's tables and a `ledger` table for the tests' writes."""
     with server_database(request.param, str(tmp_path_factory.mktemp("fence"))) as database:
         conn = database.connect()

@@ -59,7 +59,8 @@ def guard_on(db: DB) -> fencing.Guard:
     return fencing.Guard(db.connect())
 
 
-def test_several_processes_land_only_non_stale_writes_each_operation_once(db: DB, tmp_path: Path) -> None:
+def test_several_processes_land_only_non_stale_writes_each_operation_once(fence_db: DB, tmp_path: Path) -> None:
+    db = fence_db
     keys = ["object/a", "object/A", "objet/é"]  # byte-exact: "a" and "A" are different fences
     # Every token of every key has two operations; each is sent by two different writers (the
     # second is a replay). Every writer sends its share in roughly ascending token order with
@@ -127,7 +128,8 @@ def test_several_processes_land_only_non_stale_writes_each_operation_once(db: DB
     assert kinds["stale"] > 0 and kinds["replayed"] > 0 and kinds["applied"] > 0  # the test exercised all three
 
 
-def test_a_writer_killed_between_the_fence_update_and_the_write_leaves_nothing(db: DB, tmp_path: Path) -> None:
+def test_a_writer_killed_between_the_fence_update_and_the_write_leaves_nothing(fence_db: DB, tmp_path: Path) -> None:
+    db = fence_db
     guard = guard_on(db)
     key = "object/crash"
     guard.write(NS, key, 5, "before", lambda conn: ledger_insert(db, conn, key, 5, "before", 0))
@@ -150,7 +152,8 @@ def test_a_writer_killed_between_the_fence_update_and_the_write_leaves_nothing(d
     assert [row[3] for row in ledger(db)] == ["before", "crash-op"]
 
 
-def test_a_replayed_operation_returns_the_first_result_without_writing(db: DB) -> None:
+def test_a_replayed_operation_returns_the_first_result_without_writing(fence_db: DB) -> None:
+    db = fence_db
     guard = guard_on(db)
     calls: list[int] = []
 
@@ -173,7 +176,8 @@ def test_a_replayed_operation_returns_the_first_result_without_writing(db: DB) -
     assert guard.highest(NS, "k") == 4  # a replay under a newer token still raises the fence
 
 
-def test_a_stale_token_raises_and_changes_nothing(db: DB) -> None:
+def test_a_stale_token_raises_and_changes_nothing(fence_db: DB) -> None:
+    db = fence_db
     guard = guard_on(db)
     guard.write(NS, "k", 7, "op-7", lambda conn: ledger_insert(db, conn, "k", 7, "op-7", 7))
     called = []
@@ -190,7 +194,8 @@ def test_a_stale_token_raises_and_changes_nothing(db: DB) -> None:
     assert count(db, fencing.OPERATION_TABLE) == 1
 
 
-def test_an_exception_in_the_write_rolls_back_the_raise_and_the_write(db: DB) -> None:
+def test_an_exception_in_the_write_rolls_back_the_raise_and_the_write(fence_db: DB) -> None:
+    db = fence_db
     guard = guard_on(db)
 
     def boom(conn: Any) -> Any:
@@ -205,7 +210,8 @@ def test_an_exception_in_the_write_rolls_back_the_raise_and_the_write(db: DB) ->
     assert ledger(db) == [] and count(db, fencing.OPERATION_TABLE) == 0
 
 
-def test_the_lease_check_uses_the_databases_clock_with_the_margin(db: DB) -> None:
+def test_the_lease_check_uses_the_databases_clock_with_the_margin(fence_db: DB) -> None:
+    db = fence_db
     guard = fencing.Guard(db.connect(), lease_margin=1.0)
     now = datetime.datetime.now(datetime.UTC)
     with pytest.raises(fencing.LeaseExpired) as caught:
@@ -217,7 +223,8 @@ def test_the_lease_check_uses_the_databases_clock_with_the_margin(db: DB) -> Non
     assert guard.write(NS, "k", 2, "ok", lambda conn: 1, lease_expires_at=now + datetime.timedelta(seconds=10)) == 1
 
 
-def test_uint64_tokens_and_byte_exact_keys(db: DB) -> None:
+def test_uint64_tokens_and_byte_exact_keys(fence_db: DB) -> None:
+    db = fence_db
     guard = guard_on(db)
     top = 2**64 - 1
     guard.write(NS, "key", top - 1, "a", lambda conn: None)
