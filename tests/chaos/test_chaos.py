@@ -1,9 +1,9 @@
-"""The reliability harness (bench/chaos/harness.py) in its short form.
+"""The reliability harness (reliability/harness.py) in its short form.
 
 It starts its own private MariaDB (never the shared one on 127.0.0.1:3306), two Orbit
 servers and an API-only one, four SDK workers and HTTP submitters, then kills a worker, a
 server and MariaDB (kill -9, then a clean restart) under load, and checks the rows
-afterwards. The full run: `.venv/bin/python bench/chaos/harness.py`."""
+afterwards. The full run: `.venv/bin/python reliability/harness.py`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.mariadb import available
+from reliability.mariadb import available
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 TIMEOUT = 240
@@ -30,7 +30,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "bench" / "chaos" / "harness.py"),
+            str(ROOT / "reliability" / "harness.py"),
             "--short",
             "--summary",
             str(tmp_path / "s.json"),

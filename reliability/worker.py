@@ -14,7 +14,7 @@ under flock, that refuses a token lower than the highest it has accepted
 SIGTERM drains the worker (in-flight work finishes and reports); SIGKILL is
 what the harness uses to simulate a crash.
 
-    python bench/chaos/worker.py --url http://127.0.0.1:8001 --token-file cred.json \\
+    python reliability/worker.py --url http://127.0.0.1:8001 --token-file cred.json \\
         --queues Q1,Q2 --worker-id chaos-w1-1 --capacity 4 --ledger ledger.jsonl --resources DIR
 """
 
@@ -32,9 +32,9 @@ import threading
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[2] / "sdk")]
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "sdk")]
 
-from orbit_sdk import RetryableError, Worker  # noqa: E402
+from orbit_sdk import Execution, RetryableError, Worker  # noqa: E402
 
 HANDLER = ("chaos.work", "v1")
 
@@ -94,7 +94,7 @@ def main() -> int:
     ledger = Ledger(Path(args.ledger), args.worker_id)
     resource = FencedResource(Path(args.resources))
 
-    def handle(execution):
+    def handle(execution: Execution) -> dict[str, str | None]:
         key = execution.concurrency_key
         token = execution.concurrency_token
         common = {

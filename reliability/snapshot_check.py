@@ -5,7 +5,7 @@ one REPEATABLE READ transaction, exact while work continues). The harness runs
 this after every chaos event, with load still running, and `manage.py orbit_check`
 at the end.
 
-    ORBIT_MYSQL_DSN=mysql://root:@127.0.0.1:PORT/orbit_chaos python bench/chaos/snapshot_check.py
+    ORBIT_MYSQL_DSN=mysql://root:@127.0.0.1:PORT/orbit_chaos python reliability/snapshot_check.py
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
 

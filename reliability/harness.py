@@ -1,14 +1,14 @@
 """Orbit reliability harness: servers, workers, one private MariaDB, and chaos under load.
 
-    .venv/bin/python bench/chaos/harness.py            # full run (3 minutes of chaos)
-    .venv/bin/python bench/chaos/harness.py --short    # CI form (40 s of chaos; tests/chaos runs it)
-    .venv/bin/python bench/chaos/harness.py --seconds 600 --rate 30
+    .venv/bin/python reliability/harness.py            # full run (3 minutes of chaos)
+    .venv/bin/python reliability/harness.py --short    # CI form (40 s of chaos; tests/chaos runs it)
+    .venv/bin/python reliability/harness.py --seconds 600 --rate 30
 
-1. Starts a private MariaDB (bench/chaos/mariadb.py: own datadir, port and socket; the
+1. Starts a private MariaDB (reliability/mariadb.py: own datadir, port and socket; the
    shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
    credential with `manage.py orbit_bootstrap` and creates a second queue.
 2. Starts Orbit servers A and B (`python -m orbit.serve`, daphne on uvloop) on that database
-   with SDK workers (bench/chaos/worker.py) split across them, server C that serves the API
+   with SDK workers (reliability/worker.py) split across them, server C that serves the API
    only, and submitter threads that send keyed and unkeyed tasks to A and B with unique
    Idempotency-Keys, re-sending the same key and body after a 503 or a network error (plus
    concurrent twins and late replays).
@@ -27,7 +27,7 @@
    stale writes only from attempts that lost their lease, attempt counters from the rows.
 
 Prints a summary (kept with every log in .local/chaos/last/) and exits 1 on any violation.
-Everything it starts it stops; the private datadir is removed. See bench/chaos/README.md.
+Everything it starts it stops; the private datadir is removed. See reliability/README.md.
 """
 
 from __future__ import annotations
@@ -55,10 +55,10 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos.mariadb import PrivateMariaDB, available, free_port  # noqa: E402
+from reliability.mariadb import PrivateMariaDB, available, free_port  # noqa: E402
 
 PYTHON = sys.executable
 HERE = Path(__file__).resolve().parent
