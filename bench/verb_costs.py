@@ -43,11 +43,11 @@ def main() -> None:
     from django.db import connection
 
     call_command("migrate", verbosity=0)
-    from orbit.api.auth import authenticate_token
-    from orbit.idempotency import Actor, run_idempotent
+    from orbit.idempotency import run_idempotent
+    from orbit.principal import Actor, authenticate_token
     from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
     from queues.actions import QueueLimits, queue_create
-    from tasks.actions import dispatch, endings, submit
+    from tasks.actions import context, dispatch, rounds, submit
     from tasks.serializers import SubmitTaskInput
 
     application = ensure_application("verbs")
@@ -67,7 +67,7 @@ def main() -> None:
             {"queue": queue_create(actor=actor, name="verbs", limits=QueueLimits(100000, 1000000, 1000000))},
         ),
     ).data["queue"]
-    worker = dispatch.WorkerContext(
+    worker = context.WorkerContext(
         namespace_id=namespace.id,
         application_id=application.id,
         worker_id="w",
@@ -108,22 +108,22 @@ def main() -> None:
                 target="",
                 body=body,
                 validate=validate,
-                effect=lambda f: (201, submit.submit_task(actor=actor, fields=f)),
+                effect=lambda f: (201, submit.admit_one(actor=actor, fields=f)),
             )
 
     assignments: list[dict] = []
 
     def lease_all() -> None:
         while len(assignments) < args.tasks:
-            assignments.extend(dispatch.lease_tasks(worker=worker, limit=16))
+            assignments.extend(rounds.lease_tasks(worker=worker, limit=16))
 
     def start_all() -> None:
         for a in assignments:
-            dispatch.approve_start(worker=worker, attempt_id=a["attempt_id"], epoch=a["epoch"])
+            rounds.approve_start(worker=worker, attempt_id=a["attempt_id"], epoch=a["epoch"])
 
     def result_all() -> None:
         for a in assignments:
-            endings.record_result(
+            rounds.record_result(
                 worker=worker,
                 attempt_id=a["attempt_id"],
                 epoch=a["epoch"],
@@ -153,23 +153,23 @@ def main() -> None:
     serializer.is_valid(raise_exception=True)
     for _ in range(args.tasks):
         with transaction.atomic():
-            submit.submit_task(actor=actor, fields=serializer.validated_data)
+            submit.admit_one(actor=actor, fields=serializer.validated_data)
     leased: list[dict] = []
     started: list[dict] = []
-    rounds = 0
+    round_count = 0
 
     def pipeline() -> None:
-        nonlocal leased, started, rounds
+        nonlocal leased, started, round_count
         done = 0
         while done < args.tasks:
             items = [ResultReport(worker, a["attempt_id"], a["epoch"], "SUCCEEDED", False, None, None) for a in started]
             items += [dispatch.StartRequest(worker, a["attempt_id"], a["epoch"]) for a in leased]
             items += [
-                SubmitRequest(actor, batch.checked_submission(actor, f"r{rounds}-{n}", body))
+                SubmitRequest(actor, batch.checked_submission(actor, f"r{round_count}-{n}", body))
                 for n in range(size if args.submits else 0)
             ]
             items += [LeaseRequest(worker, 1) for _ in range(size)]
-            if args.show_sql and rounds == 10:
+            if args.show_sql and round_count == 10:
                 with CaptureQueriesContext(connection) as captured:
                     answers = run_round(items)
                 submits = f"{size} submits, " if args.submits else ""
@@ -180,7 +180,7 @@ def main() -> None:
                 answers = run_round(items)
             done += len(started)
             started, leased = leased, [a for answer in answers[len(items) - size :] for a in answer.assignments]
-            rounds += 1
+            round_count += 1
 
     if args.profile:
         import cProfile
@@ -190,7 +190,7 @@ def main() -> None:
         profile.dump_stats(args.profile)
     else:
         timed("round", pipeline, args.tasks)
-    print(f"         {args.tasks / max(rounds, 1):7.1f} tasks/round")
+    print(f"         {args.tasks / max(round_count, 1):7.1f} tasks/round")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,10 @@ from typing import Any
 
 from django.utils import timezone
 
-from orbit.api.auth import Principal
 from orbit.audit import record_management_change
 from orbit.errors import NotFound, require_revision
-from orbit.idempotency import Actor
 from orbit.models import Application, ApplicationState
+from orbit.principal import Actor, Principal
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
 django_asgi_app = get_asgi_application()
 
-from orbit.db_backends.mysql import base as mysql_backend  # noqa: E402
+from orbit.db.mysql import base as mysql_backend  # noqa: E402
 
 mysql_backend.serving = True  # before any request opens a connection
 
@@ -16,7 +16,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from orbit.api.handler import ApiHandler, split_http  # noqa: E402
 from orbit.serving import tune_twisted  # noqa: E402
 from tasks import submit_route  # noqa: E402
-from workers.maintenance import start_background_maintenance  # noqa: E402
+from tasks.maintenance import start_background_maintenance  # noqa: E402
 from workers.routing import websocket_urlpatterns  # noqa: E402
 
 tune_twisted()

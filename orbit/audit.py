@@ -5,18 +5,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.db.models import F
 
-from orbit.api.auth import Principal
+from orbit.db.rows import insert_rows, new_row, write_statement
 from orbit.models import AuditEntry, Event, EventSequence
-from orbit.rows import insert_rows, new_row, write_statement
+from orbit.principal import Actor, Principal
 from orbit.timefmt import format_time
-
-if TYPE_CHECKING:
-    from orbit.idempotency import Actor
 
 # Every audit action the verbs write (the admin filters by them).
 AUDIT_ACTIONS = (
@@ -51,14 +48,6 @@ def gathered_events() -> Iterator[None]:
         _gathering.events = None
 
 
-@contextmanager
-def atomic_with_events(*, durable: bool = False) -> Iterator[None]:
-    """transaction.atomic() whose events are written at its end: the lock on a
-    namespace's event sequence is the last one it takes (see _insert_events)."""
-    with transaction.atomic(durable=durable), gathered_events():
-        yield
-
-
 def emit_event(*, namespace_id: str, type: str, subject_id: str, data: dict[str, Any]) -> None:
     event = new_row(Event, namespace_id=namespace_id, type=type, subject_id=subject_id, data=data)
     gathering = getattr(_gathering, "events", None)
@@ -84,7 +73,7 @@ def _insert_events(events: list[Event]) -> None:
     events become visible in cursor order, and one whose transaction is still
     open holds every later cursor back, so a reader after cursor N never
     passes one by. Writers lock the rows in namespace order, each as the last
-    lock of its transaction (atomic_with_events), so they wait on one another
+    lock of its transaction (orbit.transactions.outermost), so they wait on one another
     only at their very end."""
     if events and not connection.in_atomic_block:
         # In autocommit the sequence row would be released before the events

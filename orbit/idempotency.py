@@ -11,34 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError
 
-from orbit.api.auth import Principal
-from orbit.audit import atomic_with_events
 from orbit.errors import IdempotencyConflict, InvalidArgument
 from orbit.models import IdempotencyRecord
+from orbit.principal import Actor
+from orbit.transactions import outermost
 
 T = TypeVar("T")
-
-# InnoDB deadlock and lock-wait timeout: the transaction was rolled back whole,
-# so running it again is safe.
-RETRYABLE_MYSQL_ERRNOS = frozenset({1213, 1205})
-TRANSACTION_RETRIES = 5
-
-
-@dataclass(frozen=True)
-class Actor:
-    principal: Principal
-    request_id: str
-
-    @property
-    def namespace_id(self) -> str:
-        return self.principal.namespace_id
 
 
 @dataclass(frozen=True)
@@ -74,22 +58,6 @@ def find_replay(namespace_id: str, key: str, operation: str, digest: str) -> Rec
     return Receipt(status=200, data={**record.response_data, "deduplicated": True})
 
 
-def is_retryable(exc: OperationalError) -> bool:
-    return bool(exc.args) and exc.args[0] in RETRYABLE_MYSQL_ERRNOS
-
-
-def run_retrying(work: Callable[[], T]) -> T:
-    """Runs a whole transaction again after an InnoDB deadlock or lock timeout."""
-    for attempt in range(TRANSACTION_RETRIES):
-        try:
-            return work()
-        except OperationalError as exc:
-            if not is_retryable(exc) or attempt == TRANSACTION_RETRIES - 1:
-                raise
-            time.sleep(0.005 * (attempt + 1))
-    raise AssertionError("unreachable")
-
-
 def run_idempotent(
     *,
     actor: Actor,
@@ -111,24 +79,25 @@ def run_idempotent(
         return replay
     validated = validate()
 
+    @outermost
     def apply() -> Receipt:
-        with atomic_with_events(durable=True):
-            record = IdempotencyRecord.objects.create(
-                namespace_id=actor.namespace_id,
-                key=key,
-                operation=operation,
-                digest=digest,
-                response_status=0,
-                response_data={},
-                request_id=actor.request_id,
-            )
-            status, data = effect(validated)
-            data = {"deduplicated": False, **data}
-            IdempotencyRecord.objects.filter(pk=record.pk).update(response_status=status, response_data=data)
+        # The record, the effect, its audit row and events: one transaction.
+        record = IdempotencyRecord.objects.create(
+            namespace_id=actor.namespace_id,
+            key=key,
+            operation=operation,
+            digest=digest,
+            response_status=0,
+            response_data={},
+            request_id=actor.request_id,
+        )
+        status, data = effect(validated)
+        data = {"deduplicated": False, **data}
+        IdempotencyRecord.objects.filter(pk=record.pk).update(response_status=status, response_data=data)
         return Receipt(status=status, data=data)
 
     try:
-        return run_retrying(apply)
+        return apply()
     except IntegrityError:
         # A concurrent twin committed the same key first.
         replay = find_replay(actor.namespace_id, key, operation, digest)

@@ -21,8 +21,8 @@ from prometheus_client.registry import Collector
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from orbit.api.auth import TOKEN_PATTERN, authenticate_token, token_from_header
 from orbit.errors import NotFound, PermissionDenied, Unauthenticated
+from orbit.principal import TOKEN_PATTERN, authenticate_token, token_from_header
 
 TASKS_SUBMITTED = Counter("orbit_tasks_submitted_total", "Tasks accepted by submit")
 ATTEMPTS_LEASED = Counter("orbit_attempts_leased_total", "Attempts created by dispatch")

@@ -91,7 +91,7 @@ def database_from_env() -> dict:
     if url.scheme != "mysql":
         raise ValueError("ORBIT_MYSQL_DSN must look like mysql://user:pass@host:port/db")
     return {
-        "ENGINE": "orbit.db_backends.mysql",
+        "ENGINE": "orbit.db.mysql",
         "NAME": url.path.lstrip("/"),
         "USER": unquote(url.username or ""),
         "PASSWORD": unquote(url.password or ""),
@@ -99,7 +99,7 @@ def database_from_env() -> dict:
         "PORT": str(url.port or 3306),
         # Under ASGI each HTTP request runs its sync view in a thread of its own,
         # so a persistent connection would be stranded with that thread. The
-        # worker protocol keeps its connections on a fixed pool (workers/db.py).
+        # worker protocol keeps its connections on a fixed pool (orbit/db/pool.py).
         "CONN_MAX_AGE": 0,
         "OPTIONS": {
             "charset": "utf8mb4",

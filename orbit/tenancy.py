@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from orbit.api.auth import format_token, hash_secret, new_secret
 from orbit.errors import InvalidArgument, NotFound
 from orbit.models import SCOPES, Application, ApplicationState, Credential, Namespace
+from orbit.principal import format_token, hash_secret, new_secret
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,13 @@ from rest_framework.response import Response
 
 from orbit import applications
 from orbit.api.fields import canonical_uint64
+from orbit.api.mutations import mutation
 from orbit.api.responses import ok
 from orbit.api.schema import PAGE_SIZE, documented, uint64_query
-from orbit.api.views import OrbitView, page_size_of, validated
+from orbit.api.views import OrbitView, page_size_of
 from orbit.audit import event_page
 from orbit.errors import InvalidArgument
-from orbit.idempotency import Actor
+from orbit.principal import Actor
 from orbit.serializers import ApplicationConfigureInput
 
 
@@ -28,31 +29,24 @@ class ApplicationDetailView(OrbitView):
 
 
 class ApplicationConfigureView(OrbitView):
-    @documented(ApplicationConfigureInput, data="ApplicationReceipt", idempotent=True)
-    def post(self, request: Request, application_id: str) -> Response:
-        principal = self.principal(request)
-        principal.require("applications:manage")
-
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            application = applications.application_configure(
-                actor=actor,
-                application_id=application_id,
-                expected_revision=fields["expected_revision"],
-                reason=fields["reason"],
-                limits=applications.ApplicationLimits(
-                    max_active_attempts=fields["max_active_attempts"],
-                    max_unfinished_tasks=fields["max_unfinished_tasks"],
-                ),
-            )
-            return 200, {"application": application}
-
-        return self.mutate(
-            request,
-            operation="application.configure",
-            target=application_id,
-            validate=lambda body: validated(ApplicationConfigureInput, body),
-            effect=effect,
+    @mutation(
+        ApplicationConfigureInput,
+        scope="applications:manage",
+        operation="application.configure",
+        data="ApplicationReceipt",
+    )
+    def post(self, actor: Actor, fields: dict[str, Any], application_id: str) -> tuple[int, dict[str, Any]]:
+        application = applications.application_configure(
+            actor=actor,
+            application_id=application_id,
+            expected_revision=fields["expected_revision"],
+            reason=fields["reason"],
+            limits=applications.ApplicationLimits(
+                max_active_attempts=fields["max_active_attempts"],
+                max_unfinished_tasks=fields["max_unfinished_tasks"],
+            ),
         )
+        return 200, {"application": application}
 
 
 def cursor_of(request: Request) -> int:

@@ -1,12 +1,12 @@
 """Plan verbs: create, update (a new version), pause, resume, retire, reads,
 and fire_due_plans, the trigger loop's step that every node runs.
 
-Lock order: plan → application_state → queue_state (→ the submit's own
-rows). A plan verb locks its plan row, and create and resume the target's
-queue_state row after it, where a queue's retire checks for active plans
-under the same lock; the trigger step holds its plan row while the submit
-locks the counters, as a round does. No path locks a plan row after a
-counter row, so none can wait in a cycle."""
+Lock order (orbit.locking.LOCK_ORDER): the plan row comes first. A plan verb
+locks its plan row, and create and resume the target's queue_state row after
+it, where a queue's retire checks for active plans under the same lock; the
+trigger step holds its plan row while the submit locks the counters, as a round
+does. No path locks a plan row after a counter row, so none can wait in a
+cycle."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from orbit.api.auth import Principal
-from orbit.audit import atomic_with_events, record_management_change
+from orbit.audit import record_management_change
+from orbit.db.rows import keyset_page, select_rows
 from orbit.errors import NotFound, OrbitError, QueueFull, StateConflict, require_revision
 from orbit.fields import is_resource_id
-from orbit.idempotency import Actor, run_retrying
-from orbit.rows import keyset_page, select_rows
+from orbit.principal import Actor, Principal
 from orbit.timefmt import format_time
+from orbit.transactions import outermost
 from plans.models import Plan, PlanState, PlanTrigger, PlanVersion, TriggerOutcome
 from plans.schedule import decide, first_point_after, points_from
 from plans.serializers import PlanTaskInput
@@ -256,56 +256,56 @@ def _plan_actor(plan: Plan) -> Actor:
     return Actor(principal=principal, request_id="")
 
 
+@outermost
 def _step_plan(plan_id: str, now: datetime) -> int:
     """Decides the due points of one plan in one transaction; returns how many.
     The plan row is taken with SKIP LOCKED: a plan another node is deciding
     is left to it."""
-    with atomic_with_events():
-        locked = select_rows(Plan, "id = %s AND state = %s", [plan_id, PlanState.ACTIVE], lock=True, skip_locked=True)
-        if not locked or locked[0].next_fire_at is None or locked[0].next_fire_at > now:
-            return 0
-        plan = locked[0]
-        version = _current_version(plan)
-        due: list[datetime] = []
-        following = None
-        for point in points_from(version.schedule, version.anchor_at, plan.next_fire_at):
-            if point > now or len(due) == POINTS_PER_STEP:
-                following = point
-                break
-            due.append(point)
-        complete = following is not None and following > now
-        decisions = decide(due, version.misfire, now, complete)
-        fired = [d for d in decisions if d.fire]
-        outcomes: list[Any] = []
-        if fired:
-            task = PlanTaskInput.validated(version.definition["task"])
-            items = [{**task, "queue_id": plan.queue_id} for _ in fired]
-            outcomes = admit_tasks(actor=_plan_actor(plan), items=items, now=now)
-        created = dict(zip([d.point for d in fired], outcomes, strict=True))
-        records: list[PlanTrigger] = []
-        cursor = following
-        for decision in decisions:
-            outcome = created.get(decision.point)
-            if isinstance(outcome, QueueFull):
-                # The full point stays the next cursor: no task, no record; the
-                # next step decides it again by the same (frozen) policy.
-                cursor = decision.point
-                break
-            record = PlanTrigger(
-                plan_id=plan.id, namespace_id=plan.namespace_id, version=plan.version, scheduled_at=decision.point
-            )
-            if outcome is None:
-                record.outcome, record.reason = TriggerOutcome.SKIPPED, decision.reason
-            elif isinstance(outcome, OrbitError):
-                record.outcome, record.reason = TriggerOutcome.SKIPPED, outcome.message[:255]
-            else:
-                record.outcome, record.task_id = TriggerOutcome.CREATED, outcome.id
-            records.append(record)
-        PlanTrigger.objects.bulk_create(records)
-        plan.next_fire_at = cursor
-        plan.updated_at = now
-        plan.save(update_fields=["next_fire_at", "updated_at"])
-        return len(records)
+    locked = select_rows(Plan, "id = %s AND state = %s", [plan_id, PlanState.ACTIVE], lock=True, skip_locked=True)
+    if not locked or locked[0].next_fire_at is None or locked[0].next_fire_at > now:
+        return 0
+    plan = locked[0]
+    version = _current_version(plan)
+    due: list[datetime] = []
+    following = None
+    for point in points_from(version.schedule, version.anchor_at, plan.next_fire_at):
+        if point > now or len(due) == POINTS_PER_STEP:
+            following = point
+            break
+        due.append(point)
+    complete = following is not None and following > now
+    decisions = decide(due, version.misfire, now, complete)
+    fired = [d for d in decisions if d.fire]
+    outcomes: list[Any] = []
+    if fired:
+        task = PlanTaskInput.validated(version.definition["task"])
+        items = [{**task, "queue_id": plan.queue_id} for _ in fired]
+        outcomes = admit_tasks(actor=_plan_actor(plan), items=items, now=now)
+    created = dict(zip([d.point for d in fired], outcomes, strict=True))
+    records: list[PlanTrigger] = []
+    cursor = following
+    for decision in decisions:
+        outcome = created.get(decision.point)
+        if isinstance(outcome, QueueFull):
+            # The full point stays the next cursor: no task, no record; the
+            # next step decides it again by the same (frozen) policy.
+            cursor = decision.point
+            break
+        record = PlanTrigger(
+            plan_id=plan.id, namespace_id=plan.namespace_id, version=plan.version, scheduled_at=decision.point
+        )
+        if outcome is None:
+            record.outcome, record.reason = TriggerOutcome.SKIPPED, decision.reason
+        elif isinstance(outcome, OrbitError):
+            record.outcome, record.reason = TriggerOutcome.SKIPPED, outcome.message[:255]
+        else:
+            record.outcome, record.task_id = TriggerOutcome.CREATED, outcome.id
+        records.append(record)
+    PlanTrigger.objects.bulk_create(records)
+    plan.next_fire_at = cursor
+    plan.updated_at = now
+    plan.save(update_fields=["next_fire_at", "updated_at"])
+    return len(records)
 
 
 def fire_due_plans(now: datetime | None = None) -> int:
@@ -320,5 +320,5 @@ def fire_due_plans(now: datetime | None = None) -> int:
     )
     decided = 0
     for plan_id in due:
-        decided += run_retrying(lambda plan_id=plan_id: _step_plan(plan_id, now))
+        decided += _step_plan(plan_id, now)
     return decided

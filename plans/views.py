@@ -6,10 +6,11 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from orbit.api.mutations import mutation
 from orbit.api.responses import ok, page
 from orbit.api.schema import documented
-from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
-from orbit.idempotency import Actor
+from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
+from orbit.principal import Actor
 from plans import actions
 from plans.serializers import PlanChangeInput, PlanCreateInput, PlanUpdateInput
 
@@ -32,25 +33,20 @@ class PlanCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(PlanCreateInput, data="PlanReceipt", created=True, idempotent=True, not_found=True)
-    def post(self, request: Request) -> Response:
-        principal = self.principal(request)
-        principal.require("plans:manage")
-
-        def effect(actor: Actor, checked: tuple[dict[str, Any], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-            fields, body = checked
-            plan = actions.plan_create(
-                actor=actor, name=fields["name"], queue_id=fields["queue_id"], body=body_of(fields, body)
-            )
-            return 201, {"plan": plan}
-
-        return self.mutate(
-            request,
-            operation="plan.create",
-            target="",
-            validate=lambda body: (validated(PlanCreateInput, body), body),
-            effect=effect,
+    @mutation(
+        PlanCreateInput,
+        scope="plans:manage",
+        operation="plan.create",
+        data="PlanReceipt",
+        as_sent=True,
+        created=True,
+        not_found=True,
+    )
+    def post(self, actor: Actor, fields: dict[str, Any], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        plan = actions.plan_create(
+            actor=actor, name=fields["name"], queue_id=fields["queue_id"], body=body_of(fields, body)
         )
+        return 201, {"plan": plan}
 
 
 class PlanDetailView(OrbitView):
@@ -74,51 +70,36 @@ class PlanTriggersView(OrbitView):
 
 
 class PlanUpdateView(OrbitView):
-    @documented(PlanUpdateInput, data="PlanReceipt", idempotent=True)
-    def post(self, request: Request, plan_id: str) -> Response:
-        self.principal(request).require("plans:manage")
-
-        def effect(actor: Actor, checked: tuple[dict[str, Any], dict[str, Any]]) -> tuple[int, dict[str, Any]]:
-            fields, body = checked
-            plan = actions.plan_update(
-                actor=actor,
-                plan_id=plan_id,
-                expected_revision=fields["expected_revision"],
-                reason=fields["reason"],
-                body=body_of(fields, body),
-            )
-            return 200, {"plan": plan}
-
-        return self.mutate(
-            request,
-            operation="plan.update",
-            target=plan_id,
-            validate=lambda body: (validated(PlanUpdateInput, body), body),
-            effect=effect,
+    @mutation(PlanUpdateInput, scope="plans:manage", operation="plan.update", data="PlanReceipt", as_sent=True)
+    def post(
+        self, actor: Actor, fields: dict[str, Any], plan_id: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        plan = actions.plan_update(
+            actor=actor,
+            plan_id=plan_id,
+            expected_revision=fields["expected_revision"],
+            reason=fields["reason"],
+            body=body_of(fields, body),
         )
+        return 200, {"plan": plan}
 
 
 def change_view(verb: Callable[..., dict[str, Any]], operation: str) -> type[OrbitView]:
     """:pause, :resume and :retire: `{expected_revision, reason}`, the plan back."""
 
     class PlanChangeView(OrbitView):
-        @documented(PlanChangeInput, data="PlanReceipt", idempotent=True, operation_id=operation.replace(".", "_"))
-        def post(self, request: Request, plan_id: str) -> Response:
-            self.principal(request).require("plans:manage")
-
-            def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-                plan = verb(
-                    actor=actor, plan_id=plan_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
-                )
-                return 200, {"plan": plan}
-
-            return self.mutate(
-                request,
-                operation=operation,
-                target=plan_id,
-                validate=lambda body: validated(PlanChangeInput, body),
-                effect=effect,
+        @mutation(
+            PlanChangeInput,
+            scope="plans:manage",
+            operation=operation,
+            data="PlanReceipt",
+            operation_id=operation.replace(".", "_"),
+        )
+        def post(self, actor: Actor, fields: dict[str, Any], plan_id: str) -> tuple[int, dict[str, Any]]:
+            plan = verb(
+                actor=actor, plan_id=plan_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
             )
+            return 200, {"plan": plan}
 
     PlanChangeView.__name__ = PlanChangeView.__qualname__ = f"Plan{operation.split('.')[1].title()}View"
     return PlanChangeView

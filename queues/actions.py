@@ -12,12 +12,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from orbit.api.auth import Principal
 from orbit.audit import record_management_change
+from orbit.db.rows import keyset_page
 from orbit.errors import NotFound, StateConflict, require_revision
 from orbit.fields import is_resource_id
-from orbit.idempotency import Actor
-from orbit.rows import keyset_page
+from orbit.principal import Actor, Principal
 from orbit.timefmt import format_time
 from plans.models import Plan, PlanState
 from queues.locks import lock_queue, lock_queue_states

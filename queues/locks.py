@@ -1,15 +1,12 @@
-"""Locking querysets for queue rows.
-
-Global lock order, obeyed by every path in every app:
-application_state → queue (config) → queue_state (ascending id) →
-concurrency_key (ascending key bytes) → task → attempt.
+"""Locking querysets for queue rows, in the global order (orbit.locking.LOCK_ORDER:
+queue configuration rows, then queue_state rows by ascending id).
 Querysets here touch one table each: MariaDB rejects select_for_update(of=...)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orbit.rows import lock_by_pk
+from orbit.db.rows import lock_by_pk
 from queues.models import Queue, QueueState
 
 

@@ -5,10 +5,11 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from orbit.api.mutations import mutation
 from orbit.api.responses import ok, page
 from orbit.api.schema import documented
-from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of, validated
-from orbit.idempotency import Actor
+from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
+from orbit.principal import Actor, Principal
 from queues import actions
 from queues.serializers import QueueConfigureInput, QueueCreateInput, QueueRetireInput
 
@@ -31,23 +32,17 @@ class QueueCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(QueueCreateInput, data="QueueReceipt", created=True, idempotent=True)
-    def post(self, request: Request) -> Response:
-        principal = self.principal(request)
-        principal.require("queues:manage")
-        principal.require_all_queues()
-
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            queue = actions.queue_create(actor=actor, name=fields["name"], limits=limits_of(fields))
-            return 201, {"queue": queue}
-
-        return self.mutate(
-            request,
-            operation="queue.create",
-            target="",
-            validate=lambda body: validated(QueueCreateInput, body),
-            effect=effect,
-        )
+    @mutation(
+        QueueCreateInput,
+        scope="queues:manage",
+        operation="queue.create",
+        data="QueueReceipt",
+        check=Principal.require_all_queues,
+        created=True,
+    )
+    def post(self, actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        queue = actions.queue_create(actor=actor, name=fields["name"], limits=limits_of(fields))
+        return 201, {"queue": queue}
 
 
 class QueueDetailView(OrbitView):
@@ -59,49 +54,35 @@ class QueueDetailView(OrbitView):
 
 
 class QueueConfigureView(OrbitView):
-    @documented(QueueConfigureInput, data="QueueReceipt", idempotent=True)
-    def post(self, request: Request, queue_id: str) -> Response:
-        principal = self.principal(request)
-        principal.require("queues:manage")
-        principal.require_queue(queue_id)
-
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            queue = actions.queue_configure(
-                actor=actor,
-                queue_id=queue_id,
-                expected_revision=fields["expected_revision"],
-                reason=fields["reason"],
-                paused=fields["paused"],
-                limits=limits_of(fields),
-            )
-            return 200, {"queue": queue}
-
-        return self.mutate(
-            request,
-            operation="queue.configure",
-            target=queue_id,
-            validate=lambda body: validated(QueueConfigureInput, body),
-            effect=effect,
+    @mutation(
+        QueueConfigureInput,
+        scope="queues:manage",
+        operation="queue.configure",
+        data="QueueReceipt",
+        check=Principal.require_queue,
+    )
+    def post(self, actor: Actor, fields: dict[str, Any], queue_id: str) -> tuple[int, dict[str, Any]]:
+        queue = actions.queue_configure(
+            actor=actor,
+            queue_id=queue_id,
+            expected_revision=fields["expected_revision"],
+            reason=fields["reason"],
+            paused=fields["paused"],
+            limits=limits_of(fields),
         )
+        return 200, {"queue": queue}
 
 
 class QueueRetireView(OrbitView):
-    @documented(QueueRetireInput, data="QueueReceipt", idempotent=True)
-    def post(self, request: Request, queue_id: str) -> Response:
-        principal = self.principal(request)
-        principal.require("queues:manage")
-        principal.require_queue(queue_id)
-
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            queue = actions.queue_retire(
-                actor=actor, queue_id=queue_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
-            )
-            return 200, {"queue": queue}
-
-        return self.mutate(
-            request,
-            operation="queue.retire",
-            target=queue_id,
-            validate=lambda body: validated(QueueRetireInput, body),
-            effect=effect,
+    @mutation(
+        QueueRetireInput,
+        scope="queues:manage",
+        operation="queue.retire",
+        data="QueueReceipt",
+        check=Principal.require_queue,
+    )
+    def post(self, actor: Actor, fields: dict[str, Any], queue_id: str) -> tuple[int, dict[str, Any]]:
+        queue = actions.queue_retire(
+            actor=actor, queue_id=queue_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
         )
+        return 200, {"queue": queue}

@@ -10,7 +10,8 @@ from collections import Counter, defaultdict
 from django.db import connection, transaction
 from django.db.models import Count, Max, Q
 
-from orbit.models import Application, ApplicationState
+from orbit.models import Application, ApplicationState, Event, EventSequence
+from plans.models import Plan, PlanTrigger, TriggerOutcome
 from queues.models import Queue, QueueState
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 
@@ -134,8 +135,6 @@ def find_violations() -> list[str]:
 def event_cursor_violations() -> list[str]:
     """A namespace's event sequence row names its largest cursor (each writer
     advances it by exactly the events it inserts; a rollback undoes both)."""
-    from orbit.models import Event, EventSequence
-
     problems = []
     last = dict(EventSequence.objects.values_list("namespace_id", "last_seq"))
     for namespace_id, highest in Event.objects.values_list("namespace_id").annotate(top=Max("seq")):
@@ -163,8 +162,6 @@ def state_row_violations() -> list[str]:
 def plan_trigger_violations() -> list[str]:
     """A CREATED trigger names a task of its plan's queue (made in its
     transaction), and no task is made by two triggers."""
-    from plans.models import Plan, PlanTrigger, TriggerOutcome
-
     problems = []
     made = list(PlanTrigger.objects.filter(outcome=TriggerOutcome.CREATED).values_list("id", "plan_id", "task_id"))
     queue_of_plan = dict(Plan.objects.values_list("id", "queue_id"))

@@ -1,6 +1,5 @@
-"""Locking querysets for the task app, in the global order:
-application_state → queue (config) → queue_state (ascending id) →
-concurrency_key (ascending key bytes) → task → attempt.
+"""Locking querysets for the task app, in the global order (orbit.locking.LOCK_ORDER:
+application_state, then concurrency keys by ascending key bytes, tasks, attempts).
 
 Each queryset reads one table (MariaDB rejects select_for_update(of=...))."""
 
@@ -11,8 +10,8 @@ from collections.abc import Iterable
 from django.db import connection
 from django.utils import timezone
 
+from orbit.db.rows import lock_by_pk, namespace_keys_in, select_rows
 from orbit.models import ApplicationState
-from orbit.rows import lock_by_pk, namespace_keys_in, select_rows
 from tasks.models import Attempt, ConcurrencyKey, Task
 
 

@@ -6,7 +6,7 @@ event loop that serves every request and worker frame, Django's handler
 (request object, URL resolution, middleware, response copy) and DRF (request
 wrapper, negotiation, parser, renderer) cost more than the submit's own
 checks. This route takes the plain request every JSON client sends and does
-what the view does, in the view's order (tasks.coalesce.submit_request), with
+what the view does, in the view's order (tasks.actions.rounds.submit_request), with
 the same helpers: the same bearer check, the same JSON rules, the same
 envelope rendered by DRF's own JSONRenderer, the same headers. Any request
 it does not take as is (another Content-Type or Accept, a query string, a
@@ -29,14 +29,14 @@ from typing import Any
 from django.conf import settings
 from rest_framework.renderers import JSONRenderer
 
-from orbit.api.auth import Minted, Principal, authenticate_token, known_credential, token_from_header
 from orbit.api.errors import error_answer
 from orbit.api.handler import HttpAnswer
 from orbit.api.parsers import json_object
+from orbit.db import inline
+from orbit.db.pool import run_db
 from orbit.fields import new_id
-from tasks.actions.rounds import Answer, CredentialNotConfirmed
-from tasks.coalesce import join_round, receipt_of, submit_request
-from workers.db import run_db
+from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
+from tasks.actions.rounds import Answer, CredentialNotConfirmed, join_round, receipt_of, submit_request
 
 PATH = "/v1/tasks"
 # The headers APIView gives the collection's answers (one renderer: no Vary).
@@ -129,7 +129,7 @@ def _answer(status: int, envelope: dict[str, Any], request_id: str, extra: dict[
 
 async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
     """The answer to a plain POST /v1/tasks, or None: the full handler answers it."""
-    if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction: the view's own path
+    if inline():  # the pool's connections cannot see the test case's transaction: the view's path
         return None
     meta = _meta(scope)
     body = None if meta is None else _plain_body(scope, meta, raw)

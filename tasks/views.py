@@ -2,11 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from orbit.api.middleware import request_id_of
+from orbit.api.mutations import mutation
 from orbit.api.responses import ok, page
 from orbit.api.schema import Documented, documented
 from orbit.api.views import (
@@ -15,12 +15,12 @@ from orbit.api.views import (
     encode_page_token,
     idempotency_key_of,
     page_size_of,
-    validated,
 )
 from orbit.errors import InvalidArgument, OrbitError
-from orbit.idempotency import Actor, validate_key
-from tasks.actions import batch, endings, reads, submit
-from tasks.coalesce import submit_coalesced, submit_request
+from orbit.idempotency import validate_key
+from orbit.principal import Actor
+from tasks.actions import batch, endings, reads
+from tasks.actions.rounds import submit_request, submit_task
 from tasks.serializers import CancelTaskInput, ResolveTaskInput, SubmitTaskInput
 
 
@@ -49,21 +49,7 @@ class TaskCollectionView(OrbitView):
         principal = self.principal(request)
         principal.require("tasks:submit")
         body = self.body(request)
-        if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction
-            if isinstance(body.get("queue_id"), str):
-                principal.require_queue(body["queue_id"])
-
-            def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-                return 201, submit.submit_task(actor=actor, fields=fields)
-
-            return self.mutate(
-                request,
-                operation="task.submit",
-                target="",
-                validate=lambda body: validated(SubmitTaskInput, body),
-                effect=effect,
-            )
-        receipt = submit_coalesced(
+        receipt = submit_task(
             submit_request(principal, body, idempotency_key_of(request), request_id_of(request._request))
         )
         return ok(request, receipt.data, status=receipt.status)
@@ -101,45 +87,23 @@ class AttemptDetailView(OrbitView):
 
 
 class TaskCancelView(OrbitView):
-    @documented(CancelTaskInput, data="TaskReceipt", idempotent=True)
-    def post(self, request: Request, task_id: str) -> Response:
-        principal = self.principal(request)
-        principal.require("tasks:cancel")
-        reads.visible_task(principal, task_id)
-
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            return 200, endings.cancel_task(actor=actor, task_id=task_id, reason=fields["reason"])
-
-        return self.mutate(
-            request,
-            operation="task.cancel",
-            target=task_id,
-            validate=lambda body: validated(CancelTaskInput, body),
-            effect=effect,
-        )
+    @mutation(
+        CancelTaskInput, scope="tasks:cancel", operation="task.cancel", data="TaskReceipt", check=reads.visible_task
+    )
+    def post(self, actor: Actor, fields: dict[str, Any], task_id: str) -> tuple[int, dict[str, Any]]:
+        return 200, endings.cancel_task(actor=actor, task_id=task_id, reason=fields["reason"])
 
 
 class TaskResolveView(OrbitView):
     """POST /v1/tasks/{id}:resolve — a person's decision about a task whose
     effect was unknown (SPEC §7); held by the same scope as cancel."""
 
-    @documented(ResolveTaskInput, data="TaskReceipt", idempotent=True)
-    def post(self, request: Request, task_id: str) -> Response:
-        principal = self.principal(request)
-        principal.require("tasks:cancel")
-        reads.visible_task(principal, task_id)
-
-        def effect(actor: Actor, fields: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-            return 200, endings.resolve_task(
-                actor=actor, task_id=task_id, resolution=fields["resolution"], reason=fields["reason"]
-            )
-
-        return self.mutate(
-            request,
-            operation="task.resolve",
-            target=task_id,
-            validate=lambda body: validated(ResolveTaskInput, body),
-            effect=effect,
+    @mutation(
+        ResolveTaskInput, scope="tasks:cancel", operation="task.resolve", data="TaskReceipt", check=reads.visible_task
+    )
+    def post(self, actor: Actor, fields: dict[str, Any], task_id: str) -> tuple[int, dict[str, Any]]:
+        return 200, endings.resolve_task(
+            actor=actor, task_id=task_id, resolution=fields["resolution"], reason=fields["reason"]
         )
 
 

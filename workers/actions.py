@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 from django.utils import timezone
 
-from orbit.api.auth import Principal
 from orbit.errors import NotFound, StateConflict, Unavailable
+from orbit.principal import Principal
+from orbit.transactions import outermost
 from queues.models import Queue
 from workers.models import WorkerIdentity
 
@@ -52,40 +53,52 @@ def register_worker(
         "credential_id": principal.credential_id,
         "queue_ids": queue_ids,
     }
-    for _ in range(2):
-        with transaction.atomic():
-            # Locked: waits for a lease of the previous session still deciding
-            # (it holds this row), so the hello's held attempts include that
-            # lease's; and two hellos of one worker_id decide one after the other.
-            identity = (
-                WorkerIdentity.objects.select_for_update()
-                .filter(namespace_id=principal.namespace_id, worker_id=worker_id)
-                .first()
+
+    @outermost
+    def take_over() -> int | None:
+        """The existing identity for this session, or None when there is none yet."""
+        # Locked: waits for a lease of the previous session still deciding (it
+        # holds this row), so the hello's held attempts include that lease's;
+        # and two hellos of one worker_id decide one after the other.
+        identity = (
+            WorkerIdentity.objects.select_for_update()
+            .filter(namespace_id=principal.namespace_id, worker_id=worker_id)
+            .first()
+        )
+        if identity is None:
+            return None
+        now = timezone.now()
+        if identity.concurrency_keys != concurrency_keys:
+            raise StateConflict(
+                "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
             )
-            now = timezone.now()
-            if identity is not None:
-                if identity.concurrency_keys != concurrency_keys:
-                    raise StateConflict(
-                        "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
-                    )
-                if not _may_take_over(identity, principal, now):
-                    raise Unavailable(
-                        "worker_id is in use by a live connection consuming queues outside this credential's range;"
-                        " retry after it closes, or use another worker_id"
-                    )
-                WorkerIdentity.objects.filter(pk=identity.pk).update(**session, connected_at=now, seen_at=now)
-                return identity.pk
+        if not _may_take_over(identity, principal, now):
+            raise Unavailable(
+                "worker_id is in use by a live connection consuming queues outside this credential's range;"
+                " retry after it closes, or use another worker_id"
+            )
+        WorkerIdentity.objects.filter(pk=identity.pk).update(**session, connected_at=now, seen_at=now)
+        return identity.pk
+
+    @outermost
+    def create() -> int:
+        now = timezone.now()
+        created = WorkerIdentity.objects.create(
+            namespace_id=principal.namespace_id,
+            worker_id=worker_id,
+            concurrency_keys=concurrency_keys,
+            connected_at=now,
+            seen_at=now,
+            **session,
+        )
+        return created.pk
+
+    for _ in range(2):
+        taken = take_over()
+        if taken is not None:
+            return taken
         try:
-            with transaction.atomic():
-                created = WorkerIdentity.objects.create(
-                    namespace_id=principal.namespace_id,
-                    worker_id=worker_id,
-                    concurrency_keys=concurrency_keys,
-                    connected_at=now,
-                    seen_at=now,
-                    **session,
-                )
-            return created.pk
+            return create()
         except IntegrityError:
             continue  # a twin connection registered first; compare with its row
     raise StateConflict("worker registration raced; reconnect")

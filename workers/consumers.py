@@ -1,7 +1,8 @@
 """The worker protocol over WebSocket (docs/protocol.md).
 
-The consumer only translates frames into action calls and back; every state
-and counter change happens in tasks.actions / workers.actions."""
+The consumer only dispatches frames to action calls and back: workers.frames
+reads and refuses them, and every state and counter change happens in
+tasks.actions / workers.actions."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -20,14 +20,10 @@ from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.db import DatabaseError
-from rest_framework import serializers
 
-from orbit.api.auth import Minted, Principal, authenticate_token, known_credential, token_from_header
 from orbit.api.errors import translate
-from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializer, is_valid_utf8, uint32_field
-from orbit.api.parsers import malformed, strict_loads
+from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, run_db
 from orbit.errors import (
-    InvalidArgument,
     LeaseLost,
     OrbitError,
     PermissionDenied,
@@ -36,15 +32,14 @@ from orbit.errors import (
     Unauthenticated,
     Unavailable,
 )
-from orbit.fields import UINT32_MAX, new_id
-from tasks.actions import dispatch, endings
-from tasks.actions.dispatch import StartRequest, WorkerContext
-from tasks.actions.rounds import SUPERSEDED, LeaseRequest
-from tasks.coalesce import ROUNDS
-from tasks.serializers import TOO_DEEP, nested_too_deeply
+from orbit.fields import new_id
+from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
+from tasks.actions import dispatch, endings, rounds
+from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
+from tasks.actions.rounds import SUPERSEDED
+from tasks.wakeups import registry
+from workers import frames
 from workers.actions import HEARTBEAT_SECONDS, end_session, mark_session_alive, register_worker
-from workers.db import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, run_db
-from workers.wakeup import registry
 
 logger = logging.getLogger("orbit.workers")
 
@@ -64,53 +59,10 @@ UNACKED_MAX_BYTES = 1024 * 1024
 # are released at once, so none of them expires into a new lease for it.
 ACK_TIMEOUT_SECONDS = 10.0
 
-# A JSON escape of a UTF-16 surrogate (pairs are fine; a lone one is not UTF-8).
-SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-# A request's id is echoed in its reply: a string the worker chose, bounded.
-MAX_REQUEST_ID_LENGTH = 128
-MAX_EPOCH = UINT32_MAX  # attempts' epoch column (INT UNSIGNED)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
 CLOSE_ACK_TIMEOUT = 4408
-
-
-def answerable(request_id: Any) -> bool:
-    return isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LENGTH
-
-
-class HandlerInput(StrictSerializer):
-    handler = StrictCharField(min_length=1, max_length=128)
-    handler_version = StrictCharField(min_length=1, max_length=64)
-
-
-class HelloInput(StrictSerializer):
-    id = serializers.JSONField(required=False)
-    type = StrictCharField()
-    worker_id = StrictCharField(min_length=1, max_length=128)
-    queues = serializers.ListField(child=StrictCharField(max_length=32), allow_empty=False)
-    capacity = uint32_field(1, 1000)
-    handlers = HandlerInput(many=True, required=False)
-    concurrency_keys = StrictBooleanField(required=False, default=False)
-    version = StrictCharField(required=False, allow_blank=True, max_length=128)
-
-    def validate_worker_id(self, value: str) -> str:
-        if not all(0x20 < ord(ch) < 0x7F for ch in value):
-            raise serializers.ValidationError("must be printable ASCII without spaces")
-        return value
-
-
-def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...], *, optional: bool = False) -> Any:
-    value = message.get(name)
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) and kind is not bool:
-        raise InvalidArgument(f"{name}: must be {getattr(kind, '__name__', 'valid')}")
-    if not isinstance(value, kind):
-        required = "" if optional else "required, "
-        raise InvalidArgument(f"{name}: {required}must be {getattr(kind, '__name__', 'valid')}")
-    return value
 
 
 @dataclass
@@ -178,7 +130,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         """Channels' dispatch, without closing the event-loop thread's stale
         Django connections before every frame (a thread hop per frame): this
         consumer never uses that thread's connection. Its database work runs on
-        workers.db's pool, whose threads keep and check their own."""
+        orbit.db.pool's pool, whose threads keep and check their own."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
@@ -199,26 +151,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         if self.principal is None:
             return
         try:
-            text = text_data if text_data is not None else (bytes_data or b"").decode("utf-8")
-            message = strict_loads(text)
-        except UnicodeDecodeError:
-            await self.send_error(None, InvalidArgument("frame: invalid UTF-8"))
-            return
-        except ValueError as exc:
-            await self.send_error(None, InvalidArgument(f"frame: malformed JSON ({malformed(exc)})"))
-            return
-        except RecursionError:
-            await self.send_error(None, InvalidArgument("frame: JSON nested too deeply"))
-            return
-        if not isinstance(message, dict):
-            await self.send_error(None, InvalidArgument("frame: must be a JSON object"))
-            return
-        if SURROGATE_ESCAPE.search(text) and not is_valid_utf8(json.dumps(message, ensure_ascii=False)):
-            # A \ud800 escape decodes to a lone surrogate, which no column can store.
-            request_id = message.get("id")
-            readable = not isinstance(request_id, str) or is_valid_utf8(request_id)
-            error = InvalidArgument("frame: must be valid UTF-8 (no lone surrogates)")
-            await self.send_error(request_id if readable else None, error)
+            message = frames.decode(text_data, bytes_data)
+        except frames.UnreadableFrame as refused:
+            await self.send_error(refused.request_id, refused.error)
             return
         kind = message.get("type")
         if (isinstance(kind, str) and kind in self.ANSWERED_IN_TURN) or self.worker is None:
@@ -237,9 +172,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
         try:
             if handler is None:
-                raise InvalidArgument(f"type: unknown message type {kind!r}")
-            if kind not in self.UNANSWERED and not answerable(request_id):
-                raise InvalidArgument(f"id: must be a string of 1 to {MAX_REQUEST_ID_LENGTH} characters")
+                raise frames.unknown_type(kind)
+            frames.check_request_id(kind, request_id)
             if kind != "hello" and self.worker is None:
                 raise StateConflict("send hello first")
             try:
@@ -265,7 +199,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     async def send_error(self, request_id: Any, error: OrbitError) -> None:
         frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message, **error.details}
-        if answerable(request_id):  # an id the request was refused for is not echoed
+        if frames.answerable(request_id):  # an id the request was refused for is not echoed
             frame["reply_to"] = request_id
         await self.send_json(frame)
 
@@ -274,9 +208,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def on_hello(self, message: dict[str, Any]) -> dict[str, Any]:
         if self.worker is not None:
             raise StateConflict("hello was already received on this connection")
-        serializer = HelloInput(data=message)
-        serializer.is_valid(raise_exception=True)
-        hello = serializer.validated_data
+        hello = frames.hello(message)
         principal = self.principal
         assert principal is not None
         principal.require("workers:consume")
@@ -316,28 +248,28 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         }
 
     async def on_ack(self, message: dict[str, Any]) -> None:
-        self.acknowledged(field(message, "attempt_id", str))
+        self.acknowledged(frames.field(message, "attempt_id", str))
         return None
 
     def acknowledged(self, attempt_id: str) -> None:
         entry = self.unacked.pop(attempt_id, None)
-        if entry is not None:
-            self.unacked_bytes -= entry.size
-            self.wake.set()  # room for more assignments
+        if entry is None:
+            return
+        held_back = len(self.unacked) + 1 >= UNACKED_MAX or self.unacked_bytes >= UNACKED_MAX_BYTES
+        self.unacked_bytes -= entry.size
+        if held_back:  # the dispatcher waits for this room; otherwise an ack changes nothing it decides on
+            self.wake.set()
 
-    def attempt_ref(self, message: dict[str, Any]) -> dict[str, Any]:
-        attempt_id = field(message, "attempt_id", str)
-        epoch = field(message, "epoch", int)
-        if not 1 <= epoch <= MAX_EPOCH:
-            raise InvalidArgument(f"epoch: must be an integer between 1 and {MAX_EPOCH}")
-        self.acknowledged(attempt_id)  # a frame naming the attempt shows it was read
-        return {"attempt_id": attempt_id, "epoch": epoch}
+    def attempt_ref(self, message: dict[str, Any]) -> frames.AttemptRef:
+        ref = frames.attempt_ref(message)
+        self.acknowledged(ref["attempt_id"])  # a frame naming the attempt shows it was read
+        return ref
 
     async def on_start(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
         try:
             assert self.worker is not None
-            return await ROUNDS.call_async(self.worker.application_id, StartRequest(self.worker, **ref))
+            return await rounds.approve_start_async(worker=self.worker, **ref)
         except (LeaseLost, TaskCancelled):
             await self.forget_if_gone(ref["attempt_id"])
             raise
@@ -368,30 +300,17 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     async def on_result(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
-        outcome = field(message, "outcome", str)
-        if outcome not in endings.OUTCOMES:
-            raise InvalidArgument("outcome: must be SUCCEEDED, FAILED or UNKNOWN")
-        retryable = field(message, "retryable", bool, optional=True) or False
-        for name in ("output", "error"):
-            if nested_too_deeply(message.get(name)):
-                raise InvalidArgument(f"{name}: {TOO_DEEP}")
+        fields = frames.result(message)
         assert self.worker is not None
-        report = endings.ResultReport(
-            worker=self.worker,
-            outcome=outcome,
-            retryable=retryable,
-            output=message.get("output"),
-            error=message.get("error"),
-            **ref,
-        )
-        reply = await ROUNDS.call_async(self.worker.application_id, report)
+        report = endings.ResultReport(worker=self.worker, **fields, **ref)
+        reply = await rounds.record_result_async(report)
         self.forget(ref["attempt_id"])
         return reply
 
     async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
-        reason = field(message, "reason", str, optional=True) or ""
-        reply = await run_db(endings.release_attempt, worker=self.worker, reason=reason[:1024], **ref)
+        reason = frames.release_reason(message)
+        reply = await run_db(endings.release_attempt, worker=self.worker, reason=reason, **ref)
         self.forget(ref["attempt_id"])
         return reply
 
@@ -405,7 +324,6 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     # run before it), and the ack, which reads no row (a task per frame would
     # cost more than its handling).
     ANSWERED_IN_TURN = frozenset({"hello", "task.assign.ack"})
-    UNANSWERED = frozenset({"task.assign.ack"})  # no reply, so no id to answer to
 
     HANDLERS = {
         "hello": on_hello,
@@ -445,9 +363,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                             assignments = []
                             if not self.draining:
                                 try:
-                                    outcome = await ROUNDS.call_async(
-                                        self.worker.application_id, LeaseRequest(self.worker, free)
-                                    )
+                                    outcome = await rounds.lease_for_worker_async(worker=self.worker, limit=free)
                                 except StateConflict as superseded:
                                     await self.close_superseded(superseded)
                                     return
@@ -461,12 +377,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                                     wait = min(wait, max(outcome.rate_reopens_in, 0.001))
                             for entry in assignments:
                                 await self.send_assignment(entry)
-                        if len(assignments) == min(free, dispatch.LEASE_BATCH_MAX):
+                        if len(assignments) == min(free, LEASE_BATCH_MAX):
                             continue  # a full batch: there may be more right now
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), wait)
-                    if self.held and self.capacity - len(self.held) < min(self.capacity, dispatch.LEASE_BATCH_MAX) // 2:
+                    if self.held and self.capacity - len(self.held) < min(self.capacity, LEASE_BATCH_MAX) // 2:
                         # Busy worker, one slot freed: let a few more results land
                         # so one lease transaction fills several slots.
                         await asyncio.sleep(LEASE_GATHER_SECONDS)

@@ -54,7 +54,7 @@ def main() -> None:
 
     from orbit.tenancy import ensure_application, ensure_namespace
     from queues.models import Queue, QueueState
-    from tasks.actions import dispatch, endings
+    from tasks.actions import context, endings, rounds
 
     application = ensure_application("w5")
     namespace = ensure_namespace(application, "bench", "w5")
@@ -100,7 +100,7 @@ def main() -> None:
         return time.perf_counter() - began
 
     def sample(queue: Queue, concurrency_keys: bool) -> tuple[list[float], str]:
-        worker = dispatch.WorkerContext(
+        worker = context.WorkerContext(
             namespace_id=namespace.id,
             application_id=application.id,
             worker_id=f"w5-{queue.name}",
@@ -112,7 +112,7 @@ def main() -> None:
         times = []
         for _ in range(args.samples):
             began = time.perf_counter()
-            leased = dispatch.lease_tasks(worker=worker, limit=1)
+            leased = rounds.lease_tasks(worker=worker, limit=1)
             times.append((time.perf_counter() - began) * 1000)
             assert leased, "nothing leased"
             endings.release_attempt(
@@ -129,7 +129,7 @@ def main() -> None:
     fill(keyed, 20, "CONCAT('free-', seq)", offset=20 * args.large)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE TABLE orbit_task")
-    busy_holder = dispatch.WorkerContext(
+    busy_holder = context.WorkerContext(
         namespace_id=namespace.id,
         application_id=application.id,
         worker_id="w5-holder",
@@ -138,7 +138,7 @@ def main() -> None:
         handlers=(),
         concurrency_keys=True,
     )
-    assert dispatch.lease_tasks(worker=busy_holder, limit=1)[0]["task"]["concurrency_key"] == "busy"
+    assert rounds.lease_tasks(worker=busy_holder, limit=1)[0]["task"]["concurrency_key"] == "busy"
 
     small_ms, _ = sample(small, True)
     large_ms, _ = sample(large, True)

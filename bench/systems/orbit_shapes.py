@@ -6,7 +6,7 @@ Single verbs, one transaction each: submit, lease (batch of 16), start,
 result. Prints commits_per_s_<verb>, transactions_per_task and
 ceiling_tasks_per_s = tasks / (time to push them through all four shapes).
 
-Grouped, as the server commits them now (tasks.coalesce), with a group size K
+Grouped, as the server commits them now (tasks.actions.rounds), with a group size K
 (--group, default 16): rounds, each the submits, results, starts and leases
 of one application in one transaction (tasks.actions.rounds.run_round): the
 unlocked first reads in one round trip (the submits' idempotency records, the
@@ -14,12 +14,12 @@ peeks of results and starts, the configuration), then the submits' records (each
 receipt) and task rows before any lock (batch.write_submissions), the counter
 rows locked once and, the round having no concurrency key, the results' and
 starts' tasks and attempts after them (all in one round trip:
-orbit.rows.locked_ahead), admission of K submits, results of K running
+orbit.db.rows.locked_ahead), admission of K submits, results of K running
 attempts (endings.apply_reports with a WriteBook), starts of K leased attempts
 (dispatch.apply_starts), a lease of K (dispatch.lease), the round's 4K events in one insert,
-and each counter row written once (orbit.rows.holding); the writes go with the
-next statement, in one multi-statement query (orbit.rows.writes_sent_together),
-and the last ones with the COMMIT (orbit.rows.atomic_sent_together).
+and each counter row written once (orbit.db.rows.holding); the writes go with the
+next statement, in one multi-statement query (orbit.db.rows.writes_sent_together),
+and the last ones with the COMMIT (orbit.db.rows.atomic_sent_together).
 Prints commits_per_s_round (rounds that carry K submits, K results, K starts
 and K leases), transactions_per_task_grouped = 1/K and
 ceiling_tasks_per_s_grouped = tasks / (time to push them through pipelined
@@ -270,7 +270,7 @@ def insert_sql(head: str, row: str, rows: list[tuple]) -> tuple[str, list]:
 
 
 class Together:
-    """orbit.rows.writes_sent_together: a round's writes wait and go in one
+    """orbit.db.rows.writes_sent_together: a round's writes wait and go in one
     multi-statement query with its next statement, or when it ends."""
 
     def __init__(self, c) -> None:
@@ -322,7 +322,7 @@ def dispatch_round(
     first.write("SELECT * FROM orbit_queue WHERE id IN (%s) ORDER BY id", (queue,))
     first.send()
     c.execute("BEGIN")
-    t = Together(c)  # orbit.rows.writes_sent_together
+    t = Together(c)  # orbit.db.rows.writes_sent_together
     events = []
     app_deltas = {"active_attempts": 0, "unfinished_tasks": 0}
     queue_deltas = {"active_permits": 0, "unfinished_tasks": 0, "reserved_starts": 0, "window_count": 0}
@@ -334,7 +334,7 @@ def dispatch_round(
         t.write(*insert_sql(TASK_INSERT, TASK_ROW, [(task, ns, app, queue) for task in task_ids]))
     # The counter rows, locked once, and with no concurrency key in the round the results'
     # and starts' tasks and attempts after them, all in one round trip
-    # (orbit.rows.lock_by_pk_together, locked_ahead); every part's changes to the counter
+    # (orbit.db.rows.lock_by_pk_together, locked_ahead); every part's changes to the counter
     # rows are written at the end.
     t.write(LOCK_APPLICATION_STATE, (app,))
     t.write(LOCK_QUEUE_STATES, (queue,))
@@ -410,7 +410,7 @@ def dispatch_round(
     if events:  # orbit.audit.gathered_events: the round's events in one insert
         for sql, params in event_statements(ns, [subject for _, subject in events]):
             t.write(sql, params)
-    # orbit.rows.holding: each changed counter row written once, with its final values.
+    # orbit.db.rows.holding: each changed counter row written once, with its final values.
     t.write(
         "UPDATE orbit_application_state SET active_attempts=active_attempts+%s, unfinished_tasks=unfinished_tasks+%s "
         "WHERE application_id=%s",
@@ -428,7 +428,7 @@ def dispatch_round(
             queue,
         ),
     )
-    t.write("COMMIT", ())  # orbit.rows.atomic_sent_together: the last writes carry the COMMIT
+    t.write("COMMIT", ())  # orbit.db.rows.atomic_sent_together: the last writes carry the COMMIT
     t.send()
     return leased
 

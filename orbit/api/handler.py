@@ -33,9 +33,9 @@ from django.http.response import HttpResponseBase
 from django.urls import set_script_prefix
 
 from orbit.api.errors import error_body
+from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS
 from orbit.errors import Unavailable
 from orbit.fields import new_id
-from workers.db import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS
 
 API_MIDDLEWARE = ["orbit.api.middleware.RequestIdMiddleware"]
 API_PREFIX = "/v1/"
@@ -100,7 +100,7 @@ class ApiHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
-            # Every request is answered within the deadline (workers.db), a
+            # Every request is answered within the deadline (orbit.db.pool), a
             # database that stopped answering included: waits still queued are
             # cancelled, and what was sent to the database rolls back.
             async with asyncio.timeout(REQUEST_DEADLINE_SECONDS):

@@ -1,4 +1,4 @@
-"""Runs the API's sync views on the database pool (workers/db.py).
+"""Runs the API's sync views on the database pool (orbit/db/pool.py).
 
 Under ASGI Django gives each request a thread of its own, and with it a new
 MySQL connection (CONN_MAX_AGE must be 0 there, or connections strand with
@@ -14,12 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from orbit.api.errors import COMPACT_JSON, error_response_for
-from workers.db import run_db
+from orbit.db import inline
+from orbit.db.pool import run_db
 
 
 def _render(view: Callable[..., Any], request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -45,7 +45,7 @@ def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
         except RequestDataTooBig as exc:
             status, body, headers = error_response_for(request, exc)
             return JsonResponse(body, status=status, headers=headers, json_dumps_params=COMPACT_JSON)
-        if settings.ORBIT_INLINE_DB:
+        if inline():
             # Tests that share the test case's transaction must stay on its connection.
             return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)
         return await run_db(_render, view, request, *args, **kwargs)

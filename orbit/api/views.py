@@ -12,12 +12,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from orbit.api.auth import Principal
 from orbit.api.fields import StrictSerializer
 from orbit.api.middleware import request_id_of
 from orbit.api.responses import ok
 from orbit.errors import InvalidArgument
-from orbit.idempotency import Actor, run_idempotent, validate_key
+from orbit.idempotency import run_idempotent, validate_key
+from orbit.principal import Actor, Principal
 
 T = TypeVar("T")
 

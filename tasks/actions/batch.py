@@ -15,12 +15,13 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
-from orbit.audit import atomic_with_events
+from orbit.db.rows import insert_rows, namespace_keys_in, new_row, select_rows
 from orbit.errors import IdempotencyConflict, OrbitError
-from orbit.idempotency import Actor, Receipt, request_digest, run_retrying
+from orbit.idempotency import Receipt, request_digest
 from orbit.models import IdempotencyRecord
-from orbit.rows import insert_rows, namespace_keys_in, new_row, select_rows
-from tasks.actions.dispatch import Configuration
+from orbit.principal import Actor
+from orbit.transactions import outermost
+from tasks.actions.context import Configuration
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import PreparedTasks, admit_prepared, check_times, prepare_tasks
 from tasks.models import Task
@@ -120,7 +121,7 @@ def submit_batch(*, actor: Actor, items: list[Submission]) -> list[Outcome]:
         if not pending:
             break
         try:
-            accepted = run_retrying(lambda pending=pending: _apply(actor, items, digests, pending))
+            accepted = _apply(actor, items, digests, pending)
         except IntegrityError:
             if attempt == TWIN_RETRIES - 1:
                 raise
@@ -170,7 +171,7 @@ def _submitted_apart_if_failing(
     return [outcome for index in batch for outcome in _submitted_apart_if_failing(requests, [index])]
 
 
-@atomic_with_events(durable=True)
+@outermost
 def _apply(
     actor: Actor,
     items: list[Submission],

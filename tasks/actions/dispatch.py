@@ -1,144 +1,53 @@
-"""Dispatch verbs: lease_tasks, approve_start, renew_lease, resume_attempt, held_assignments."""
+"""Dispatch: the lease and Start parts of a round (lease, peek_starts,
+apply_starts), and the standalone transactions of the worker protocol
+(renew_lease, resume_attempt, held_assignments, held_attempt_ids). The
+single-item doors (lease_tasks, approve_start) are in tasks.actions.rounds."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
-from orbit.api.auth import Minted
 from orbit.audit import emit_event
-from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled, Unauthenticated
-from orbit.fields import UINT64_MAX
-from orbit.idempotency import run_retrying
-from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
-from orbit.models import Application, ApplicationState, Credential
-from orbit.rows import (
+from orbit.db.rows import (
     Add,
     add_to_row,
     db_value,
     insert_rows,
-    lock_by_pk,
     lock_by_pk_together,
     new_row,
     read_by_pk,
     select_rows,
     update_by_pk,
 )
+from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
+from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
+from orbit.models import ApplicationState
+from orbit.timefmt import format_time
+from orbit.transactions import outermost
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
+from tasks.actions.context import (
+    LEASE_BATCH_MAX,
+    MAX_LEASABLE_KEY_VERSION,
+    RATE_WINDOW,
+    Configuration,
+    WorkerContext,
+    deadline_failure,
+    lease_expiry,
+    refuse_revoked,
+    window_open,
+)
 from tasks.actions.readiness import overtaking_sibling, promote_next
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
-from workers.groupcommit import unwrap
-
-# Most attempts one lease gives one worker: several workers on several nodes
-# share a hot queue instead of the fastest poller taking everything.
-LEASE_BATCH_MAX = 16
-RATE_WINDOW = timedelta(seconds=1)
-# A key row must be able to advance twice more (this lease, then its release).
-MAX_LEASABLE_KEY_VERSION = UINT64_MAX - 2
-CREDENTIAL_REVOKED = "credential was revoked or no longer grants this connection"
-
-
-@dataclass(frozen=True)
-class WorkerContext:
-    namespace_id: str
-    application_id: str
-    worker_id: str
-    session_id: str
-    queue_ids: tuple[str, ...]
-    handlers: tuple[tuple[str, str], ...]
-    concurrency_keys: bool
-    # The connection's worker identity row, whose session must still be this
-    # one for a lease (a newer hello of the worker_id supersedes it); None for
-    # in-process callers, which have no connection.
-    identity_id: int | None = None
-    # The queues the connection's credential may consume (None: every queue
-    # of the namespace). Worker ids are not secret (every attempt shows them):
-    # an attempt of another queue is not this connection's, whatever its
-    # worker_id says, and is answered as an unknown attempt.
-    consumable: frozenset[str] | None = None
-    # The credential as the connection authenticated it: every transaction
-    # that grants or records for this worker reads its row again (locked) and
-    # refuses if it no longer grants; None for in-process callers.
-    credential: Minted | None = None
-
-    def owns(self, *, namespace_id: str, worker_id: str, queue_id: str) -> bool:
-        """Whether an attempt with these columns is this connection's to act on."""
-        return (
-            namespace_id == self.namespace_id
-            and worker_id == self.worker_id
-            and (self.consumable is None or queue_id in self.consumable)
-        )
-
-    def owns_attempt(self, attempt: Attempt) -> bool:
-        return self.owns(namespace_id=attempt.namespace_id, worker_id=attempt.worker_id, queue_id=attempt.queue_id)
-
-    def range_filter(self) -> dict[str, Any]:
-        """Attempt filters for what this connection holds (held, capacity)."""
-        found: dict[str, Any] = {"namespace_id": self.namespace_id, "worker_id": self.worker_id}
-        if self.consumable is not None:
-            found["queue_id__in"] = sorted(self.consumable)
-        return found
-
-
-def confirm_credentials(workers: Iterable[WorkerContext], *, locked: bool = True) -> set[str]:
-    """Reads the workers' credential rows again inside the caller's
-    transaction (locked, so a revocation commits before or after this
-    transaction, never during it); returns the ids of those that no longer
-    grant what the connection authenticated with (revoked, or changed)."""
-    minted = {worker.credential.principal.credential_id: worker.credential for worker in workers if worker.credential}
-    if not minted:
-        return set()
-    rows = lock_by_pk(Credential, minted) if locked else read_by_pk(Credential, minted)
-    return {credential_id for credential_id, grant in minted.items() if not grant.still_grants(rows.get(credential_id))}
-
-
-def refuse_revoked(workers: Iterable[WorkerContext], *, locked: bool = True) -> None:
-    """Raises UNAUTHENTICATED if a worker's credential no longer grants (caller holds the transaction)."""
-    if confirm_credentials(workers, locked=locked):
-        raise Unauthenticated(CREDENTIAL_REVOKED)
-
-
-def window_open(state: QueueState, now: datetime) -> bool:
-    return state.window_started_at is not None and now < state.window_started_at + RATE_WINDOW
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """The applications and queues a round works with, read once before its
-    transaction. Configuration is always read without a lock (a configure
-    racing a lease or start may order either way); reading it ahead keeps
-    those reads out of the section that holds the application's locks."""
-
-    applications: dict[str, Application]
-    queues: dict[str, Queue]
-
-    @classmethod
-    def read(cls, application_ids: Iterable[str], queue_ids: Iterable[str]) -> Configuration:
-        return cls(applications=read_by_pk(Application, application_ids), queues=read_by_pk(Queue, queue_ids))
-
-    def application(self, application_id: str) -> Application:
-        found = self.applications.get(application_id)
-        if found is None:
-            raise Application.DoesNotExist(application_id)
-        return found
-
-    def queues_of(self, queue_ids: Iterable[str]) -> list[Queue]:
-        return [self.queues[queue_id] for queue_id in queue_ids if queue_id in self.queues]
-
-
-def lease_expiry(task: Task, now: datetime) -> datetime:
-    expires = now + timedelta(seconds=task.lease_seconds)
-    return min(expires, task.deadline_at) if task.deadline_at else expires
 
 
 @dataclass(frozen=True)
@@ -147,19 +56,6 @@ class LeaseOutcome:
     # Seconds until a queue's full start window closes and leasing may resume
     # (None when no queue was held back by its start rate).
     rate_reopens_in: float | None = None
-
-
-def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
-    """Leases up to `limit` tasks for a worker in one transaction; returns task.assign bodies."""
-    return lease_for_worker(worker=worker, limit=limit).assignments
-
-
-def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
-    """lease_tasks, plus when a queue held back by its start window reopens, so
-    a dispatcher can come back exactly then instead of at its next poll."""
-    from tasks.actions.rounds import LeaseRequest, run_round
-
-    return unwrap(run_round([LeaseRequest(worker, limit)])[0])
 
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
@@ -326,8 +222,6 @@ def _peek_own_attempt(worker: WorkerContext, attempt_id: str) -> Attempt:
 
 
 def _start_receipt(attempt: Attempt) -> dict[str, Any]:
-    from orbit.timefmt import format_time
-
     return {"attempt_number": attempt.number, "lease_expires_at": format_time(attempt.lease_expires_at)}
 
 
@@ -336,15 +230,6 @@ class StartRequest:
     worker: WorkerContext
     attempt_id: str
     epoch: int
-
-
-def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
-    """Grants the right to run: counts one Start in the queue's rate window.
-
-    A replayed Start of a running attempt is answered from the record."""
-    from tasks.actions.rounds import run_round
-
-    return unwrap(run_round([StartRequest(worker, attempt_id, epoch)])[0])
 
 
 def peek_starts(
@@ -369,28 +254,8 @@ def peek_starts(
     return answers, peeks
 
 
-def finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | DeadlinePassed) -> dict[str, Any] | OrbitError:
-    """After the Start transaction: a task whose deadline passed is failed.
-    That moves application counters, whose lock comes first in the global
-    order, so it is a transaction of its own."""
-    from tasks.actions.endings import fail_for_deadline
-
-    if isinstance(outcome, DeadlinePassed):
-        fail_for_deadline(peek.task_id)
-        return LeaseLost("task deadline passed before start")
-    return outcome
-
-
 class DeadlinePassed(Exception):
     pass
-
-
-def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
-    if task.deadline_at and task.deadline_at <= now:
-        return {"code": "DEADLINE_EXCEEDED", "message": "task deadline passed"}
-    if task.start_deadline_at and task.start_deadline_at <= now and task.attempts == 0:
-        return {"code": "START_DEADLINE_EXCEEDED", "message": "no attempt started before start_deadline_at"}
-    return None
 
 
 def apply_starts(
@@ -501,34 +366,28 @@ def _start_one(
     return _start_receipt(attempt)
 
 
+@outermost
 def renew_lease(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
     """Extends an active lease (and with it the key permit the attempt holds).
 
-    Locks the attempt row alone; never past the task's total deadline."""
-    return run_retrying(lambda: _renew(worker, attempt_id, epoch))
-
-
-def _renew(worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
-    from orbit.timefmt import format_time
-
-    with transaction.atomic():
-        refuse_revoked([worker])  # credentials come before attempts in the global order
-        attempt = lock_attempt(attempt_id)
-        now = timezone.now()  # after the lock: the lease is judged as of now
-        if (
-            attempt is None
-            or not worker.owns_attempt(attempt)
-            or attempt.epoch != epoch
-            or attempt.state not in ACTIVE_ATTEMPT_STATES
-            or attempt.lease_expires_at <= now
-        ):
-            raise LeaseLost("lease is no longer valid")
-        task = Task.objects.only("lease_seconds", "deadline_at", "cancel_requested").get(id=attempt.task_id)
-        expires = lease_expiry(task, now)
-        if expires > attempt.lease_expires_at:
-            attempt.lease_expires_at = expires
-            attempt.save(update_fields=["lease_expires_at"])
-        return {"lease_expires_at": format_time(attempt.lease_expires_at), "cancel_requested": task.cancel_requested}
+    Locks the worker's credential and the attempt row; never past the task's total deadline."""
+    refuse_revoked([worker])  # credentials come before attempts in the global order
+    attempt = lock_attempt(attempt_id)
+    now = timezone.now()  # after the lock: the lease is judged as of now
+    if (
+        attempt is None
+        or not worker.owns_attempt(attempt)
+        or attempt.epoch != epoch
+        or attempt.state not in ACTIVE_ATTEMPT_STATES
+        or attempt.lease_expires_at <= now
+    ):
+        raise LeaseLost("lease is no longer valid")
+    task = Task.objects.only("lease_seconds", "deadline_at", "cancel_requested").get(id=attempt.task_id)
+    expires = lease_expiry(task, now)
+    if expires > attempt.lease_expires_at:
+        attempt.lease_expires_at = expires
+        attempt.save(update_fields=["lease_expires_at"])
+    return {"lease_expires_at": format_time(attempt.lease_expires_at), "cancel_requested": task.cancel_requested}
 
 
 def held_entry(task: Task, attempt: Attempt) -> dict[str, Any]:

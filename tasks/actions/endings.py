@@ -1,5 +1,6 @@
-"""Verbs that end attempts or tasks: record_result, release_attempt, cancel_task,
-resolve_task, recover_expired_leases, sweep_deadlines. Each locks in the global order and
+"""Verbs that end attempts or tasks: the result part of a round (peek_reports,
+apply_reports) and the standalone transactions release_attempt, cancel_task,
+resolve_task, recover_expired_leases, sweep_deadlines, fail_for_deadline. Each locks in the global order and
 re-checks under the locks, so a second arrival changes nothing."""
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from orbit.audit import atomic_with_events, record_management_change
+from orbit.audit import record_management_change
 from orbit.errors import LeaseLost, NotFound, OrbitError, StateConflict
-from orbit.idempotency import Actor, run_retrying
 from orbit.metrics import LEASES_RECOVERED
+from orbit.principal import Actor
 from orbit.timefmt import format_time
-from tasks.actions.dispatch import WorkerContext, deadline_failure, refuse_revoked
+from orbit.transactions import outermost
+from tasks.actions.context import WorkerContext, deadline_failure, refuse_revoked
 from tasks.actions.permits import (
     Held,
     WriteBook,
@@ -28,9 +30,8 @@ from tasks.actions.permits import (
     settle,
 )
 from tasks.actions.serialize import task_detail
-from tasks.actions.submit import notify_work_available
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, Task, TaskState
-from workers.groupcommit import unwrap
+from tasks.wakeups import notify_work_available
 
 OUTCOMES = ("SUCCEEDED", "FAILED", "UNKNOWN")
 RECOVERY_BATCH = 200
@@ -155,15 +156,6 @@ class ResultReport:
     error: Any
 
 
-def record_result(
-    *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
-) -> dict[str, Any]:
-    """Applies a worker's result exactly once; replays and late evidence change nothing."""
-    from tasks.actions.rounds import run_round
-
-    return unwrap(run_round([ResultReport(worker, attempt_id, epoch, outcome, retryable, output, error)])[0])
-
-
 def peek_reports(
     reports: list[ResultReport], rows: dict[str, Attempt] | None = None
 ) -> tuple[list[LeaseLost | None], dict[str, dict[str, Any]]]:
@@ -234,7 +226,7 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
     """A worker hands back an attempt it has not started; no attempt is consumed."""
     peek = _peek_held(worker, attempt_id, epoch)
 
-    @atomic_with_events()
+    @outermost
     def apply() -> dict[str, Any]:
         held = lock_attempt_chain(attempt_id, peek)
         assert held is not None
@@ -260,7 +252,7 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
         _wake_after_commit(held.task.queue_id)
         return {"task_state": held.task.state}
 
-    return run_retrying(apply)
+    return apply()
 
 
 def _locked_visible_task(actor: Actor, task_id: str) -> tuple[Task, Held | None]:
@@ -357,7 +349,7 @@ def recover_expired_leases(*, limit: int = RECOVERY_BATCH) -> int:
     recovered = 0
     for attempt_id in expired:
 
-        @atomic_with_events()
+        @outermost
         def recover(attempt_id: str = attempt_id) -> int:
             held = lock_attempt_chain(attempt_id)
             now = timezone.now()
@@ -366,7 +358,7 @@ def recover_expired_leases(*, limit: int = RECOVERY_BATCH) -> int:
             _recover_locked(held, now)
             return 1
 
-        recovered += run_retrying(recover)
+        recovered += recover()
     return recovered
 
 
@@ -374,7 +366,7 @@ def fail_for_deadline(task_id: str) -> bool:
     """Fails a task whose total or start deadline passed while it waited (or
     sat leased but unstarted). Running tasks are left to their lease."""
 
-    @atomic_with_events()
+    @outermost
     def apply() -> bool:
         now = timezone.now()
         chain = lock_task_chain(task_id)
@@ -398,7 +390,7 @@ def fail_for_deadline(task_id: str) -> bool:
         _wake_after_commit(task.queue_id)
         return True
 
-    return run_retrying(apply)
+    return apply()
 
 
 def sweep_deadlines(*, limit: int = RECOVERY_BATCH) -> int:

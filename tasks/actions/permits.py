@@ -16,9 +16,9 @@ from typing import Any
 from django.db.models import Model
 
 from orbit.audit import emit_event
+from orbit.db.rows import add_to_row, lock_by_pk_together, read_by_pk, update_by_pk
 from orbit.metrics import count_finished_attempt
 from orbit.models import ApplicationState
-from orbit.rows import add_to_row, lock_by_pk_together, read_by_pk, update_by_pk
 from queues.locks import lock_queue_states
 from queues.models import QueueState
 from tasks.actions.readiness import enter_waiting, promote_next

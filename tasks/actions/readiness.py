@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orbit.rows import db_value, select_rows, update_by_pk
+from orbit.db.rows import db_value, select_rows, update_by_pk
 from tasks.models import Task, TaskState
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orbit.api.auth import Principal
+from orbit.db.rows import keyset_page
 from orbit.errors import InvalidArgument, NotFound
-from orbit.rows import keyset_page
+from orbit.principal import Principal
 from tasks.actions.serialize import attempt_view, task_detail, task_summary
 from tasks.models import Attempt, Task, TaskState
 

@@ -16,33 +16,30 @@ batch path, and should a twin elsewhere commit one of the round's keys first,
 the round is decided again without its submits, which then take that path
 (where the twin's record is replayed). The round's unlocked first reads go
 to the database together, in one round trip, and its writes with its next
-statement (orbit.rows.select_together, writes_sent_together).
+statement (orbit.db.rows.select_together, writes_sent_together).
 
-Lock order inside a round: application_state → the union of the round's
-queue_state rows (ascending) → its leases' worker identity rows → key rows →
-tasks → attempts. Each part re-locks the rows it needs (the counter rows the
-round holds are kept, with the round's own changes, and cost no statement:
-orbit.rows.holding); the rows locked after the union are only ever waited for
-by transactions that hold the same application_state row first, or by a
-hello's update of its identity row, which holds nothing else, so the parts
-cannot deadlock with other paths.
-A round with no concurrency key in it locks its results' and starts' tasks
-and attempts in the counters' round trip (orbit.rows.locked_ahead)."""
+Lock order inside a round (orbit.locking.LOCK_ORDER): application_state → the
+union of the round's queue_state rows → its leases' worker identity rows → its
+workers' credential rows → key rows → tasks → attempts. Each part re-locks the
+rows it needs (the counter rows the round holds are kept, with the round's own
+changes, and cost no statement: orbit.db.rows.holding); the rows locked after
+the union are only ever waited for by transactions that hold the same
+application_state row first, or by a hello's update of its identity row, which
+holds nothing else, so the parts cannot deadlock with other paths.
+A round with no concurrency key in it locks its results' and starts' tasks and
+attempts in the counters' round trip (orbit.db.rows.locked_ahead)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.db import IntegrityError
 
-from orbit.api.auth import Minted
 from orbit.audit import gathered_events
-from orbit.errors import OrbitError, StateConflict, Unauthenticated
-from orbit.idempotency import Actor, Receipt, run_retrying
-from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
-from orbit.rows import (
-    atomic_sent_together,
+from orbit.db.groupcommit import GroupCommit, within_deadline
+from orbit.db.rows import (
     holding,
     lock_by_pk,
     lock_by_pk_together,
@@ -51,10 +48,16 @@ from orbit.rows import (
     pk_in,
     select_together,
 )
+from orbit.errors import LeaseLost, OrbitError, StateConflict, Unauthenticated
+from orbit.idempotency import Receipt, validate_key
+from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
+from orbit.principal import Actor, Minted, Principal
+from orbit.transactions import outermost
 from queues.models import Queue, QueueState
-from tasks.actions import batch, dispatch, endings
+from tasks.actions import batch, context, dispatch, endings
 from tasks.actions.batch import Submission
-from tasks.actions.dispatch import Configuration, LeaseOutcome, StartRequest, WorkerContext
+from tasks.actions.context import Configuration, WorkerContext
+from tasks.actions.dispatch import DeadlinePassed, LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
@@ -126,7 +129,7 @@ def _split_submits(items: list[RoundItem]) -> tuple[list[tuple[int, SubmitReques
 @dataclass
 class _FirstReads:
     """A round's unlocked reads before its transaction, sent in one round trip
-    (orbit.rows.select_together): the records of its submits' keys, the
+    (orbit.db.rows.select_together): the records of its submits' keys, the
     attempts of its results and starts, and the applications and queues its
     items name (their workers' and submits'). A result's or start's attempt
     in a queue its worker does not name is read after, with its configuration."""
@@ -283,7 +286,7 @@ def _granted(items: list[tuple[int, W]], revoked: set[str], decided: list[tuple[
     for index, item in items:
         credential = item.worker.credential
         if credential is not None and credential.principal.credential_id in revoked:
-            decided.append((index, Unauthenticated(dispatch.CREDENTIAL_REVOKED)))
+            decided.append((index, Unauthenticated(context.CREDENTIAL_REVOKED)))
         else:
             granted.append((index, item))
     return granted
@@ -334,30 +337,30 @@ def _decide_round(
         namespace_id = submitting.actor.namespace_id
         queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
 
-    # With no concurrency key anywhere in the round, nothing but a report's or
-    # a start's own part changes its task and attempt rows: they are locked
-    # with the counters, in one round trip, and handed to those parts. (Keyed
-    # rows keep the full order: key rows before their tasks.)
-    ahead: list[tuple[Any, list[str]]] = []
+    # Locked in the counters' round trip, after them, in the global order:
+    # a lease is for its connection's session only, so its worker identity
+    # row (a hello of the same worker_id waits for this round, then counts
+    # what it leased as held); each worker's credential, read again so a
+    # revocation commits before this round (which then refuses its items) or
+    # after it; and, with no concurrency key anywhere in the round, the
+    # results' and starts' tasks and attempts, which nothing but their own
+    # part changes (keyed rows keep the full order: key rows before tasks).
+    workers = [item.worker for _, item in reports + starts + leases]
+    ahead: list[tuple[Any, Any]] = [
+        (WorkerIdentity, _identity_ids(leases)),
+        (Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}),
+    ]
     keyed = any(report_peeks[r.attempt_id]["concurrency_key"] for _, r in reports)
     keyed = keyed or any(start_peeks[s.attempt_id].concurrency_key for _, s in starts)
     keyed = keyed or bool(submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending))
     if not keyed:
         ahead_task_ids = [report_peeks[r.attempt_id]["task_id"] for _, r in reports]
         ahead_task_ids += [start_peeks[s.attempt_id].task_id for _, s in starts]
-        ahead_attempt_ids = [item.attempt_id for _, item in reports + starts]
-        ahead = [(Task, ahead_task_ids), (Attempt, ahead_attempt_ids)]
-    # A lease is for its connection's session only: the worker identity rows
-    # are locked with the counters (a hello of the same worker_id waits for
-    # this round, then counts what it leased as held).
-    ahead.append((WorkerIdentity, _identity_ids(leases)))
-    # Each worker's credential is read again under a lock, so a revocation
-    # commits before this round (which then refuses its items) or after it.
-    workers = [item.worker for _, item in reports + starts + leases]
-    ahead.append((Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}))
+        ahead += [(Task, ahead_task_ids), (Attempt, [item.attempt_id for _, item in reports + starts])]
 
+    @outermost(sent_together=True)
     def decide() -> list[tuple[int, Any]]:
-        with atomic_sent_together(), holding(ApplicationState, QueueState), locked_ahead():
+        with holding(ApplicationState, QueueState), locked_ahead():
             return decide_holding()
 
     def decide_holding() -> list[tuple[int, Any]]:
@@ -371,7 +374,7 @@ def _decide_round(
         lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)], ahead=ahead)  # one round trip
         for application_id in sorted(applications):
             lock_application_state(application_id)  # kept now: raises if it has no row
-        revoked = dispatch.confirm_credentials(workers)  # kept from the round trip above
+        revoked = context.confirm_credentials(workers)  # kept from the round trip above
         decide_reports = _granted(reports, revoked, decided)
         decide_starts = _granted(starts, revoked, decided)
         decide_leases = _granted(leases, revoked, decided)
@@ -404,8 +407,120 @@ def _decide_round(
                 decided.extend(zip([index for index, _ in group], leased, strict=True))
         return decided
 
-    for index, outcome in run_retrying(decide):
+    for index, outcome in decide():
         item = items[index]
         if isinstance(item, StartRequest):
-            outcome = dispatch.finish_start(start_peeks[item.attempt_id], outcome)
+            outcome = _finish_start(start_peeks[item.attempt_id], outcome)
         answers[index] = outcome
+
+
+def _finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | DeadlinePassed) -> dict[str, Any] | OrbitError:
+    """After the round's transaction: a task whose deadline passed before its
+    Start is failed. That moves application counters, whose lock comes first
+    in the global order, so it is a transaction of its own."""
+    if isinstance(outcome, DeadlinePassed):
+        endings.fail_for_deadline(peek.task_id)
+        return LeaseLost("task deadline passed before start")
+    return outcome
+
+
+# --- the doors ------------------------------------------------------------
+# Every submit, start, result and lease of an application in this process
+# joins its application's lane and is decided in its next round; the single-
+# item doors below are all the consumer, views, commands and tests call. A
+# lone request is a round of one.
+
+# A round's submits are answered before its worker frames: a submit's caller
+# sends nothing more until it hears back, while a worker keeps its other
+# slots busy meanwhile.
+ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit(
+    "round", run_round, answer_first=lambda item: isinstance(item, SubmitRequest)
+)
+
+
+def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
+    """Leases up to `limit` tasks (at most LEASE_BATCH_MAX) for a worker; the
+    outcome also says when a queue held back by its start window reopens, so
+    a dispatcher can come back exactly then instead of at its next poll."""
+    return ROUNDS.call(worker.application_id, LeaseRequest(worker, limit))
+
+
+def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
+    """lease_for_worker's task.assign bodies."""
+    return lease_for_worker(worker=worker, limit=limit).assignments
+
+
+def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
+    """Grants the right to run: counts one Start in the queue's rate window.
+    A replayed Start of a running attempt is answered from the record."""
+    return ROUNDS.call(worker.application_id, StartRequest(worker, attempt_id, epoch))  # type: ignore[return-value]
+
+
+def record_result(
+    *, worker: WorkerContext, attempt_id: str, epoch: int, outcome: str, retryable: bool, output: Any, error: Any
+) -> dict[str, Any]:
+    """Applies a worker's result exactly once; replays and late evidence change nothing."""
+    report = ResultReport(worker, attempt_id, epoch, outcome, retryable, output, error)
+    return ROUNDS.call(worker.application_id, report)  # type: ignore[return-value]
+
+
+# The same doors from the event loop (the worker protocol): awaiting holds no
+# pool thread while the round runs; UNAVAILABLE past the request deadline.
+
+
+async def lease_for_worker_async(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
+    return await ROUNDS.call_async(worker.application_id, LeaseRequest(worker, limit))  # type: ignore[return-value]
+
+
+async def approve_start_async(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
+    return await ROUNDS.call_async(worker.application_id, StartRequest(worker, attempt_id, epoch))  # type: ignore[return-value]
+
+
+async def record_result_async(report: ResultReport) -> dict[str, Any]:
+    return await ROUNDS.call_async(report.worker.application_id, report)  # type: ignore[return-value]
+
+
+def submit_request(
+    principal: Principal,
+    body: dict[str, Any],
+    key: str | None,
+    request_id: str,
+    credential_to_confirm: Minted | None = None,
+) -> SubmitRequest:
+    """POST /v1/tasks up to its round, for a caller holding tasks:submit whose
+    body is a JSON object: the queue's range, the Idempotency-Key, and the
+    body's validation (kept in the request for the round; see
+    batch.Submission.checked). Raises what refuses the request outright.
+    `credential_to_confirm`: see SubmitRequest."""
+    if isinstance(body.get("queue_id"), str):
+        principal.require_queue(body["queue_id"])
+    actor = Actor(principal=principal, request_id=request_id)
+    submission = batch.checked_submission(actor, validate_key(key), body)
+    return SubmitRequest(actor, submission, credential_to_confirm)
+
+
+def _receipt(outcome: Answer) -> Receipt:
+    # A submit's answer is its Receipt; a refusal may come back as a value
+    # from the batch path.
+    if isinstance(outcome, OrbitError):
+        raise outcome
+    assert isinstance(outcome, Receipt)
+    return outcome
+
+
+def submit_task(request: SubmitRequest) -> Receipt:
+    """From a thread: the submit's Receipt, or its refusal raised."""
+    return _receipt(ROUNDS.call(request.actor.principal.application_id, request))
+
+
+def join_round(loop: asyncio.AbstractEventLoop, request: SubmitRequest) -> asyncio.Future[Answer]:
+    """From the thread that prepared the submit (the event loop `loop`, or a
+    pool thread working for it): it joins its application's round now, not
+    after a hop back to the event loop (which every request and worker frame
+    shares); the caller awaits it on `loop` with receipt_of."""
+    return ROUNDS.enqueue_for(loop, request.actor.principal.application_id, request)
+
+
+async def receipt_of(joined: asyncio.Future[Answer]) -> Receipt:
+    """The submit's Receipt, or its refusal raised, holding no pool thread while the round runs."""
+    return _receipt(await within_deadline(joined))

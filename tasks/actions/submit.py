@@ -1,4 +1,6 @@
-"""submit_task and admit_tasks: accept tasks into queues under backpressure."""
+"""The submit part of a round (prepare_tasks, admit_prepared) and admit_tasks,
+admit_one: accept tasks into queues under backpressure. A single POST /v1/tasks
+goes through its round: tasks.actions.rounds.submit_task."""
 
 from __future__ import annotations
 
@@ -12,18 +14,19 @@ from django.db import transaction
 from django.utils import timezone
 
 from orbit.audit import emit_event, gathered_events
+from orbit.db.rows import add_to_row, insert_rows, new_row, update_by_pk
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
-from orbit.idempotency import Actor
 from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import ApplicationState
-from orbit.rows import add_to_row, insert_rows, new_row, update_by_pk
+from orbit.principal import Actor
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
-from tasks.actions.dispatch import Configuration
+from tasks.actions.context import Configuration
 from tasks.actions.readiness import admit_readiness
 from tasks.actions.serialize import task_detail
 from tasks.locks import lock_application_state
 from tasks.models import Task, TaskState
+from tasks.wakeups import notify_work_available
 
 # available_at may lag the server clock by this much (client clock skew)
 # before the request counts as expired.
@@ -49,7 +52,7 @@ def check_times(fields: dict[str, Any], now: Any) -> None:
                 raise InvalidArgument(f"available_at: must be before {name}")
 
 
-def submit_task(*, actor: Actor, fields: dict[str, Any]) -> dict[str, Any]:
+def admit_one(*, actor: Actor, fields: dict[str, Any]) -> dict[str, Any]:
     """Inserts a WAITING task and counts it against queue and application
     backlog. Caller holds the transaction (the idempotency runner's)."""
     now = timezone.now()
@@ -196,9 +199,3 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
     woken = list(per_queue)
     transaction.on_commit(lambda: notify_work_available(woken))
     return outcomes
-
-
-def notify_work_available(queue_ids: list[str]) -> None:
-    from workers.wakeup import wake_dispatchers
-
-    wake_dispatchers(queue_ids)

@@ -22,7 +22,7 @@ DB_THREADS = int(os.environ.get("ORBIT_DB_THREADS", "8"))
 # Every request of a server process (an HTTP request, a worker frame, a lease)
 # is answered within this bound: past it, UNAVAILABLE, whatever the database
 # does. A frozen (not dead) server never answers; a serving connection gives
-# up on a statement sooner (orbit.db_backends.mysql: SERVING_TIMEOUTS), so the
+# up on a statement sooner (orbit.db.mysql: SERVING_TIMEOUTS), so the
 # transaction it was in is rolled back, never half kept.
 REQUEST_DEADLINE_SECONDS = 4.5
 DATABASE_TOO_SLOW = f"database did not answer within {REQUEST_DEADLINE_SECONDS:g} s; retry later"

@@ -6,7 +6,7 @@ contrib apps included. Reporting no foreign-key support makes the schema editor
 skip every constraint while still indexing the relation columns.
 
 A round sends the writes it reads nothing back from together with its next
-statement, in one round trip (orbit.rows.writes_sent_together); that takes
+statement, in one round trip (orbit.db.rows.writes_sent_together); that takes
 CLIENT.MULTI_STATEMENTS. Every statement Orbit sends is built with bound
 parameters, escaped by the driver, so a value can never end one statement
 and start another.
@@ -82,7 +82,7 @@ class CursorWrapper(base.CursorWrapper):
         return super().executemany(query, args)
 
 
-# A server process answers every request within workers.db's deadline
+# A server process answers every request within orbit.db.pool's deadline
 # (4.5 s), so its connections give up on a server that stopped answering
 # sooner than the settings' (which suit commands: a migration may take long):
 # a statement's lock wait ends first (a retryable error), then the statement,
@@ -95,7 +95,7 @@ serving = False
 
 class DatabaseWrapper(base.DatabaseWrapper):
     features_class = DatabaseFeatures
-    # Set by orbit.rows.atomic_sent_together when a transaction's last writes
+    # Set by orbit.db.rows.atomic_sent_together when a transaction's last writes
     # carried its COMMIT: the commit Django asks for next is already done.
     commit_sent = False
 

@@ -35,5 +35,6 @@ class _Registry:
 registry = _Registry()
 
 
-def wake_dispatchers(queue_ids: Iterable[str]) -> None:
+def notify_work_available(queue_ids: Iterable[str]) -> None:
+    """Wakes this process's dispatchers of these queues (call after commit)."""
     registry.wake(queue_ids)

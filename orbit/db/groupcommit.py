@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from queue import Empty, SimpleQueue
 from typing import Any, Generic, TypeVar
 
-from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
+from orbit.db import inline
+from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db
 from orbit.errors import Unavailable
-from workers.db import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db
 
 logger = logging.getLogger("orbit.groupcommit")
 
@@ -228,7 +228,7 @@ class GroupCommit(Generic[I, R]):
 
     def call(self, lane_id: str, item: I) -> R:
         """From a thread: waits for the item's outcome, UNAVAILABLE past the request deadline."""
-        if settings.ORBIT_INLINE_DB:  # tests that share the test case's transaction
+        if inline():
             return unwrap(self.run_group([item])[0])
         future = self.enqueue(lane_id, item)
         try:
@@ -241,7 +241,7 @@ class GroupCommit(Generic[I, R]):
     async def call_async(self, lane_id: str, item: I) -> R:
         """From the event loop: awaits the item's outcome without holding a pool
         thread, UNAVAILABLE past the request deadline."""
-        if settings.ORBIT_INLINE_DB:
+        if inline():
             return await run_db(lambda: unwrap(self.run_group([item])[0]))
         return await within_deadline(self.enqueue_for(asyncio.get_running_loop(), lane_id, item))
 

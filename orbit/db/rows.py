@@ -537,7 +537,7 @@ def writes_sent_together(*, commit_with_last_writes: bool = False) -> Iterator[N
                     cursor.execute(sql, params)
                     _skip_to_last_result(cursor, count)
                 if commits:
-                    db.commit_sent = True  # the commit Django sends next is done (orbit.db_backends.mysql)
+                    db.commit_sent = True  # the commit Django sends next is done (orbit.db.mysql)
     finally:
         _waiting.writes = None
 

@@ -11,6 +11,9 @@ import threading
 
 from django.db import close_old_connections, connection
 
+from plans.actions import fire_due_plans
+from tasks.actions.endings import recover_expired_leases, sweep_deadlines
+
 logger = logging.getLogger("orbit.maintenance")
 
 # Seconds between sweeps; a lease is recovered at most this long after expiry.
@@ -20,9 +23,6 @@ _started = threading.Event()
 
 
 def run_sweep() -> int:
-    from plans.actions import fire_due_plans
-    from tasks.actions.endings import recover_expired_leases, sweep_deadlines
-
     return recover_expired_leases() + sweep_deadlines() + fire_due_plans()
 
 

@@ -1,0 +1,32 @@
+"""The one global lock order (docs/architecture/locking.md).
+
+Every transaction that locks rows of more than one of these tables locks them
+in this order: a row of an earlier table is never locked after a row of a
+later one (within a table, by ascending primary key or key bytes). A
+transaction may take any subset, and may lock a row it already holds again.
+Each module that locks rows cites this tuple; tests/orbit/test_lock_order.py
+checks every verb's locking statements against it.
+
+Before any lock, a submit inserts its idempotency record and task rows (a
+twin waits on the unique index holding nothing else); the namespace's event
+sequence row is the last row any transaction locks (orbit.audit)."""
+
+from __future__ import annotations
+
+LOCK_ORDER: tuple[str, ...] = (
+    "orbit_plan",  # a plan verb, or a trigger step whose submit locks what follows
+    "orbit_application_state",  # submits, leases, results, releases, cancels, recovery
+    "orbit_queue",  # configuration rows: configure and retire
+    "orbit_queue_state",  # ascending queue id
+    "orbit_worker_identity",  # a lease's session check; a hello locks only this row
+    "orbit_credential",  # the revocation check of a lease, Start, renew or result
+    "orbit_concurrency_key",  # ascending (namespace, key bytes)
+    "orbit_task",  # ascending id
+    "orbit_attempt",  # ascending id
+    "orbit_event_sequence",  # last: events are written at the end of their transaction
+)
+
+
+def rank(table: str) -> int:
+    """A table's place in LOCK_ORDER (ValueError for a table outside it)."""
+    return LOCK_ORDER.index(table)

@@ -1,0 +1,128 @@
+"""What every part of a round reads: who asks (WorkerContext), the
+configuration read ahead of the transaction, the credential re-check, and the
+window, lease and deadline arithmetic. The bottom of tasks.actions: it imports
+no other part."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from orbit.db.rows import lock_by_pk, read_by_pk
+from orbit.errors import Unauthenticated
+from orbit.fields import UINT64_MAX
+from orbit.models import Application, Credential
+from orbit.principal import Minted
+from queues.models import Queue, QueueState
+from tasks.models import Attempt, Task
+
+# Most attempts one lease gives one worker: several workers on several nodes
+# share a hot queue instead of the fastest poller taking everything.
+LEASE_BATCH_MAX = 16
+RATE_WINDOW = timedelta(seconds=1)
+# A key row must be able to advance twice more (this lease, then its release).
+MAX_LEASABLE_KEY_VERSION = UINT64_MAX - 2
+CREDENTIAL_REVOKED = "credential was revoked or no longer grants this connection"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    namespace_id: str
+    application_id: str
+    worker_id: str
+    session_id: str
+    queue_ids: tuple[str, ...]
+    handlers: tuple[tuple[str, str], ...]
+    concurrency_keys: bool
+    # The connection's worker identity row, whose session must still be this
+    # one for a lease (a newer hello of the worker_id supersedes it); None for
+    # in-process callers, which have no connection.
+    identity_id: int | None = None
+    # The queues the connection's credential may consume (None: every queue
+    # of the namespace). Worker ids are not secret (every attempt shows them):
+    # an attempt of another queue is not this connection's, whatever its
+    # worker_id says, and is answered as an unknown attempt.
+    consumable: frozenset[str] | None = None
+    # The credential as the connection authenticated it: every transaction
+    # that grants or records for this worker reads its row again (locked) and
+    # refuses if it no longer grants; None for in-process callers.
+    credential: Minted | None = None
+
+    def owns(self, *, namespace_id: str, worker_id: str, queue_id: str) -> bool:
+        """Whether an attempt with these columns is this connection's to act on."""
+        return (
+            namespace_id == self.namespace_id
+            and worker_id == self.worker_id
+            and (self.consumable is None or queue_id in self.consumable)
+        )
+
+    def owns_attempt(self, attempt: Attempt) -> bool:
+        return self.owns(namespace_id=attempt.namespace_id, worker_id=attempt.worker_id, queue_id=attempt.queue_id)
+
+    def range_filter(self) -> dict[str, Any]:
+        """Attempt filters for what this connection holds (held, capacity)."""
+        found: dict[str, Any] = {"namespace_id": self.namespace_id, "worker_id": self.worker_id}
+        if self.consumable is not None:
+            found["queue_id__in"] = sorted(self.consumable)
+        return found
+
+
+def confirm_credentials(workers: Iterable[WorkerContext], *, locked: bool = True) -> set[str]:
+    """Reads the workers' credential rows again inside the caller's
+    transaction (locked, so a revocation commits before or after this
+    transaction, never during it); returns the ids of those that no longer
+    grant what the connection authenticated with (revoked, or changed)."""
+    minted = {worker.credential.principal.credential_id: worker.credential for worker in workers if worker.credential}
+    if not minted:
+        return set()
+    rows = lock_by_pk(Credential, minted) if locked else read_by_pk(Credential, minted)
+    return {credential_id for credential_id, grant in minted.items() if not grant.still_grants(rows.get(credential_id))}
+
+
+def refuse_revoked(workers: Iterable[WorkerContext], *, locked: bool = True) -> None:
+    """Raises UNAUTHENTICATED if a worker's credential no longer grants (caller holds the transaction)."""
+    if confirm_credentials(workers, locked=locked):
+        raise Unauthenticated(CREDENTIAL_REVOKED)
+
+
+def window_open(state: QueueState, now: datetime) -> bool:
+    return state.window_started_at is not None and now < state.window_started_at + RATE_WINDOW
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """The applications and queues a round works with, read once before its
+    transaction. Configuration is always read without a lock (a configure
+    racing a lease or start may order either way); reading it ahead keeps
+    those reads out of the section that holds the application's locks."""
+
+    applications: dict[str, Application]
+    queues: dict[str, Queue]
+
+    @classmethod
+    def read(cls, application_ids: Iterable[str], queue_ids: Iterable[str]) -> Configuration:
+        return cls(applications=read_by_pk(Application, application_ids), queues=read_by_pk(Queue, queue_ids))
+
+    def application(self, application_id: str) -> Application:
+        found = self.applications.get(application_id)
+        if found is None:
+            raise Application.DoesNotExist(application_id)
+        return found
+
+    def queues_of(self, queue_ids: Iterable[str]) -> list[Queue]:
+        return [self.queues[queue_id] for queue_id in queue_ids if queue_id in self.queues]
+
+
+def lease_expiry(task: Task, now: datetime) -> datetime:
+    expires = now + timedelta(seconds=task.lease_seconds)
+    return min(expires, task.deadline_at) if task.deadline_at else expires
+
+
+def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
+    if task.deadline_at and task.deadline_at <= now:
+        return {"code": "DEADLINE_EXCEEDED", "message": "task deadline passed"}
+    if task.start_deadline_at and task.start_deadline_at <= now and task.attempts == 0:
+        return {"code": "START_DEADLINE_EXCEEDED", "message": "no attempt started before start_deadline_at"}
+    return None

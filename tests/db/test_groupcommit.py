@@ -1,0 +1,176 @@
+"""The group commit engine (orbit.db.groupcommit) on its own: every caller gets
+exactly its own outcome, whatever happens to the rest of its group."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from orbit.db.groupcommit import GroupCommit
+
+
+def gated(seen: list[list[str]], gate: threading.Event, fail_on: str | None = None):
+    def run_group(items: list[str]) -> list[object]:
+        if items == ["first"]:
+            gate.wait(5)
+        seen.append(list(items))
+        if fail_on in items and len(items) > 1:
+            raise RuntimeError("the whole group fails")
+        return [ValueError(item) if item == "refused" else f"done {item}" for item in items]
+
+    return run_group
+
+
+def held_lane(settings, run_group) -> GroupCommit:
+    settings.ORBIT_INLINE_DB = False  # a real lane thread
+    return GroupCommit("test", run_group)
+
+
+def test_a_cancelled_request_is_skipped_and_its_neighbours_are_answered(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    first = commit.enqueue("lane", "first")
+    time.sleep(0.1)  # the lane is inside the first group now
+    gone, kept = commit.enqueue("lane", "gone"), commit.enqueue("lane", "kept")
+    assert gone.cancel()
+    gate.set()
+    assert first.result(5) == "done first"
+    assert kept.result(5) == "done kept"
+    assert seen == [["first"], ["kept"]]
+
+
+def test_one_refused_item_does_not_refuse_its_group(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    first = commit.enqueue("lane", "first")
+    time.sleep(0.1)
+    refused, kept = commit.enqueue("lane", "refused"), commit.enqueue("lane", "kept")
+    gate.set()
+    assert first.result(5) == "done first"
+    assert isinstance(refused.exception(5), ValueError)
+    assert kept.result(5) == "done kept"
+    assert seen == [["first"], ["refused", "kept"]]
+
+
+def test_a_failing_group_is_retried_item_by_item(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate, fail_on="poison"))
+    first = commit.enqueue("lane", "first")
+    time.sleep(0.1)
+    poison, kept = commit.enqueue("lane", "poison"), commit.enqueue("lane", "kept")
+    gate.set()
+    assert first.result(5) == "done first"
+    assert poison.result(5) == "done poison"  # alone, it goes through
+    assert kept.result(5) == "done kept"
+    assert seen == [["first"], ["poison", "kept"], ["poison"], ["kept"]]
+
+
+def test_an_idle_lane_ends_and_the_next_item_starts_it_again(settings):
+    settings.ORBIT_INLINE_DB = False
+    threads: list[str] = []
+
+    def run_group(items: list[str]) -> list[object]:
+        threads.append(threading.current_thread().name)
+        return [f"done {item}" for item in items]
+
+    commit = GroupCommit("idle", run_group, idle_seconds=0.2)
+    assert commit.enqueue("lane", "a").result(5) == "done a"
+    deadline = time.monotonic() + 5
+    while "lane" in commit._lanes and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "lane" not in commit._lanes
+    assert not [t for t in threading.enumerate() if t.name == threads[0]]
+    assert commit.enqueue("lane", "b").result(5) == "done b"
+    assert len(threads) == 2
+
+
+def test_callers_on_an_event_loop_get_a_group_s_answers_in_one_wake_up(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+
+    async def scenario() -> list[object]:
+        loop = asyncio.get_running_loop()
+        wake_ups: list[object] = []
+        wake = loop.call_soon_threadsafe
+
+        def counted(callback, *args):
+            wake_ups.append(callback)
+            return wake(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        first = commit.enqueue("lane", "first")  # holds the lane while the others gather
+        await asyncio.sleep(0.1)
+        waiters = [commit.enqueue_for(loop, "lane", item) for item in ("a", "refused", "b")]
+        gone = commit.enqueue_for(loop, "lane", "gone")
+        gone.cancel()  # its caller went away before the group ran
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        outcomes = await asyncio.gather(*waiters, return_exceptions=True)
+        assert len([callback for callback in wake_ups if callback.__name__ == "_deliver"]) == 1
+        return outcomes
+
+    done_a, refused, done_b = asyncio.run(scenario())
+    assert (done_a, done_b) == ("done a", "done b")
+    assert isinstance(refused, ValueError)
+    assert seen == [["first"], ["a", "refused", "b"]]
+
+
+def test_a_waiter_cancelled_while_its_group_runs_leaves_the_others_answered(settings):
+    first_gate, running, gate = threading.Event(), threading.Event(), threading.Event()
+    seen: list[list[str]] = []
+
+    def run_group(items: list[str]) -> list[object]:
+        seen.append(list(items))
+        if items == ["first"]:
+            first_gate.wait(5)
+        else:
+            running.set()
+            gate.wait(5)
+        return [f"done {item}" for item in items]
+
+    commit = held_lane(settings, run_group)
+
+    async def scenario() -> object:
+        loop = asyncio.get_running_loop()
+        first = commit.enqueue("lane", "first")
+        await asyncio.sleep(0.1)
+        gone, kept = commit.enqueue_for(loop, "lane", "gone"), commit.enqueue_for(loop, "lane", "kept")
+        first_gate.set()
+        while not running.is_set():
+            await asyncio.sleep(0.01)
+        gone.cancel()  # too late to skip its item: its answer is dropped, not delivered
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        return await asyncio.wait_for(kept, 5)
+
+    assert asyncio.run(scenario()) == "done kept"
+    assert seen == [["first"], ["gone", "kept"]]
+
+
+def test_the_items_picked_to_go_first_are_answered_ahead_of_their_group(settings):
+    settings.ORBIT_INLINE_DB = False
+    gate = threading.Event()
+    seen: list[list[str]] = []
+    commit = GroupCommit("first", gated(seen, gate), answer_first=lambda item: item.startswith("submit"))
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        first = commit.enqueue("lane", "first")
+        await asyncio.sleep(0.1)
+        answered: list[str] = []
+        waiters = [commit.enqueue_for(loop, "lane", item) for item in ("start-1", "submit-1", "result-1", "submit-2")]
+        for waiter in waiters:
+            waiter.add_done_callback(lambda done: answered.append(done.result()))
+        gate.set()
+        await asyncio.wrap_future(first)
+        await asyncio.gather(*waiters)
+        return answered
+
+    answered = asyncio.run(scenario())
+    assert answered == ["done submit-1", "done submit-2", "done start-1", "done result-1"]
+    assert seen == [["first"], ["start-1", "submit-1", "result-1", "submit-2"]]  # decided in arrival order
