@@ -42,6 +42,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "orbit.api.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # The console's static files (Django admin's and orbit/static/), served by
+    # the server process itself: /v1/ never reaches this chain (orbit/api/handler.py).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -128,8 +131,13 @@ USE_I18N = False
 USE_TZ = True
 
 STATIC_URL = "static/"
-# Where `orbit collectstatic` gathers the admin's files for a web server to serve.
+# Optional: where `orbit collectstatic` gathers the console's files for another
+# web server. The server process needs no collect step: WhiteNoise serves the
+# files where the finders find them (the installed apps' static/ directories),
+# indexed once at startup, so a fresh clone and an installed server alike
+# answer /static/admin/... (docs/decisions.md, Console).
 STATIC_ROOT = os.environ.get("ORBIT_STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
 
 # A task payload may be 256 KiB encoded; the body around it carries its JSON
 # escaping and the other fields, so leave room before Django refuses to read.
