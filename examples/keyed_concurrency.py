@@ -1,52 +1,116 @@
-"""Keyed concurrency with a monotonic permit token (keyed-concurrency seed §5).
+"""Keyed concurrency with a monotonic permit token (keyed-concurrency seed §4, §5).
 
 Two queues each get one task with the same concurrency key; two workers of
-capacity 4 (one per queue) run them. The handler writes to an in-memory
-resource that, in ONE atomic step, rejects a token lower than the highest it
-has seen, raises the highest token, and de-duplicates by operation identity.
-The attempts' tokens must increase, and a replayed stale write must be refused.
+capacity 4 (one per queue) run them. The handler writes to a real database
+through orbit_sdk.fencing.Guard, which in ONE transaction locks the key's fence
+row, rejects a token lower than the highest it has accepted, raises the highest
+token, de-duplicates by operation id and records the write. The attempts' tokens
+must increase, and a replayed stale write must be refused.
 
     ORBIT_URL=http://127.0.0.1:8080 ORBIT_CREDENTIALS_FILE=/tmp/orbit-keyed.credentials.json \\
         .venv/bin/python examples/keyed_concurrency.py
 
-The resource model only shows where the atomic check belongs; it is not a
-distributed store.
+The resource is a SQLite file in a temporary directory, or MariaDB/MySQL when
+ORBIT_FENCE_MYSQL_DSN=mysql://user:password@host:port/database is set (the
+database must exist; the example creates its tables there and keeps them).
 """
 
 from __future__ import annotations
 
+import os
+import sqlite3
 import sys
+import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples._common import arm_deadline, client_from_env, start_worker, wait_for  # noqa: E402
-from orbit_sdk import CreateQueueRequest, SubmitTaskRequest, Worker  # noqa: E402
+from orbit_sdk import CreateQueueRequest, SubmitTaskRequest, Worker, fencing, load_credentials  # noqa: E402
+
+RESOURCE_DDL = {
+    "sqlite": "CREATE TABLE IF NOT EXISTS example_object_write (object_ref TEXT NOT NULL,"
+    " operation_ref TEXT NOT NULL, token TEXT NOT NULL)",
+    "mysql": "CREATE TABLE IF NOT EXISTS example_object_write (object_ref VARCHAR(191) NOT NULL,"
+    " operation_ref VARCHAR(191) NOT NULL, token BIGINT UNSIGNED NOT NULL) DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+}
 
 
-class StaleWrite(Exception):
-    pass
+def resource_connector() -> tuple[str, Any]:
+    """(dialect, connect): a new connection per call, since each worker thread writes with its own."""
+    dsn = os.environ.get("ORBIT_FENCE_MYSQL_DSN", "").strip()
+    if dsn:
+        parts = urlsplit(dsn)
+        import MySQLdb  # the server's own driver; PyMySQL works the same way
+
+        def connect_mysql() -> Any:
+            return MySQLdb.connect(
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 3306,
+                user=unquote(parts.username or "root"),
+                password=unquote(parts.password or ""),
+                database=parts.path.lstrip("/"),
+                charset="utf8mb4",
+            )
+
+        return "mysql", connect_mysql
+    path = os.path.join(tempfile.mkdtemp(prefix="orbit-keyed-"), "resource.sqlite3")
+    return "sqlite", lambda: sqlite3.connect(path, timeout=10)
 
 
 class Resource:
-    """One object guarded by the highest permit token it has accepted."""
+    """The object the tasks update: rows in a real database, written only through the guard."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.highest_token = 0
-        self.writes: dict[str, int] = {}  # operation_ref -> token that wrote it
+        self.dialect, self.connect = resource_connector()
+        conn = self.connect()
+        try:
+            fencing.install(conn, self.dialect)
+            cursor = conn.cursor()
+            cursor.execute(RESOURCE_DDL[self.dialect])
+            cursor.close()
+            conn.commit()
+        finally:
+            conn.close()
+        self._lock = threading.Lock()  # counts overlapping handlers only; the guard needs no mutex
         self.active = 0
         self.max_active = 0
 
-    def write(self, key: str, token: int, operation_ref: str) -> None:
-        with self._lock:  # check, raise and record in one atomic step
-            if token < self.highest_token:
-                raise StaleWrite(f"token {token} < highest {self.highest_token} for {key}")
-            self.highest_token = token
-            self.writes.setdefault(operation_ref, token)
+    def write(self, namespace: str, key: str, token: int, operation_ref: str) -> None:
+        """The guarded write: raises fencing.StaleToken when a newer token has been accepted."""
+        mark = "?" if self.dialect == "sqlite" else "%s"
+
+        def insert(conn: Any) -> dict[str, str]:
+            cursor = conn.cursor()
+            cursor.execute(
+                f"INSERT INTO example_object_write (object_ref, operation_ref, token) VALUES ({mark}, {mark}, {mark})",
+                (key, operation_ref, str(token) if self.dialect == "sqlite" else token),
+            )
+            cursor.close()
+            return {"operation_ref": operation_ref, "token": str(token)}
+
+        conn = self.connect()
+        try:
+            fencing.Guard(conn, self.dialect).write(namespace, key, token, operation_ref, insert)
+        finally:
+            conn.close()
+
+    def writes(self, key: str) -> int:
+        conn = self.connect()
+        try:
+            cursor = conn.cursor()
+            mark = "?" if self.dialect == "sqlite" else "%s"
+            cursor.execute(f"SELECT COUNT(*) FROM example_object_write WHERE object_ref = {mark}", (key,))
+            (count,) = cursor.fetchone()
+            cursor.close()
+            return int(count)
+        finally:
+            conn.close()
 
     def enter(self) -> None:
         with self._lock:
@@ -61,6 +125,9 @@ class Resource:
 def main() -> int:
     deadline = arm_deadline()
     client, url, token = client_from_env()
+    namespace_id = load_credentials(os.environ.get("ORBIT_CREDENTIALS_FILE")).namespace_id
+    if namespace_id is None:
+        raise SystemExit("example: the credentials file has no namespace_id (orbit_bootstrap writes one)")
     run = uuid.uuid4().hex[:12]
     key = f"object/{run}"
     resource = Resource()
@@ -71,7 +138,7 @@ def main() -> int:
         resource.enter()
         try:
             time.sleep(0.3)  # long enough that overlapping permits would show
-            resource.write(execution.concurrency_key, execution.concurrency_token, execution.payload["operation_ref"])
+            resource.write(execution.namespace_id, key, execution.concurrency_token, execution.payload["operation_ref"])
         finally:
             resource.leave()
         return {"token": str(execution.concurrency_token)}
@@ -99,7 +166,14 @@ def main() -> int:
         for n, queue in enumerate(queues, start=1)
     ]
     workers = [
-        Worker(url, token, queues=[queue.id], handlers={("object.update", "v1"): update_object}, capacity=4)
+        Worker(
+            url,
+            token,
+            queues=[queue.id],
+            handlers={("object.update", "v1"): update_object},
+            capacity=4,
+            namespace_id=namespace_id,
+        )
         for queue in queues
     ]
     threads = [start_worker(worker) for worker in workers]
@@ -117,9 +191,9 @@ def main() -> int:
     print(f"queues={len(queues)} completed={completed} tokens_increasing={str(increasing).lower()}", flush=True)
 
     try:  # a request still carrying the first attempt's token arrives late
-        resource.write(key, tokens[0], "late-replay-of-update-1")
+        resource.write(namespace_id, key, tokens[0], "late-replay-of-update-1")
         stale_rejected = False
-    except StaleWrite:
+    except fencing.StaleToken:
         stale_rejected = True
     for worker in workers:
         worker.drain()
@@ -127,11 +201,11 @@ def main() -> int:
         thread.join(timeout=max(0.1, deadline - time.monotonic()))
     drained = not any(thread.is_alive() for thread in threads)
     print(
-        f"resource_writes={len(resource.writes)} stale_write_rejected={str(stale_rejected).lower()} "
+        f"resource_writes={resource.writes(key)} stale_write_rejected={str(stale_rejected).lower()} "
         f"worker_drained={str(drained).lower()}",
         flush=True,
     )
-    ok = completed == 2 and increasing and stale_rejected and drained and len(resource.writes) == 2
+    ok = completed == 2 and increasing and stale_rejected and drained and resource.writes(key) == 2
     return 0 if ok else 1
 
 

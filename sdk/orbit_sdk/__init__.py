@@ -27,7 +27,7 @@ Fencing the real write (the resource refuses a stale token, in one transaction):
 sdk/README.md has a quickstart that runs as written against ``scripts/run``.
 """
 
-from orbit_sdk import fencing  # the resource-side guard, also importable as orbit_sdk.fencing
+from orbit_sdk import fencing as fencing  # the resource-side guard; a submodule, so not in __all__
 from orbit_sdk._client import AsyncClient, Client
 from orbit_sdk._credentials import Credentials, load_credentials
 from orbit_sdk._exceptions import (
@@ -106,6 +106,5 @@ __all__ = [
     "UnknownOutcome",
     "UpdatePlanRequest",
     "Worker",
-    "fencing",
     "load_credentials",
 ]

@@ -12,7 +12,10 @@ import secrets
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent.parent  # the repository: children run from here
 
 MYSQL = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
 POSTGRES = {"host": "127.0.0.1", "port": 5432, "user": "postgres"}

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 
 from orbit_sdk import fencing
-from tests.fencing.dbs import DB
+from tests.fencing.dbs import DB, ROOT
 from tests.fencing.procs import ledger_insert
-from tests.live import ROOT
 
 NS = "0123456789abcdef0123456789abcdef"  # a namespace id, as Orbit's credentials carry
 

@@ -18,21 +18,65 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import orbit_sdk
+from tests.fencing.dbs import ROOT
 from tests.fencing.worker_proc import guarded_writes, slug
-from tests.keys.helpers import get_task, make_queue, submit, wait_for
-from tests.live import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASE_SECONDS = 5
 KEYS = [f"fence/live/{n}" for n in range(6)]
 CONTESTED = KEYS[:3]
+
+
+# The API calls this test needs, written out here so it depends only on the `tenant` and
+# `orbit_server` fixtures (tests/conftest.py), not on other suites' helper modules.
+
+
+def make_queue(tenant: Any, name: str) -> dict[str, Any]:
+    body = {"name": name, "max_concurrency": 8, "rate_per_second": 1000}
+    response = tenant.client.post(
+        "/v1/queues", data=json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=f"create-{name}"
+    )
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["queue"]
+
+
+def submit(tenant: Any, queue_id: str, key: str) -> dict[str, Any]:
+    body = {
+        "queue_id": queue_id,
+        "handler": "fence.write",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {},
+        "concurrency_key": key,
+        "lease_seconds": LEASE_SECONDS,
+    }
+    idempotency_key = f"{queue_id}-{key}"
+    response = tenant.client.post(
+        "/v1/tasks", data=json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=idempotency_key
+    )
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["task"]
+
+
+def state(tenant: Any, task_id: str) -> str:
+    response = tenant.client.get(f"/v1/tasks/{task_id}")
+    assert response.status_code == 200, response.content
+    return str(response.json()["data"]["state"])
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
+        time.sleep(0.05)
 
 
 def resource(path: Path) -> str:
@@ -57,10 +101,7 @@ def test_a_worker_paused_past_its_lease_is_refused_by_the_guard(tenant: Any, orb
     markers = tmp_path / "markers"
     markers.mkdir()
     queue_a, queue_b = make_queue(tenant, "fence-a"), make_queue(tenant, "fence-b")
-    first = {
-        key: submit(tenant, queue_a["id"], f"a-{key}", handler="fence.write", concurrency_key=key, lease_seconds=5)
-        for key in KEYS
-    }
+    first = {key: submit(tenant, queue_a["id"], key) for key in KEYS}
     spec = {
         "url": orbit_server.url,
         "token": tenant.token,
@@ -80,10 +121,7 @@ def test_a_worker_paused_past_its_lease_is_refused_by_the_guard(tenant: Any, orb
         worker1.send_signal(signal.SIGSTOP)  # mid-handler: a GC pause, a VM freeze, a stopped container
         paused_at = time.monotonic()
 
-        second = {
-            key: submit(tenant, queue_b["id"], f"b-{key}", handler="fence.write", concurrency_key=key, lease_seconds=5)
-            for key in CONTESTED
-        }
+        second = {key: submit(tenant, queue_b["id"], key) for key in CONTESTED}
         done2: dict[str, dict[str, str]] = {}
         lock = threading.Lock()
 
@@ -104,8 +142,8 @@ def test_a_worker_paused_past_its_lease_is_refused_by_the_guard(tenant: Any, orb
         worker2.start()
         # Orbit expires worker 1's leases (its tasks → NEEDS_REVIEW) and leases the contested
         # keys to worker 2, whose writes land through both guards.
-        wait_for(lambda: all(get_task(tenant, t["id"])["state"] == "NEEDS_REVIEW" for t in first.values()), 20)
-        wait_for(lambda: all(get_task(tenant, t["id"])["state"] == "SUCCEEDED" for t in second.values()), 20)
+        wait_for(lambda: all(state(tenant, t["id"]) == "NEEDS_REVIEW" for t in first.values()), 20)
+        wait_for(lambda: all(state(tenant, t["id"]) == "SUCCEEDED" for t in second.values()), 20)
         assert done2 == {key: {"token_only": "landed", "lease": "landed"} for key in CONTESTED}
 
         worker1.send_signal(signal.SIGCONT)
