@@ -93,8 +93,12 @@ class HelloInput(StrictSerializer):
     version = StrictCharField(required=False, allow_blank=True, max_length=128)
 
     def validate_worker_id(self, value: str) -> str:
+        # Orbit's own error, so it names the field itself. It leaves DRF's
+        # error gathering at once, which words the refusal the same: id and
+        # type come first but cannot fail (the frame was dispatched as a
+        # hello by its type, and an id was required to be a short string).
         if not all(0x20 < ord(ch) < 0x7F for ch in value):
-            raise serializers.ValidationError("must be printable ASCII without spaces")
+            raise InvalidArgument("worker_id: must be printable ASCII without spaces")
         return value
 
 
