@@ -50,7 +50,8 @@ class OrbitView(APIView):
         validate: Callable[[dict[str, Any]], T],
         effect: Callable[[Actor, T], tuple[int, dict[str, Any]]],
     ) -> Response:
-        """Body, then Idempotency-Key, then replay lookup, then field rules, then the effect."""
+        """Body, then Idempotency-Key, then replay lookup, then field rules, then
+        the effect. Endpoints declare it with orbit.api.mutations.mutation."""
         body = self.body(request)
         key = validate_key(idempotency_key_of(request))
         actor = self.actor(request)
