@@ -5,7 +5,8 @@ from orbit import probes, views
 from orbit.api.errors import json_error_view
 from orbit.api.pooled import pooled
 from orbit.api.schema import OpenApiDocumentView
-from orbit.metrics import MetricsView
+from orbit.metrics_view import MetricsView
+from tasks import key_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -19,6 +20,9 @@ urlpatterns = [
     ),
     re_path(r"^v1/applications/(?P<application_id>[^/:]+)$", pooled(views.ApplicationDetailView.as_view())),
     re_path(r"^v1/events$", pooled(views.EventListView.as_view())),
+    re_path(r"^v1/concurrency-keys$", pooled(key_views.ConcurrencyKeyCollectionView.as_view())),
+    # The key URL-encoded; decoded, it may hold any character, "/" too.
+    re_path(r"^v1/concurrency-keys/(?P<key>.+)$", pooled(key_views.ConcurrencyKeyDetailView.as_view())),
     path("", include("queues.urls")),
     path("", include("tasks.urls")),
     path("", include("plans.urls")),
