@@ -147,3 +147,44 @@ class ConcurrencyKey(models.Model):
         db_table = "orbit_concurrency_key"
         db_table_comment = "资源键许可行：同一命名空间内跨队列共享一个有效许可，序号单调递增"
         constraints = [models.UniqueConstraint(fields=["namespace_id", "key"], name="uniq_ckey_ns_key")]
+
+
+class QueueMinute(models.Model):
+    """Per queue and UTC minute: approved Starts and recorded results, added
+    in the transactions that approve and record them (tasks.actions.rollup), so
+    the console charts the last hour without scanning attempts."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
+    queue_id = IdField(db_comment="队列ID")
+    minute = models.DateTimeField(db_comment="UTC 分钟起点（秒与微秒为 0）")
+    starts = models.PositiveIntegerField(default=0, db_comment="该分钟内批准的 Start 次数")
+    results = models.PositiveIntegerField(default=0, db_comment="该分钟内记录的结果（结束尝试的结果上报）数")
+
+    class Meta:
+        db_table = "orbit_queue_minute"
+        db_table_comment = "按队列与分钟汇总的启动数与结果数（控制台图表用，与状态变更同事务写入）"
+        constraints = [models.UniqueConstraint(fields=["queue_id", "minute"], name="uniq_queue_minute")]
+
+
+class WorkerIdentity(models.Model):
+    """A worker process identity (worker_id) in a namespace: its fixed
+    registration properties and its current session. The worker protocol
+    (workers/) speaks for it; the verbs that grant leases lock it."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
+    namespace_id = IdField(db_comment="命名空间ID")
+    worker_id = models.CharField(max_length=128, db_comment="Worker 进程的稳定身份")
+    concurrency_keys = models.BooleanField(db_comment="是否声明支持资源键；同一身份固定不变")
+    credential_id = IdField(db_comment="最近一次连接使用的凭据ID")
+    session_id = IdField(db_comment="最近一次会话ID")
+    connected_at = models.DateTimeField(db_comment="最近一次握手时间（UTC）")
+    queue_ids = models.JSONField(default=list, db_comment="当前会话 hello 声明消费的队列ID列表")
+    handlers = models.JSONField(
+        default=list, db_comment="当前会话 hello 声明的处理器列表 [[handler, handler_version], ...]；空表示任意"
+    )
+    seen_at = models.DateTimeField(null=True, db_comment="当前会话连接最近一次心跳时间（UTC）；连接关闭后为空")
+
+    class Meta:
+        db_table = "orbit_worker_identity"
+        db_table_comment = "Worker 身份：注册属性（资源键支持）按进程身份固定"
+        constraints = [models.UniqueConstraint(fields=["namespace_id", "worker_id"], name="uniq_worker_ns_identity")]

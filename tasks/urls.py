@@ -11,6 +11,7 @@ urlpatterns = [
     re_path(rf"^v1/tasks/{TASK}:cancel$", pooled(views.TaskCancelView.as_view())),
     re_path(rf"^v1/tasks/{TASK}:resolve$", pooled(views.TaskResolveView.as_view())),
     re_path(rf"^v1/tasks/{TASK}/attempts$", pooled(views.TaskAttemptsView.as_view())),
+    re_path(rf"^v1/tasks/{TASK}/blockers$", pooled(views.TaskBlockersView.as_view())),
     re_path(rf"^v1/tasks/{TASK}$", pooled(views.TaskDetailView.as_view())),
     re_path(r"^v1/attempts/(?P<attempt_id>[^/:]+)$", pooled(views.AttemptDetailView.as_view())),
 ]

@@ -19,7 +19,7 @@ from orbit.api.views import (
 from orbit.errors import InvalidArgument, OrbitError
 from orbit.idempotency import validate_key
 from orbit.principal import Actor
-from tasks.actions import batch, endings, reads
+from tasks.actions import batch, blockers, endings, reads
 from tasks.actions.rounds import submit_request, submit_task
 from tasks.serializers import CancelTaskInput, ResolveTaskInput, SubmitTaskInput
 
@@ -61,6 +61,14 @@ class TaskDetailView(OrbitView):
         principal = self.principal(request)
         principal.require("tasks:read")
         return ok(request, reads.task_get(principal=principal, task_id=task_id))
+
+
+class TaskBlockersView(OrbitView):
+    @documented(data="Blockers")
+    def get(self, request: Request, task_id: str) -> Response:
+        principal = self.principal(request)
+        principal.require("tasks:read")
+        return ok(request, blockers.task_blockers(principal=principal, task_id=task_id))
 
 
 class TaskAttemptsView(OrbitView):

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
 from orbit.admin_base import ReadOnlyAdmin
-from workers.models import WorkerIdentity
+from tasks.models import WorkerIdentity
 
 
 @admin.register(WorkerIdentity)

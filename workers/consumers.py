@@ -2,7 +2,7 @@
 
 The consumer only dispatches frames to action calls and back: workers.frames
 reads and refuses them, and every state and counter change happens in
-tasks.actions / workers.actions."""
+tasks.actions / tasks.actions.identities."""
 
 from __future__ import annotations
 
@@ -36,10 +36,10 @@ from orbit.fields import new_id
 from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
 from tasks.actions import dispatch, endings, rounds
 from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
+from tasks.actions.identities import HEARTBEAT_SECONDS, end_session, mark_session_alive, register_worker
 from tasks.actions.rounds import SUPERSEDED
 from tasks.wakeups import registry
 from workers import frames
-from workers.actions import HEARTBEAT_SECONDS, end_session, mark_session_alive, register_worker
 
 logger = logging.getLogger("orbit.workers")
 
@@ -213,6 +213,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert principal is not None
         principal.require("workers:consume")
         session_id = new_id()
+        handlers = tuple((h["handler"], h["handler_version"]) for h in hello.get("handlers", []))
         queue_ids = list(dict.fromkeys(hello["queues"]))
         identity_id = await run_db(
             register_worker,
@@ -221,6 +222,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             session_id=session_id,
             concurrency_keys=hello["concurrency_keys"],
             queue_ids=queue_ids,
+            handlers=handlers,
         )
         self.worker = WorkerContext(
             namespace_id=principal.namespace_id,
@@ -228,7 +230,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             worker_id=hello["worker_id"],
             session_id=session_id,
             queue_ids=tuple(queue_ids),
-            handlers=tuple((h["handler"], h["handler_version"]) for h in hello.get("handlers", [])),
+            handlers=handlers,
             concurrency_keys=hello["concurrency_keys"],
             identity_id=identity_id,
             consumable=principal.queue_ids,

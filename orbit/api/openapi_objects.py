@@ -20,6 +20,7 @@ from typing import Any
 from orbit import errors
 from orbit.fields import RESOURCE_ID, UINT64_MAX
 from plans.models import PlanState, TriggerOutcome
+from tasks.actions.blockers import MESSAGES as BLOCKER_CODES
 from tasks.models import AttemptState, TaskState
 from tasks.serializers import RFC3339_DATE_TIME
 
@@ -336,6 +337,27 @@ OBJECTS: dict[str, Schema] = {
     ),
     "Attempt": ATTEMPT,
     "AttemptPage": page_of("Attempt"),
+    "Blocker": {
+        "type": "object",
+        "properties": {
+            "code": enum(sorted(BLOCKER_CODES)),
+            "message": {"type": "string"},
+        },
+        "required": ["code", "message"],
+        "additionalProperties": True,
+        "description": "a reason the next lease would not take the task, with the facts behind it"
+        " (e.g. until, active_permits, max_concurrency, attempt_id, task_id, worker_id, since, reason)",
+    },
+    "Blockers": closed(
+        {
+            "state": ref("TaskState"),
+            "items": {
+                "type": "array",
+                "items": ref("Blocker"),
+                "description": "empty: a lease would take the task now (always empty unless WAITING)",
+            },
+        }
+    ),
     "Application": APPLICATION,
     "ApplicationReceipt": receipt_of("application", "Application"),
     "Event": EVENT,

@@ -126,3 +126,61 @@ def deadline_failure(task: Task, now: datetime) -> dict[str, str] | None:
     if task.start_deadline_at and task.start_deadline_at <= now and task.attempts == 0:
         return {"code": "START_DEADLINE_EXCEEDED", "message": "no attempt started before start_deadline_at"}
     return None
+
+
+# --- what decides a lease -------------------------------------------------
+# The lease transaction (tasks.actions.dispatch.lease) and the answer to "why
+# isn't this task running?" (tasks.actions.blockers) ask these same questions.
+
+
+def queue_closed(queue: Queue) -> str | None:
+    """QUEUE_RETIRED or QUEUE_PAUSED when the queue leases nothing, else None."""
+    if queue.retired_at is not None:
+        return "QUEUE_RETIRED"
+    return "QUEUE_PAUSED" if queue.paused else None
+
+
+def concurrency_room(queue: Queue, state: QueueState) -> int:
+    """Permits of max_concurrency still free (LEASED and RUNNING attempts hold one each)."""
+    return queue.max_concurrency - state.active_permits
+
+
+def window_used(state: QueueState, now: datetime) -> int:
+    return state.window_count if window_open(state, now) else 0
+
+
+def rate_room(queue: Queue, state: QueueState, now: datetime) -> int:
+    """Starts this window can still approve beyond those leases reserved: a
+    lease reserves window room for its attempt, so it never creates an attempt
+    its queue could not let start."""
+    return queue.rate_per_second - window_used(state, now) - state.reserved_starts
+
+
+def window_reopens_at(state: QueueState) -> datetime | None:
+    return None if state.window_started_at is None else state.window_started_at + RATE_WINDOW
+
+
+def application_room(application: Application, active_attempts: int) -> int:
+    return application.max_active_attempts - active_attempts
+
+
+def key_blocks(*, holder_attempt_id: str, version: int) -> str | None:
+    """KEY_HELD while an attempt holds the key's permit; KEY_TOKENS_EXHAUSTED
+    once its token space is spent (a key never wraps); else None."""
+    if holder_attempt_id:
+        return "KEY_HELD"
+    return "KEY_TOKENS_EXHAUSTED" if version > MAX_LEASABLE_KEY_VERSION else None
+
+
+def available(task: Task, now: datetime) -> bool:
+    """Not before its available_at (and not past its total deadline, which the sweep then fails)."""
+    return task.available_at <= now and (task.deadline_at is None or task.deadline_at > now)
+
+
+def takes(*, handlers: Iterable[Iterable[str]], concurrency_keys: bool, task: Task) -> bool:
+    """Whether a worker with these hello settings may be assigned the task:
+    its handler filter (empty: any), and keyed tasks only with the opt-in."""
+    listed = {tuple(pair) for pair in handlers}
+    if listed and (task.handler, task.handler_version) not in listed:
+        return False
+    return concurrency_keys or not task.concurrency_key

@@ -33,16 +33,24 @@ from orbit.timefmt import format_time
 from orbit.transactions import outermost
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
+from tasks.actions import rollup
 from tasks.actions.context import (
     LEASE_BATCH_MAX,
     MAX_LEASABLE_KEY_VERSION,
     RATE_WINDOW,
     Configuration,
     WorkerContext,
+    application_room,
+    concurrency_room,
     deadline_failure,
+    key_blocks,
     lease_expiry,
+    queue_closed,
+    rate_room,
     refuse_revoked,
     window_open,
+    window_reopens_at,
+    window_used,
 )
 from tasks.actions.readiness import overtaking_sibling, promote_next
 from tasks.actions.serialize import assignment
@@ -101,8 +109,8 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
     now = timezone.now()
-    max_active = configuration.application(worker.application_id).max_active_attempts
-    want = min(sum(limits), max_active - app_state.active_attempts)
+    application = configuration.application(worker.application_id)
+    want = min(sum(limits), application_room(application, app_state.active_attempts))
     if want <= 0:
         return [LeaseOutcome([]) for _ in requests]
     states = lock_queue_states(worker.queue_ids)
@@ -110,18 +118,16 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     headroom: dict[str, int] = {}
     rate_reopens_in: float | None = None
     for queue in queues:
-        if queue.paused or queue.retired_at is not None:
+        if queue_closed(queue):
             continue
         state = states[queue.id]
-        used = state.window_count if window_open(state, now) else 0
-        # Leases reserve window room for attempts not yet started, so a lease
-        # never creates an attempt its queue could not let start.
-        rate_room = queue.rate_per_second - used - state.reserved_starts
-        room = min(queue.max_concurrency - state.active_permits, rate_room)
+        start_room = rate_room(queue, state, now)
+        room = min(concurrency_room(queue, state), start_room)
+        reopens_at = window_reopens_at(state)
         if room > 0:
             headroom[queue.id] = room
-        elif rate_room <= 0 and used and state.window_started_at is not None:
-            reopens = (state.window_started_at + RATE_WINDOW - now).total_seconds()
+        elif start_room <= 0 and window_used(state, now) and reopens_at is not None:
+            reopens = (reopens_at - now).total_seconds()
             rate_reopens_in = reopens if rate_reopens_in is None else min(rate_reopens_in, reopens)
     if not headroom:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests]
@@ -146,7 +152,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         if task.concurrency_key and key_row is None:
             continue  # never lease a keyed task without its key permit
         if key_row is not None:
-            if key_row.holder_attempt_id or key_row.version > MAX_LEASABLE_KEY_VERSION:
+            if key_blocks(holder_attempt_id=key_row.holder_attempt_id, version=key_row.version):
                 # Held (by a twin in this batch or a lease that won the race),
                 # or the token space is spent: refuse rather than wrap.
                 continue
@@ -288,6 +294,8 @@ def apply_starts(
     if not started:
         return outcomes
     per_queue = Counter(task.queue_id for task, _ in started)
+    for queue_id, count in per_queue.items():
+        rollup.count("starts", queue_id, now, count)
     for queue_id, count in sorted(per_queue.items()):
         state = states[queue_id]
         update_by_pk(

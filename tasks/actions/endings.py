@@ -18,6 +18,7 @@ from orbit.metrics import LEASES_RECOVERED
 from orbit.principal import Actor
 from orbit.timefmt import format_time
 from orbit.transactions import outermost
+from tasks.actions import rollup
 from tasks.actions.context import WorkerContext, deadline_failure, refuse_revoked
 from tasks.actions.permits import (
     Held,
@@ -202,6 +203,7 @@ def _apply_report(held: Held, report: ResultReport, now: datetime, book: WriteBo
         raise StateConflict("attempt has not started; send task.start or task.release")
     if attempt.state == AttemptState.RUNNING:
         _apply_outcome(held, report.outcome, report.retryable, report.output, report.error, now, book)
+        rollup.count("results", held.task.queue_id, now)
         return {"task_state": held.task.state, "duplicate": False, "late": False}
     if attempt.outcome:
         return {"task_state": held.task.state, "duplicate": True, "late": False}

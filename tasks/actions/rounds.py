@@ -54,15 +54,14 @@ from orbit.models import Application, ApplicationState, Credential, IdempotencyR
 from orbit.principal import Actor, Minted, Principal
 from orbit.transactions import outermost
 from queues.models import Queue, QueueState
-from tasks.actions import batch, context, dispatch, endings
+from tasks.actions import batch, context, dispatch, endings, rollup
 from tasks.actions.batch import Submission
 from tasks.actions.context import Configuration, WorkerContext
 from tasks.actions.dispatch import DeadlinePassed, LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
 from tasks.locks import lock_application_state
-from tasks.models import Attempt, Task
-from workers.models import WorkerIdentity
+from tasks.models import Attempt, Task, WorkerIdentity
 
 
 @dataclass(frozen=True)
@@ -378,7 +377,7 @@ def _decide_round(
         decide_reports = _granted(reports, revoked, decided)
         decide_starts = _granted(starts, revoked, decided)
         decide_leases = _granted(leases, revoked, decided)
-        with gathered_events():
+        with gathered_events(), rollup.gathered():
             if submitting and written is not None:
                 # Admitted first: the round's leases can hand out what it accepts.
                 admitted = batch.admit_submissions(submitting.actor, submitting.items, written)

@@ -7,9 +7,8 @@ import json
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tasks.models import Attempt, Task, TaskState
-from tests.keys.helpers import Worker, assert_no_violations, make_queue, submit
-from workers.models import WorkerIdentity
+from tasks.models import Attempt, Task, TaskState, WorkerIdentity
+from tests.support.keys import Worker, assert_no_violations, make_queue, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

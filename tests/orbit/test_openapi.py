@@ -42,6 +42,9 @@ ENDPOINTS = {
     "/v1/plans/{plan_id}:resume": {"post"},
     "/v1/plans/{plan_id}:retire": {"post"},
     "/v1/plans/{plan_id}/triggers": {"get"},
+    "/v1/tasks/{task_id}/blockers": {"get"},
+    "/v1/concurrency-keys": {"get"},
+    "/v1/concurrency-keys/{key}": {"get"},
 }
 
 

@@ -15,11 +15,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from orbit.tenancy import revoke_credential
-from tasks.models import Attempt, AttemptState, Task, TaskState
-from tests.factories import make_credential
-from tests.keys.helpers import Worker, assert_no_violations, make_queue, submit, wait_for
+from tasks.models import Attempt, AttemptState, Task, TaskState, WorkerIdentity
+from tests.support.factories import make_credential
+from tests.support.keys import Worker, assert_no_violations, make_queue, submit, wait_for
 from workers import consumers
-from workers.models import WorkerIdentity
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

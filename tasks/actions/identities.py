@@ -1,7 +1,9 @@
-"""Worker registration verbs: who may hold a worker identity, and its session's liveness."""
+"""Worker identity verbs: who may hold a worker identity (a hello), and its
+session's liveness (a connection's heartbeat and close)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError
@@ -11,7 +13,7 @@ from orbit.errors import NotFound, StateConflict, Unavailable
 from orbit.principal import Principal
 from orbit.transactions import outermost
 from queues.models import Queue
-from workers.models import WorkerIdentity
+from tasks.models import WorkerIdentity
 
 # A connection marks its session alive this often (workers.consumers); a
 # session not seen for SESSION_STALE_SECONDS is taken to be gone (its server
@@ -31,7 +33,13 @@ def _may_take_over(identity: WorkerIdentity, principal: Principal, now: datetime
 
 
 def register_worker(
-    *, principal: Principal, worker_id: str, session_id: str, concurrency_keys: bool, queue_ids: list[str]
+    *,
+    principal: Principal,
+    worker_id: str,
+    session_id: str,
+    concurrency_keys: bool,
+    queue_ids: list[str],
+    handlers: Sequence[tuple[str, str]] = (),
 ) -> int:
     """Checks the queues and fixes `concurrency_keys` for this worker identity,
     which from now on leases only for `session_id`; returns the identity's row id.
@@ -52,6 +60,7 @@ def register_worker(
         "session_id": session_id,
         "credential_id": principal.credential_id,
         "queue_ids": queue_ids,
+        "handlers": [list(pair) for pair in handlers],
     }
 
     @outermost

@@ -1,0 +1,144 @@
+"""Why isn't this task running? (GET /v1/tasks/{id}/blockers, the console's task page)
+
+For a WAITING task, every reason the next lease would not take it, each with a
+code and the facts behind it, asked with the lease's own predicates
+(tasks.actions.context: queue_closed, concurrency_room, rate_room,
+application_room, key_blocks, available, takes) on the rows as they are now.
+Read without locks: the answer is a snapshot, and the next lease decides
+under its locks. An empty list: a lease would take the task now."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from orbit.models import Application, ApplicationState
+from orbit.principal import Principal
+from orbit.timefmt import format_time
+from queues.models import Queue, QueueState
+from tasks.actions.context import (
+    application_room,
+    available,
+    concurrency_room,
+    key_blocks,
+    queue_closed,
+    rate_room,
+    takes,
+    window_reopens_at,
+)
+from tasks.actions.identities import SESSION_STALE_SECONDS
+from tasks.actions.reads import visible_task
+from tasks.models import Attempt, ConcurrencyKey, Task, TaskState, WorkerIdentity
+
+MESSAGES = {
+    "NOT_YET_AVAILABLE": "the task is not available before available_at",
+    "QUEUE_PAUSED": "the queue is paused",
+    "QUEUE_RETIRED": "the queue is retired",
+    "QUEUE_AT_MAX_CONCURRENCY": "every permit of the queue's max_concurrency is held",
+    "START_WINDOW_FULL": "the queue's start window is full (rate_per_second, leases reserve room)",
+    "APPLICATION_QUOTA_FULL": "the application's max_active_attempts are all in use",
+    "KEY_HELD": "another attempt holds the concurrency key's permit",
+    "KEY_TOKENS_EXHAUSTED": "the concurrency key's token space is spent; it never leases again",
+    "KEY_TURN_OF_ANOTHER_TASK": "another waiting task of the same key and queue is next in line",
+    "NO_WORKER": "no connected worker may take the task",
+}
+
+
+def _reason(code: str, **facts: Any) -> dict[str, Any]:
+    return {"code": code, "message": MESSAGES[code], **facts}
+
+
+def task_blockers(*, principal: Principal, task_id: str) -> dict[str, Any]:
+    """The task's state and, when WAITING, its blockers (empty: a lease would take it now)."""
+    task = visible_task(principal, task_id)
+    return {"state": task.state, "items": blockers_of(task) if task.state == TaskState.WAITING else []}
+
+
+def blockers_of(task: Task, now: datetime | None = None) -> list[dict[str, Any]]:
+    """Every reason the next lease would not take this WAITING task."""
+    now = now or timezone.now()
+    found: list[dict[str, Any]] = []
+    if not available(task, now):
+        found.append(_reason("NOT_YET_AVAILABLE", until=format_time(task.available_at)))
+    queue = Queue.objects.get(id=task.queue_id)
+    state = QueueState.objects.get(queue_id=task.queue_id)
+    closed = queue_closed(queue)
+    if closed:
+        found.append(_reason(closed))
+    if concurrency_room(queue, state) <= 0:
+        found.append(
+            _reason(
+                "QUEUE_AT_MAX_CONCURRENCY", active_permits=state.active_permits, max_concurrency=queue.max_concurrency
+            )
+        )
+    if rate_room(queue, state, now) <= 0:
+        reopens_at = window_reopens_at(state)
+        facts: dict[str, Any] = {"rate_per_second": queue.rate_per_second, "reserved_starts": state.reserved_starts}
+        if reopens_at is not None and reopens_at > now:
+            facts.update(window_count=state.window_count, until=format_time(reopens_at))
+        found.append(_reason("START_WINDOW_FULL", **facts))
+    application = Application.objects.get(id=task.application_id)
+    app_state = ApplicationState.objects.get(application_id=task.application_id)
+    if application_room(application, app_state.active_attempts) <= 0:
+        found.append(
+            _reason(
+                "APPLICATION_QUOTA_FULL",
+                active_attempts=app_state.active_attempts,
+                max_active_attempts=application.max_active_attempts,
+            )
+        )
+    if task.concurrency_key:
+        found += _key_blockers(task)
+    found += _worker_blockers(task, now)
+    return found
+
+
+def _key_blockers(task: Task) -> list[dict[str, Any]]:
+    key = ConcurrencyKey.objects.filter(namespace_id=task.namespace_id, key=task.concurrency_key).first()
+    if key is not None:
+        code = key_blocks(holder_attempt_id=key.holder_attempt_id, version=key.version)
+        if code == "KEY_HELD":
+            holder = Attempt.objects.filter(id=key.holder_attempt_id).first()
+            facts = {"attempt_id": key.holder_attempt_id, "task_id": key.holder_task_id}
+            if holder is not None:
+                facts.update(worker_id=holder.worker_id, since=format_time(holder.leased_at))
+            return [_reason(code, **facts)]
+        if code == "KEY_TOKENS_EXHAUSTED":
+            return [_reason(code, highest_token=str(key.version))]
+    if not task.key_ready:
+        # The key's ready set (tasks.actions.readiness): one waiting task per
+        # key and queue is eligible; the lease takes that one first.
+        ready = (
+            Task.objects.filter(
+                namespace_id=task.namespace_id,
+                concurrency_key=task.concurrency_key,
+                queue_id=task.queue_id,
+                state=TaskState.WAITING,
+                key_ready=True,
+            )
+            .values_list("id", flat=True)
+            .first()
+        )
+        return [_reason("KEY_TURN_OF_ANOTHER_TASK", **({"task_id": ready} if ready else {}))]
+    return []
+
+
+def _worker_blockers(task: Task, now: datetime) -> list[dict[str, Any]]:
+    """NO_WORKER unless a connected worker (its session seen lately) consumes
+    the queue and would be assigned this task (handler filter, keyed opt-in)."""
+    live = WorkerIdentity.objects.filter(
+        namespace_id=task.namespace_id, seen_at__gt=now - timedelta(seconds=SESSION_STALE_SECONDS)
+    ).only("queue_ids", "handlers", "concurrency_keys")
+    consuming = [identity for identity in live if task.queue_id in identity.queue_ids]
+    if not consuming:
+        return [_reason("NO_WORKER", reason="no connected worker consumes this queue")]
+    by_handler = [
+        identity for identity in consuming if takes(handlers=identity.handlers, concurrency_keys=True, task=task)
+    ]
+    if not by_handler:
+        return [_reason("NO_WORKER", reason="no connected worker of this queue serves this handler and version")]
+    if not any(takes(handlers=i.handlers, concurrency_keys=i.concurrency_keys, task=task) for i in by_handler):
+        return [_reason("NO_WORKER", reason="no connected worker of this queue accepts keyed tasks")]
+    return []
