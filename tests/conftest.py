@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
-from tests.factories import NamespaceFactory, make_credential
+from tests.support.factories import NamespaceFactory, make_credential
 
 # In-process API views run on the test's own connection, inside its transaction
 # (a live server subprocess uses the database pool as in production).
@@ -67,4 +67,4 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-from tests.live import orbit_server  # noqa: E402,F401  (session fixture: a real server process)
+from tests.support.live import orbit_server  # noqa: E402,F401  (session fixture: a real server process)

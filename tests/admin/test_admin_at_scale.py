@@ -16,11 +16,9 @@ from orbit.audit import AUDIT_ACTIONS
 from orbit.models import AuditEntry
 from tasks.actions import dispatch
 from tests.conftest import api_client, post_json
-from tests.factories import make_credential
-from tests.plans.support import change, plan_body
-from tests.tasks.support import cancel, configure_queue, make_queue, submit_ok
-from tests.tasks.test_dispatch import worker_for
-from tests.tasks.test_resolve import ends_unknown, resolve
+from tests.support.factories import make_credential
+from tests.support.plans import change, plan_body
+from tests.support.tasks import cancel, configure_queue, ends_unknown, make_queue, resolve, submit_ok, worker_for
 
 
 def ordering_of(response) -> tuple:

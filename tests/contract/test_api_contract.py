@@ -33,9 +33,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from orbit.models import SCOPES
-from tests.contract.support import World, fresh_key
-from tests.factories import NamespaceFactory, make_credential
-from tests.live import LiveServer
+from tests.support.contract import World, fresh_key
+from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.live import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

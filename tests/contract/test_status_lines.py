@@ -14,9 +14,9 @@ import pytest
 
 from orbit.models import SCOPES
 from orbit.reason_phrases import install
-from tests.contract.support import fresh_key
-from tests.factories import NamespaceFactory, make_credential
-from tests.live import LiveServer
+from tests.support.contract import fresh_key
+from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.live import LiveServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,8 +24,7 @@ from orbit.principal import Actor, authenticate_token
 from tasks.actions.batch import Submission
 from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, Task
-from tests.support.tasks import make_queue, submit_ok, task_body
-from tests.tasks.test_dispatch import worker_for
+from tests.support.tasks import make_queue, submit_ok, task_body, worker_for
 
 SEQ = itertools.count(1)  # orbit_event cursors are unique per namespace
 

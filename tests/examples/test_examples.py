@@ -7,7 +7,7 @@ import sys
 import pytest
 from django.core.management import call_command
 
-from tests.live import ROOT
+from tests.support.live import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

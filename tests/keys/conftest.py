@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.keys.helpers import Worker
+from tests.support.keys import Worker
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
-from tests.keys.helpers import assert_no_violations, key_row, make_queue, submit, task_body, wait_for
-from tests.queues.api import assert_invalid, assert_ok
+from tests.support.keys import assert_no_violations, key_row, make_queue, submit, task_body, wait_for
+from tests.support.queues import assert_invalid, assert_ok
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 

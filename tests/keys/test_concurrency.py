@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from tasks.models import Attempt, AttemptState, Task, TaskState
-from tests.keys.helpers import (
+from tests.support.keys import (
     Worker,
     assert_no_violations,
     attempt_row,

@@ -12,7 +12,7 @@ from django.utils import timezone
 from orbit_sdk import Client
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
-from tests.keys.helpers import (
+from tests.support.keys import (
     TOKEN,
     UINT64_MAX,
     assert_no_violations,
@@ -25,7 +25,7 @@ from tests.keys.helpers import (
     submit,
     wait_for,
 )
-from tests.queues.api import assert_ok, configure, configure_body
+from tests.support.queues import assert_ok, configure, configure_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -465,7 +465,7 @@ def test_waiting_behind_a_busy_key_keeps_counting_toward_the_deadline(tenant, co
 
 def test_the_same_key_in_another_namespace_is_another_resource(tenant, connect):
     from tests.conftest import Tenant, api_client
-    from tests.factories import NamespaceFactory, make_credential
+    from tests.support.factories import NamespaceFactory, make_credential
 
     namespace = NamespaceFactory()
     issued = make_credential(namespace)

@@ -9,8 +9,8 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.models import Task
 from tests.conftest import post_json
-from tests.keys.helpers import TOKEN, assert_no_violations, get_task, make_queue, raw_task_json, submit, task_body
-from tests.queues.api import assert_invalid, assert_ok
+from tests.support.keys import TOKEN, assert_no_violations, get_task, make_queue, raw_task_json, submit, task_body
+from tests.support.queues import assert_invalid, assert_ok
 
 EMOJI = "\U0001f600"
 

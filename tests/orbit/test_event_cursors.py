@@ -13,8 +13,8 @@ from django.db import connection, transaction
 from orbit.api.auth import authenticate_token
 from orbit.audit import atomic_with_events, emit_event, event_page
 from orbit.models import Event, EventSequence
-from tests.factories import NamespaceFactory, make_credential
-from tests.queues.test_concurrency import race
+from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.race import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

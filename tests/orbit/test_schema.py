@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from queues.models import Queue, QueueState
-from tests.queues.api import create_queue
+from tests.support.queues import create_queue
 
 pytestmark = pytest.mark.mysql_only
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Tenant, api_client
-from tests.factories import ALL_SCOPES, make_credential
+from tests.support.factories import ALL_SCOPES, make_credential
 
 
 @pytest.fixture

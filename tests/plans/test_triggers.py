@@ -16,18 +16,17 @@ from plans.models import Plan, PlanTrigger, PlanVersion
 from tasks.actions import dispatch
 from tasks.models import Task
 from tests.conftest import post_json
-from tests.queues.test_concurrency import race
-from tests.tasks.support import (
+from tests.support.plans import TASK, create_plan, plan_body
+from tests.support.race import race
+from tests.support.tasks import (
     assert_invariants,
     assert_ok,
     cancel,
     configure_queue,
     make_queue,
     wait_until,
+    worker_for,
 )
-from tests.tasks.test_dispatch import worker_for
-
-from .support import TASK, create_plan, plan_body
 
 
 def new_plan(planner, queue_id: str, name: str = "p", **overrides) -> tuple[str, datetime]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from orbit.cli import split_addr
-from tests.live import ROOT
+from tests.support.live import ROOT
 
 TEST_TOOLS = {"pytest", "pytest-django", "pytest-timeout", "pytest-asyncio", "factory-boy", "ruff", "schemathesis"}
 

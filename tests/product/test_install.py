@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from orbit.probes import database_settings, open_connection
-from tests.live import ROOT, free_port
+from tests.support.live import ROOT, free_port
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db]
 

@@ -12,10 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from orbit.models import Namespace
 from orbit.tenancy import revoke_credential
 from tests.conftest import api_client
-from tests.factories import NamespaceFactory, QueueFactory, make_credential
-from tests.tasks.support import make_queue, submit_ok
-from tests.tasks.test_reads import lease_one
-from tests.tasks.test_resolve import report, start
+from tests.support.factories import NamespaceFactory, QueueFactory, make_credential
+from tests.support.tasks import lease_one, make_queue, report, start, submit_ok
 
 TOKEN = "operator-scrape-token-0123456789"
 

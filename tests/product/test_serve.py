@@ -16,8 +16,8 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests.live import ROOT, free_port, server_env
 from tests.product.conftest import closed_port
+from tests.support.live import ROOT, free_port, server_env
 
 START_LINE = re.compile(
     r"orbit: serving on http://127\.0\.0\.1:(\d+); database (mysql \"[^\"]+\" at [^;]+|sqlite [^;]+); pid (\d+)"

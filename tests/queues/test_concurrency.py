@@ -2,45 +2,20 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from orbit.models import AuditEntry, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import api_client, post_json
-from tests.queues.api import SEED_CREATE, assert_error, assert_ok, configure, configure_body, create_queue
+from tests.support.queues import SEED_CREATE, assert_error, assert_ok, configure, configure_body, create_queue
+from tests.support.race import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def race(count: int, work: Callable[[int], Any]) -> list[Any]:
-    """Runs work(i) in `count` threads released together; returns results in order."""
-    barrier = threading.Barrier(count)
-    results: list[Any] = [None] * count
-    errors: list[BaseException] = []
-
-    def run(index: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            results[index] = work(index)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads), "a racing thread hung"
-    assert not errors, errors
-    return results
 
 
 def test_concurrent_duplicates_of_one_create_make_one_queue(tenant):

@@ -7,7 +7,7 @@ import pytest
 from orbit.models import AuditEntry, Event, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import post_json
-from tests.queues.api import (
+from tests.support.queues import (
     assert_error,
     assert_invalid,
     assert_ok,

@@ -7,8 +7,8 @@ import pytest
 from orbit.models import AuditEntry, Event, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import api_client, post_json
-from tests.factories import NamespaceFactory, make_credential
-from tests.queues.api import (
+from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.queues import (
     SEED_CREATE,
     assert_error,
     assert_invalid,

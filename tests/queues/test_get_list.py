@@ -8,8 +8,8 @@ import pytest
 
 from queues.models import Queue, QueueState
 from tests.conftest import api_client
-from tests.factories import NamespaceFactory, QueueFactory, make_credential
-from tests.queues.api import assert_error, assert_invalid, assert_ok, assert_queue_shape, create_queue, get_queue
+from tests.support.factories import NamespaceFactory, QueueFactory, make_credential
+from tests.support.queues import assert_error, assert_invalid, assert_ok, assert_queue_shape, create_queue, get_queue
 
 
 def test_get_returns_the_queue_object_directly(tenant):

@@ -8,8 +8,8 @@ from orbit.models import IdempotencyRecord
 from orbit.tenancy import revoke_credential
 from queues.models import Queue
 from tests.conftest import api_client, post_json
-from tests.factories import NamespaceFactory, QueueFactory, make_credential
-from tests.queues.api import (
+from tests.support.factories import NamespaceFactory, QueueFactory, make_credential
+from tests.support.queues import (
     SEED_CREATE,
     assert_error,
     assert_ok,

@@ -24,7 +24,7 @@ from orbit_sdk import (
     TransportError,
     UpdatePlanRequest,
 )
-from tests.sdk.test_client import (
+from tests.support.sdk import (
     APPLICATION,
     ATTEMPT,
     ATTEMPT_ID,

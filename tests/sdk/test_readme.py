@@ -21,18 +21,14 @@ import pytest
 from django.core.management import call_command
 
 import orbit_sdk
-from tests.live import ROOT, LiveServer
+from tests.support.live import ROOT, LiveServer
+from tests.support.readme import SIGNATURE, python_blocks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-README = ROOT / "sdk" / "README.md"
-BLOCK = re.compile(r"(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```python\n(?P<code>.*?)```", re.DOTALL)
 LONG_RUNNING = "runs until SIGTERM"
-SIGNATURE = "signature of "
 
 
-def python_blocks() -> list[tuple[str, str]]:
-    return [(match["mark"] or "", match["code"]) for match in BLOCK.finditer(README.read_text())]
 
 
 def runnable_blocks() -> list[str]:

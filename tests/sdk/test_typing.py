@@ -52,7 +52,7 @@ def test_callers_see_the_verbs_types(tmp_path):
 
 def test_the_readme_blocks_pass_mypy_strict(tmp_path):
     """What sdk/README.md shows exists, with the types it is used with (run: tests/sdk/test_readme.py)."""
-    from tests.sdk.test_readme import SIGNATURE, python_blocks
+    from tests.support.readme import SIGNATURE, python_blocks
 
     names = []
     for index, (mark, code) in enumerate(python_blocks()):

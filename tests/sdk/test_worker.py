@@ -1,14 +1,12 @@
-"""orbit_sdk.Worker against tests/sdk/fake_server.py, a scripted server on 127.0.0.1."""
+"""orbit_sdk.Worker against tests/support/fake_server.py, a scripted server on 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -16,43 +14,14 @@ import pytest
 import orbit_sdk
 from orbit_sdk import _worker
 from orbit_sdk._worker import NO_HANDLER_HOLD_SECONDS, default_worker_id, websocket_url
-from tests.sdk.fake_server import FakeAttempt, FakeServer
-
-TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
-
-
-def run(scenario: Callable[[], Coroutine[Any, Any, None]], timeout: float = 3.0) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), timeout))
-
-
-def make_worker(server: FakeServer, handlers: dict[Any, Any], **kwargs: Any) -> orbit_sdk.Worker:
-    options: dict[str, Any] = {
-        "worker_id": "w1",
-        "request_timeout": 0.5,
-        "min_reconnect_delay": 0.02,
-        "max_reconnect_delay": 0.1,
-    }
-    options.update(kwargs)
-    return orbit_sdk.Worker(server.url, TOKEN, ["q1"], handlers, **options)
-
-
-@contextlib.asynccontextmanager
-async def running(worker: orbit_sdk.Worker) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(worker.run_async())
-    try:
-        yield task
-    finally:
-        if not task.done():
-            worker.stop(timeout=0)  # at once: a test may leave a handler blocked
-        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 1.0)
+from tests.support.fake_server import FakeAttempt, FakeServer
+from tests.support.sdk_worker import TOKEN, make_worker, recv_types, run, running
 
 
 def without_id(frame: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in frame.items() if k != "id"}
 
 
-def recv_types(server: FakeServer, *, skip: tuple[str, ...] = ("task.renew",)) -> list[str]:
-    return [frame["type"] for direction, frame in server.log if direction == "recv" and frame["type"] not in skip]
 
 
 @pytest.fixture

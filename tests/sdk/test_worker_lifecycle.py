@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import orbit_sdk
-from tests.sdk.fake_server import FakeServer
-from tests.sdk.test_worker import TOKEN, make_worker, recv_types, run, running
+from tests.support.fake_server import FakeServer
+from tests.support.sdk_worker import TOKEN, make_worker, recv_types, run, running
 
 # A worker process as a program runs one: Worker.run() on the main thread.
 WORKER_PROGRAM = textwrap.dedent(

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.live import WorkerConnection
+from tests.support.live import WorkerConnection
 
 TASK_BODY = {"handler": "contract", "handler_version": "v1", "payload_version": "v1", "payload": {"n": 1}}
 PLAN_BODY = {

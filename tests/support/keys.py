@@ -13,7 +13,7 @@ from typing import Any
 from tasks.invariants import find_violations
 from tasks.models import Attempt, ConcurrencyKey
 from tests.conftest import post_json
-from tests.live import WorkerConnection
+from tests.support.live import WorkerConnection
 
 TOKEN = re.compile(r"[1-9][0-9]{0,19}")
 UINT64_MAX = 2**64 - 1

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The platform operator's /metrics token of every live server the tests start.
 LIVE_METRICS_TOKEN = "live-metrics-token-for-tests"
 

@@ -15,12 +15,15 @@ import pytest
 from django.db import connection
 from websockets.exceptions import ConnectionClosed
 
+from orbit.fields import new_id
 from orbit.models import ApplicationState, IdempotencyRecord
 from queues.models import QueueState
+from tasks.actions import rounds
+from tasks.actions.context import WorkerContext
 from tasks.invariants import find_violations, find_violations_in_snapshot
 from tasks.models import Attempt, Task
 from tests.conftest import post_json
-from tests.live import WorkerConnection
+from tests.support.live import WorkerConnection
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z")
@@ -377,3 +380,58 @@ def connect_fixture(orbit_server: Any, tenant: Any) -> Iterator[Callable[..., Wo
     yield open_connection
     for worker in opened:
         worker.close()
+
+
+def worker_for(tenant, *queue_ids: str, keys: bool = True, handlers: tuple = (), worker_id: str = "w") -> WorkerContext:
+    return WorkerContext(
+        namespace_id=tenant.namespace_id,
+        application_id=tenant.namespace.application_id,
+        worker_id=worker_id,
+        session_id=new_id(),
+        queue_ids=tuple(queue_ids),
+        handlers=handlers,
+        concurrency_keys=keys,
+    )
+
+
+def lease_one(tenant, queue_id: str, worker_id: str = "reader-w") -> dict:
+    """Leases one task of the queue through the dispatch verb, as a worker would."""
+    worker = WorkerContext(
+        namespace_id=tenant.namespace_id,
+        application_id=tenant.namespace.application_id,
+        worker_id=worker_id,
+        session_id=new_id(),
+        queue_ids=(queue_id,),
+        handlers=(),
+        concurrency_keys=True,
+    )
+    (assignment,) = rounds.lease_tasks(worker=worker, limit=1)
+    return {"worker": worker, **assignment}
+
+
+def resolve(client, task_id: str, key: str, resolution: object = "SUCCEEDED", reason: object = "checked the ledger"):
+    return post_json(client, f"/v1/tasks/{task_id}:resolve", {"resolution": resolution, "reason": reason}, key=key)
+
+
+def start(lease: dict) -> None:
+    rounds.approve_start(worker=lease["worker"], attempt_id=lease["attempt_id"], epoch=lease["epoch"])
+
+
+def report(lease: dict, outcome: str, output: object = None, error: object = None) -> dict:
+    return rounds.record_result(
+        worker=lease["worker"],
+        attempt_id=lease["attempt_id"],
+        epoch=lease["epoch"],
+        outcome=outcome,
+        retryable=False,
+        output=output,
+        error=error,
+    )
+
+
+def ends_unknown(tenant, queue_id: str) -> dict:
+    """Leases, starts and reports UNKNOWN for the queue's next task: NEEDS_REVIEW."""
+    lease = lease_one(tenant, queue_id)
+    start(lease)
+    assert report(lease, "UNKNOWN", error={"code": "timeout"})["task_state"] == "NEEDS_REVIEW"
+    return lease

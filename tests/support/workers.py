@@ -9,6 +9,7 @@ from channels.testing import WebsocketCommunicator
 
 from orbit.asgi import application
 from orbit.db_backends.mysql import base as mysql_backend
+from tests.conftest import post_json
 
 # Importing the application marks this process as a server (short database
 # timeouts); the test process itself runs long statements (bulk fixtures).
@@ -67,3 +68,18 @@ class ProtocolClient:
 
     async def close(self) -> None:
         await self.communicator.disconnect()
+
+
+def submit(tenant, queue_id, key, **extra):
+    body = {"queue_id": queue_id, "handler": "echo", "handler_version": "v1", "payload_version": "v1", "payload": {}}
+    body.update(extra)
+    response = post_json(tenant.client, "/v1/tasks", body, key=key)
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["task"]
+
+
+def make_queue(tenant, name="q", **limits):
+    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
+    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
+    assert response.status_code == 201, response.content
+    return response.json()["data"]["queue"]

@@ -12,8 +12,8 @@ from tasks.actions import batch
 from tasks.invariants import find_violations
 from tasks.models import Task
 from tests.conftest import api_client, post_json
-from tests.factories import make_credential
-from tests.tasks.support import numbered_task
+from tests.support.factories import make_credential
+from tests.support.tasks import numbered_task
 
 
 def make_queue(tenant, name="batch", **limits):

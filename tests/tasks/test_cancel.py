@@ -9,8 +9,8 @@ from orbit.models import AuditEntry, Event
 from tasks.actions import dispatch, endings
 from tasks.models import Attempt, Task
 from tests.conftest import api_client, post_json
-from tests.factories import make_credential
-from tests.tasks.support import (
+from tests.support.factories import make_credential
+from tests.support.tasks import (
     assert_error,
     assert_invalid,
     assert_invariants,
@@ -22,11 +22,11 @@ from tests.tasks.support import (
     get_task,
     idempotency_records,
     invariants_fixture,  # noqa: F401 - fixture "invariants"
+    lease_one,
     make_queue,
     parse_time,
     submit_ok,
 )
-from tests.tasks.test_reads import lease_one
 
 
 @pytest.fixture

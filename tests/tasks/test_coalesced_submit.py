@@ -9,8 +9,8 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.invariants import find_violations
 from tasks.models import Task
-from tests.live import LIVE_METRICS_TOKEN
-from tests.tasks.support import numbered_task
+from tests.support.live import LIVE_METRICS_TOKEN
+from tests.support.tasks import numbered_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

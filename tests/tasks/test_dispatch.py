@@ -12,12 +12,10 @@ from django.db import transaction
 from django.db.models import F
 
 from orbit.errors import LeaseLost, QueuePaused, RateLimited
-from orbit.fields import new_id
 from queues.models import QueueState
 from tasks.actions import dispatch
-from tasks.actions.dispatch import WorkerContext
 from tasks.models import Attempt, Task
-from tests.tasks.support import (
+from tests.support.tasks import (
     Background,
     assert_invariants,
     cancel,
@@ -27,19 +25,8 @@ from tests.tasks.support import (
     make_queue,
     now,
     submit_ok,
+    worker_for,
 )
-
-
-def worker_for(tenant, *queue_ids: str, keys: bool = True, handlers: tuple = (), worker_id: str = "w") -> WorkerContext:
-    return WorkerContext(
-        namespace_id=tenant.namespace_id,
-        application_id=tenant.namespace.application_id,
-        worker_id=worker_id,
-        session_id=new_id(),
-        queue_ids=tuple(queue_ids),
-        handlers=handlers,
-        concurrency_keys=keys,
-    )
 
 
 def leased_task_ids(assignments: list[dict]) -> list[str]:

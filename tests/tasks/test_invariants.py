@@ -12,8 +12,7 @@ from orbit.models import ApplicationState
 from queues.models import QueueState
 from tasks.actions import dispatch, endings
 from tasks.models import ConcurrencyKey, Task
-from tests.tasks.support import make_queue, submit_ok
-from tests.tasks.test_dispatch import worker_for
+from tests.support.tasks import make_queue, submit_ok, worker_for
 
 pytestmark = pytest.mark.django_db(transaction=True)  # orbit_check reads in a transaction of its own
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.fields import new_id
 from tasks.actions import dispatch, endings
-from tasks.actions.dispatch import WorkerContext
 from tests.conftest import api_client
-from tests.factories import NamespaceFactory, make_credential
-from tests.tasks.support import (
+from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.tasks import (
     HEX32,
     TASK_REQUIRED_KEYS,
     assert_error,
@@ -18,27 +16,13 @@ from tests.tasks.support import (
     assert_ok,
     get_task,
     in_seconds,
+    lease_one,
     make_queue,
     parse_time,
     submit_ok,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-def lease_one(tenant, queue_id: str, worker_id: str = "reader-w") -> dict:
-    """Leases one task of the queue through the dispatch verb, as a worker would."""
-    worker = WorkerContext(
-        namespace_id=tenant.namespace_id,
-        application_id=tenant.namespace.application_id,
-        worker_id=worker_id,
-        session_id=new_id(),
-        queue_ids=(queue_id,),
-        handlers=(),
-        concurrency_keys=True,
-    )
-    (assignment,) = dispatch.lease_tasks(worker=worker, limit=1)
-    return {"worker": worker, **assignment}
 
 
 def test_detail_has_the_payload_and_omits_empty_optionals(tenant):

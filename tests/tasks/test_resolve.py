@@ -9,58 +9,34 @@ import pytest
 from django.utils import timezone
 
 from orbit.models import AuditEntry, Event
-from tasks.actions import dispatch, endings
+from tasks.actions import dispatch
 from tasks.models import Attempt, Task
 from tests.conftest import api_client, post_json
-from tests.factories import ALL_SCOPES, make_credential
-from tests.queues.test_concurrency import race
-from tests.tasks.support import (
+from tests.support.factories import ALL_SCOPES, make_credential
+from tests.support.race import race
+from tests.support.tasks import (
     assert_error,
     assert_invalid,
     assert_invariants,
     assert_ok,
     cancel,
     counters,
+    ends_unknown,
     get_task,
     idempotency_records,
     invariants_fixture,  # noqa: F401 - fixture "invariants"
+    lease_one,
     make_queue,
+    report,
+    resolve,
+    start,
     submit_ok,
 )
-from tests.tasks.test_reads import lease_one
 
 
 @pytest.fixture
 def queue(tenant):
     return make_queue(tenant.client, "work")
-
-
-def resolve(client, task_id: str, key: str, resolution: object = "SUCCEEDED", reason: object = "checked the ledger"):
-    return post_json(client, f"/v1/tasks/{task_id}:resolve", {"resolution": resolution, "reason": reason}, key=key)
-
-
-def start(lease: dict) -> None:
-    dispatch.approve_start(worker=lease["worker"], attempt_id=lease["attempt_id"], epoch=lease["epoch"])
-
-
-def report(lease: dict, outcome: str, output: object = None, error: object = None) -> dict:
-    return endings.record_result(
-        worker=lease["worker"],
-        attempt_id=lease["attempt_id"],
-        epoch=lease["epoch"],
-        outcome=outcome,
-        retryable=False,
-        output=output,
-        error=error,
-    )
-
-
-def ends_unknown(tenant, queue_id: str) -> dict:
-    """Leases, starts and reports UNKNOWN for the queue's next task: NEEDS_REVIEW."""
-    lease = lease_one(tenant, queue_id)
-    start(lease)
-    assert report(lease, "UNKNOWN", error={"code": "timeout"})["task_state"] == "NEEDS_REVIEW"
-    return lease
 
 
 @pytest.mark.django_db

@@ -17,9 +17,8 @@ from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
 from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
-from tests.factories import make_credential
-from tests.tasks.support import assert_invariants, make_queue, submit_ok, task_body
-from tests.tasks.test_dispatch import worker_for
+from tests.support.factories import make_credential
+from tests.support.tasks import assert_invariants, make_queue, submit_ok, task_body, worker_for
 
 pytestmark = pytest.mark.django_db
 

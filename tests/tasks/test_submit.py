@@ -10,8 +10,8 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.models import Task
 from tests.conftest import api_client, post_json
-from tests.factories import NamespaceFactory, make_credential
-from tests.tasks.support import (
+from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.tasks import (
     HEX32,
     QUEUE_FULL_ERROR,
     TASK_REQUIRED_KEYS,

@@ -20,8 +20,8 @@ from orbit.models import Credential
 from orbit.tenancy import revoke_credential
 from tasks import submit_route
 from tasks.models import Task
-from tests.factories import make_credential
-from tests.tasks.support import numbered_task
+from tests.support.factories import make_credential
+from tests.support.tasks import numbered_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,8 +18,8 @@ import pytest
 
 from queues.models import QueueState
 from tasks.models import Attempt, Task
-from tests.live import ROOT
-from tests.tasks.support import (
+from tests.support.live import ROOT
+from tests.support.tasks import (
     Background,
     Worker,
     assert_error_frame,
@@ -201,7 +201,7 @@ def test_start_rate_window_holds_across_three_workers(tenant, orbit_server):
 
 KILLABLE_WORKER = r"""
 import json, sys
-from tests.live import WorkerConnection
+from tests.support.live import WorkerConnection
 
 url, token, queue_id = sys.argv[1:4]
 worker = WorkerConnection(url, token)

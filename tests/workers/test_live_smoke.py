@@ -1,7 +1,7 @@
 import pytest
 
-from tests.live import WorkerConnection
-from tests.workers.test_protocol_smoke import make_queue, submit
+from tests.support.live import WorkerConnection
+from tests.support.workers import make_queue, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from tasks.models import Attempt, Task
-from tests.factories import make_credential
-from tests.tasks.support import (
+from tests.support.factories import make_credential
+from tests.support.tasks import (
     assert_error,
     assert_error_frame,
     assert_invariants,

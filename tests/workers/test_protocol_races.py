@@ -13,8 +13,8 @@ from tasks.actions.dispatch import LeaseOutcome
 from tasks.actions.rounds import run_round
 from tasks.coalesce import ROUNDS
 from tasks.models import Task
-from tests.tasks.support import assert_invariants, make_queue, submit_ok
-from tests.workers.helpers import ProtocolClient
+from tests.support.tasks import assert_invariants, make_queue, submit_ok
+from tests.support.workers import ProtocolClient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 

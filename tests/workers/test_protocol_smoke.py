@@ -1,24 +1,8 @@
 import pytest
 
-from tests.conftest import post_json
-from tests.workers.helpers import ProtocolClient
+from tests.support.workers import ProtocolClient, make_queue, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
-
-
-def submit(tenant, queue_id, key, **extra):
-    body = {"queue_id": queue_id, "handler": "echo", "handler_version": "v1", "payload_version": "v1", "payload": {}}
-    body.update(extra)
-    response = post_json(tenant.client, "/v1/tasks", body, key=key)
-    assert response.status_code == 201, response.content
-    return response.json()["data"]["task"]
-
-
-def make_queue(tenant, name="q", **limits):
-    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
-    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
-    assert response.status_code == 201, response.content
-    return response.json()["data"]["queue"]
 
 
 async def test_lease_start_result_roundtrip(tenant):
