@@ -23,6 +23,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from django.core.management import call_command
 
@@ -316,7 +317,12 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
     # Your first task, with the SDK.
     assert sdk.splitlines() == ["SUCCEEDED {'resized': 42}"]
 
-    # HTTP API: the credential the README has the reader mint, then what it may do.
+    # HTTP API: the development credential may not manage plans or the application (so the
+    # README has the reader mint one that may), the minted one may.
+    dev = {"Authorization": f"Bearer {credentials['token']}"}
+    for path in ("/v1/plans", f"/v1/applications/{credentials['application_id']}"):
+        refused = httpx.get(orbit_server.url + path, headers=dev)
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "PERMISSION_DENIED", path
     assert re.fullmatch(r"wrote \.local/admin\.credentials\.json \(credential [0-9a-f]{32}\)", mint), mint
     admin = json.loads((root / ".local" / "admin.credentials.json").read_text())
     assert admin["url"] == orbit_server.url and admin["namespace_id"] == credentials["namespace_id"]
