@@ -1,0 +1,186 @@
+"""Design figures (docs/architecture/design-figures.md): the exact number of
+round trips to MySQL each hot verb takes, pinned. A change that adds (or
+saves) a round trip in a submit round, a lease, a Start or a result fails
+here, and updates the figure and its reason on that page.
+
+A round trip is one query the connection sends: a multi-statement query of
+the row layer or the MySQL backend counts once. Django logs two entries that
+send nothing on this backend, and they are not counted: BEGIN (the backend
+sends its autocommit change with the next statement, orbit.db.mysql) and a
+COMMIT that rode on the transaction's last writes (orbit.db.rows
+.atomic_sent_together); a COMMIT sent on its own counts.
+
+Each verb runs as production runs it: its transaction is real (the test is
+transactional), its worker is a connected one (an identity row and a
+credential, as after a hello), its submitter's credential is known to the
+process, and one verb of the same kind ran before the measured one."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from orbit.fields import new_id
+from orbit.principal import Actor, authenticate_token, known_credential
+from tasks.actions import rounds
+from tasks.actions.batch import Submission
+from tasks.actions.context import WorkerContext
+from tasks.actions.identities import register_worker
+from tasks.actions.rounds import SubmitRequest
+from tests.conftest import Tenant
+from tests.support.lock_order import split_statements
+from tests.support.tasks import make_queue, submit_ok, task_body, worker_for
+
+pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
+
+# The figures, as docs/architecture/design-figures.md lists them.
+FIGURES = {
+    "a submit round of 1": 3,
+    "a lease of 1": 4,
+    "a lease of 16": 4,
+    "a start": 3,
+    "a keyed start": 4,
+    "a result": 3,
+    "a keyed result": 5,
+}
+
+SEQUENCE = itertools.count()
+
+
+def round_trips(captured: CaptureQueriesContext) -> int:
+    """The queries sent: every captured query but BEGIN (nothing is sent) and
+    a COMMIT whose statement already went with the last writes."""
+    count, commit_rode = 0, False
+    for query in captured.captured_queries:
+        sql = query["sql"]
+        if sql == "BEGIN":
+            continue
+        if sql == "COMMIT":
+            count += 0 if commit_rode else 1
+            commit_rode = False
+            continue
+        count += 1
+        commit_rode = split_statements(sql)[-1].upper() == "COMMIT"
+    return count
+
+
+def measured(verb: Callable[[], Any]) -> tuple[int, Any]:
+    with CaptureQueriesContext(connection) as captured:
+        result = verb()
+    return round_trips(captured), result
+
+
+def connected(tenant: Tenant, queue_id: str) -> WorkerContext:
+    principal = authenticate_token(tenant.token)
+    session, worker_id = new_id(), f"w-{next(SEQUENCE)}"
+    identity_id = register_worker(
+        principal=principal, worker_id=worker_id, session_id=session, concurrency_keys=True, queue_ids=[queue_id]
+    )
+    return replace(
+        worker_for(tenant, queue_id, worker_id=worker_id),
+        session_id=session,
+        identity_id=identity_id,
+        credential=known_credential(tenant.token),
+    )
+
+
+def submit_request(tenant: Tenant, queue_id: str) -> SubmitRequest:
+    actor = Actor(principal=authenticate_token(tenant.token), request_id=new_id())
+    submission = Submission(key=f"s-{next(SEQUENCE)}", body=task_body(queue_id), request_id=new_id())
+    return SubmitRequest(actor, submission, credential_to_confirm=known_credential(tenant.token))
+
+
+def queue_with(tenant: Tenant, tasks: int, *, keyed: bool = False) -> dict[str, Any]:
+    queue = make_queue(tenant.client, f"figures-{next(SEQUENCE)}", max_concurrency=64, rate_per_second=1000)
+    for n in range(tasks):
+        submit_ok(tenant.client, queue["id"], f"t-{n}", **({"concurrency_key": f"object/{n}"} if keyed else {}))
+    return queue
+
+
+def test_a_submit_round_of_one(tenant):
+    queue = queue_with(tenant, 0)
+    rounds.submit_task(submit_request(tenant, queue["id"]))
+    request = submit_request(tenant, queue["id"])
+
+    trips, receipt = measured(lambda: rounds.submit_task(request))
+
+    assert receipt.status == 201
+    assert trips == FIGURES["a submit round of 1"]
+
+
+@pytest.mark.parametrize("limit", [1, 16])
+def test_a_lease(tenant, limit):
+    queue = queue_with(tenant, 1 + limit)
+    worker = connected(tenant, queue["id"])
+    assert len(rounds.lease_tasks(worker=worker, limit=1)) == 1
+
+    trips, leased = measured(lambda: rounds.lease_tasks(worker=worker, limit=limit))
+
+    assert len(leased) == limit
+    assert trips == FIGURES[f"a lease of {limit}"]
+
+
+def leased_pair(tenant: Tenant, *, keyed: bool) -> tuple[WorkerContext, list[dict[str, Any]]]:
+    queue = queue_with(tenant, 2, keyed=keyed)
+    worker = connected(tenant, queue["id"])
+    leased = rounds.lease_tasks(worker=worker, limit=2)
+    assert len(leased) == 2
+    return worker, leased
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_a_start(tenant, keyed):
+    worker, (first, second) = leased_pair(tenant, keyed=keyed)
+    rounds.approve_start(worker=worker, attempt_id=first["attempt_id"], epoch=first["epoch"])
+
+    trips, started = measured(
+        lambda: rounds.approve_start(worker=worker, attempt_id=second["attempt_id"], epoch=second["epoch"])
+    )
+
+    assert started["attempt_number"] == 1
+    assert trips == FIGURES["a keyed start" if keyed else "a start"]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_a_result(tenant, keyed):
+    worker, leased = leased_pair(tenant, keyed=keyed)
+    for entry in leased:
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+
+    def result(entry: dict[str, Any]) -> dict[str, Any]:
+        return rounds.record_result(
+            worker=worker,
+            attempt_id=entry["attempt_id"],
+            epoch=entry["epoch"],
+            outcome="SUCCEEDED",
+            retryable=False,
+            output={"ok": 1},
+            error=None,
+        )
+
+    result(leased[0])
+    trips, answer = measured(lambda: result(leased[1]))
+
+    assert answer["task_state"] == "SUCCEEDED" and answer["duplicate"] is False
+    assert trips == FIGURES["a keyed result" if keyed else "a result"]
+
+
+def test_a_commit_sent_on_its_own_counts_and_one_that_rode_does_not():
+    class Captured:
+        captured_queries = [
+            {"sql": "BEGIN"},
+            {"sql": "SET autocommit=0; SELECT a FROM t FOR UPDATE"},
+            {"sql": "UPDATE t SET a = 'x;'; COMMIT"},
+            {"sql": "COMMIT"},  # rode on the writes
+            {"sql": "BEGIN"},
+            {"sql": "SET autocommit=0; UPDATE t SET a = 1"},
+            {"sql": "COMMIT"},  # sent
+        ]
+
+    assert round_trips(Captured()) == 4  # type: ignore[arg-type]
