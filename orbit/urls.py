@@ -5,7 +5,7 @@ from orbit import probes, views
 from orbit.api.errors import json_error_view
 from orbit.api.pooled import pooled
 from orbit.api.schema import OpenApiDocumentView
-from orbit.metrics import MetricsView
+from orbit.metrics_view import MetricsView
 from tasks import key_views
 
 urlpatterns = [

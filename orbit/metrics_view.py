@@ -1,0 +1,199 @@
+"""GET /metrics: Prometheus metrics for the platform operator.
+
+The process's counters (orbit.metrics, counted by the verbs) and, per queue,
+gauges read from the queue_state rows the engine keeps anyway: a scrape reads
+one row per queue and never scans the task table. Apart from the counters
+so that the verbs, which count, do not import the HTTP layer."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import Count
+from django.http import HttpResponse
+from django.utils import timezone
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from orbit import metrics  # noqa: F401  its counters register in REGISTRY on import; a scrape answers them
+from orbit.errors import NotFound, PermissionDenied, Unauthenticated
+from orbit.models import Application, Namespace
+from orbit.principal import TOKEN_PATTERN, authenticate_token, token_from_header
+from queues.models import Queue, QueueState
+from tasks.actions.context import RATE_WINDOW
+from tasks.models import Task, TaskState
+
+# Queue names are unique per namespace, namespaces per application and
+# environment: the four labels name one queue.
+QUEUE_LABELS = ["application", "environment", "namespace", "queue"]
+# IN lists of at most this many queue ids per NEEDS_REVIEW count.
+_ID_CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class QueueGauges:
+    labels: tuple[str, str, str, str]
+    waiting: int
+    leased: int
+    running: int
+    needs_review: int
+    unfinished: int
+    active_permits: int
+    window_count: int
+    max_concurrency: int
+    rate_per_second: int
+    paused: bool
+
+
+def _window_open(started_at: datetime | None, now: datetime) -> bool:
+    return started_at is not None and now < started_at + RATE_WINDOW
+
+
+def needs_review_counts(queue_ids: list[str]) -> dict[str, int]:
+    """NEEDS_REVIEW tasks per queue, counted as ranges of the dispatch index
+    (queue_id, state, ...): each queue's NEEDS_REVIEW rows, read from the index
+    alone. queue_state has no column for them (docs/decisions.md, Metrics)."""
+    counts: dict[str, int] = {}
+    for start in range(0, len(queue_ids), _ID_CHUNK):
+        rows = (
+            Task.objects.filter(queue_id__in=queue_ids[start : start + _ID_CHUNK], state=TaskState.NEEDS_REVIEW)
+            .values_list("queue_id")
+            .annotate(n=Count("*"))
+            .order_by()
+        )
+        counts.update(dict(rows))
+    return counts
+
+
+def queue_gauges() -> list[QueueGauges]:
+    """Every live queue's gauges (a retired one while it still has unfinished tasks)."""
+    now = timezone.now()
+    states = {
+        row[0]: row
+        for row in QueueState.objects.values_list(
+            "queue_id", "unfinished_tasks", "active_permits", "reserved_starts", "window_started_at", "window_count"
+        )
+    }
+    queues = list(
+        Queue.objects.values_list(
+            "id", "namespace_id", "name", "retired_at", "paused", "max_concurrency", "rate_per_second"
+        ).order_by("id")
+    )
+    namespaces = {row[0]: row for row in Namespace.objects.values_list("id", "application_id", "environment", "name")}
+    applications = dict(Application.objects.values_list("id", "name"))
+    # Only a queue with unfinished tasks can hold NEEDS_REVIEW ones.
+    review = needs_review_counts([queue_id for queue_id, *_ in queues if states.get(queue_id, (0, 0))[1]])
+    gauges = []
+    for queue_id, namespace_id, name, retired_at, paused, max_concurrency, rate_per_second in queues:
+        state = states.get(queue_id)
+        namespace = namespaces.get(namespace_id)
+        if state is None or namespace is None:
+            continue
+        _, unfinished, active, reserved, window_started_at, window_count = state
+        if retired_at is not None and not unfinished:
+            continue
+        needs_review = review.get(queue_id, 0)
+        gauges.append(
+            QueueGauges(
+                labels=(applications.get(namespace[1], ""), namespace[2], namespace[3], name),
+                # The rows are read by separate statements, each its own
+                # snapshot: a difference never goes below zero.
+                waiting=max(0, unfinished - active - needs_review),
+                leased=reserved,
+                running=max(0, active - reserved),
+                needs_review=needs_review,
+                unfinished=unfinished,
+                active_permits=active,
+                window_count=window_count if _window_open(window_started_at, now) else 0,
+                max_concurrency=max_concurrency,
+                rate_per_second=rate_per_second,
+                paused=paused,
+            )
+        )
+    return gauges
+
+
+class QueueCollector(Collector):
+    """The per-queue gauges of one scrape."""
+
+    def __init__(self, gauges: list[QueueGauges]) -> None:
+        self.gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        tasks = GaugeMetricFamily(
+            "orbit_queue_tasks", "Unfinished tasks of the queue by state", labels=[*QUEUE_LABELS, "state"]
+        )
+        families = {
+            "unfinished": GaugeMetricFamily(
+                "orbit_queue_unfinished_tasks", "Unfinished tasks of the queue (every state)", labels=QUEUE_LABELS
+            ),
+            "active_permits": GaugeMetricFamily(
+                "orbit_queue_active_permits", "Valid execution permits (LEASED + RUNNING attempts)", labels=QUEUE_LABELS
+            ),
+            "window_count": GaugeMetricFamily(
+                "orbit_queue_start_window_count", "Starts approved in the current 1 s window", labels=QUEUE_LABELS
+            ),
+            "max_concurrency": GaugeMetricFamily(
+                "orbit_queue_max_concurrency", "Configured permit limit", labels=QUEUE_LABELS
+            ),
+            "rate_per_second": GaugeMetricFamily(
+                "orbit_queue_rate_per_second", "Configured starts per one-second window", labels=QUEUE_LABELS
+            ),
+            "paused": GaugeMetricFamily("orbit_queue_paused", "1 while the queue is paused", labels=QUEUE_LABELS),
+        }
+        for gauge in self.gauges:
+            labels = list(gauge.labels)
+            for state, value in (
+                ("WAITING", gauge.waiting),
+                ("LEASED", gauge.leased),
+                ("RUNNING", gauge.running),
+                ("NEEDS_REVIEW", gauge.needs_review),
+            ):
+                tasks.add_metric([*labels, state], value)
+            for field, family in families.items():
+                family.add_metric(labels, float(getattr(gauge, field)))
+        yield tasks
+        yield from families.values()
+
+
+def authorize_scrape(header: str | None) -> None:
+    """The operator's token passes; anything else raises the error to answer.
+
+    Metrics off (ORBIT_METRICS_TOKEN unset) is 404 for everyone: the endpoint
+    is not there. A tenant's credential is 403 (it is a credential, not this
+    one); any other token 401."""
+    expected = settings.ORBIT_METRICS_TOKEN
+    if not expected:
+        raise NotFound("no such endpoint")
+    token = token_from_header(header)
+    # Constant time: the comparison must not reveal how much of a guess is right.
+    if hmac.compare_digest(token.encode(), expected.encode()):
+        return
+    if TOKEN_PATTERN.match(token):
+        authenticate_token(token)  # Unauthenticated unless it is a live credential
+        raise PermissionDenied("metrics belong to the platform operator: use ORBIT_METRICS_TOKEN")
+    raise Unauthenticated("invalid bearer token")
+
+
+class MetricsView(APIView):
+    """GET /metrics: this process's counters and every queue's gauges in
+    Prometheus' text format, for the bearer of ORBIT_METRICS_TOKEN."""
+
+    schema = None  # not part of the v1 API document
+    # The token is checked here, not by the API's credential authentication.
+    authentication_classes: list[type] = []
+    permission_classes: list[type] = []
+
+    def get(self, request: Request) -> HttpResponse:
+        authorize_scrape(request.META.get("HTTP_AUTHORIZATION"))
+        scrape = CollectorRegistry(auto_describe=False)
+        scrape.register(QueueCollector(queue_gauges()))
+        body = generate_latest(REGISTRY) + generate_latest(scrape)
+        return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
