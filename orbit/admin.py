@@ -1,4 +1,11 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
+from django.http import HttpRequest
 
 from orbit.admin_base import ReadOnlyAdmin, fixed_choices_filter
 from orbit.audit import AUDIT_ACTIONS
@@ -39,3 +46,44 @@ class EventAdmin(ReadOnlyAdmin):
 
     list_display = ("id", "seq", "created_at", "type", "subject_id", "namespace_id")
     sortable_by = ("id",)
+
+
+# The console's first page is the dashboard (templates/admin/orbit_dashboard.html).
+admin.site.site_header = "Orbit console"
+admin.site.site_title = "Orbit console"
+admin.site.index_title = "Dashboard"
+admin.site.index_template = "admin/orbit_dashboard.html"
+
+
+class SuperusersOnly:
+    """Django's own users and groups: seen and managed by superusers only
+    (a staff user granted auth permissions still cannot)."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_add_permission(self, request: HttpRequest, *args: Any) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+
+class SuperuserUserAdmin(SuperusersOnly, UserAdmin):
+    pass
+
+
+class SuperuserGroupAdmin(SuperusersOnly, GroupAdmin):
+    pass
+
+
+for model, model_admin in ((User, SuperuserUserAdmin), (Group, SuperuserGroupAdmin)):
+    if admin.site.is_registered(model):
+        admin.site.unregister(model)
+    admin.site.register(model, model_admin)

@@ -11,6 +11,7 @@ still run away is stopped by the database (AdminStatementTimeout)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
@@ -21,6 +22,9 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from orbit.models import Namespace
 
@@ -33,14 +37,56 @@ class CappedCountPaginator(Paginator):
     """COUNT(*) over a LIMIT ADMIN_ROW_CAP subquery: a full count of a
     million-row table is a scan on every page load."""
 
+    capped = False
+
     @cached_property
     def count(self) -> int:
         # Without the list's ORDER BY: a count needs no order, and with it the
         # subquery walked or sorted the ordering index (seconds on a rare state).
-        return self.object_list.order_by()[:ADMIN_ROW_CAP].count()
+        # A count that reached the cap stopped there: it reads "10,000+".
+        counted = self.object_list.order_by()[:ADMIN_ROW_CAP].count()
+        self.capped = counted >= ADMIN_ROW_CAP
+        return counted
+
+
+def count_text(count: int, capped: bool) -> str:
+    """A count as the console prints it: 10,000 style, "10,000+" when capped."""
+    return f"{count:,}+" if capped else f"{count:,}"
+
+
+def format_ms(value: datetime | None) -> str:
+    """RFC 3339, UTC, to the millisecond (the console's times)."""
+    if value is None:
+        return "—"
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def change_url(model: Any, pk: Any) -> str:
+    opts = model._meta
+    return reverse(f"admin:{opts.app_label}_{opts.model_name}_change", args=[pk])
+
+
+def link(url: str, text: Any) -> SafeString:
+    return format_html('<a href="{}">{}</a>', url, text)
+
+
+def key_url(namespace_id: str, key: str) -> str:
+    """The console page of a concurrency key, found by its namespace and bytes."""
+    from urllib.parse import urlencode
+
+    return reverse("admin:tasks_concurrencykey_by_key") + "?" + urlencode({"namespace": namespace_id, "key": key})
 
 
 class IndexOrderChangeList(ChangeList):
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        capped = getattr(self.paginator, "capped", False)
+        self.result_count_text = count_text(self.result_count, capped)
+        decorate = getattr(self.model_admin, "decorate_results", None)
+        if decorate is not None:
+            self.result_list = list(self.result_list)
+            decorate(request, self.result_list)
+
     def get_ordering_field(self, field_name: Any) -> Any:
         # Django only hides the other headers' links; ?o= would still sort.
         if field_name not in self.sortable_by:

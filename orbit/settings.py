@@ -130,6 +130,9 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 
+# The console's times: RFC 3339, UTC, to the millisecond (orbit/console/formats).
+FORMAT_MODULE_PATH = ["orbit.console.formats"]
+
 STATIC_URL = "static/"
 # Optional: where `orbit collectstatic` gathers the console's files for another
 # web server. The server process needs no collect step: WhiteNoise serves the

@@ -1,24 +1,128 @@
-from django.contrib import admin
+from __future__ import annotations
 
-from orbit.admin_base import ReadOnlyAdmin
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from orbit.admin_base import ReadOnlyAdmin, format_ms, link
+from orbit.console import data
 from queues.models import Queue, QueueState
 
 
 @admin.register(Queue)
 class QueueAdmin(ReadOnlyAdmin):
+    """One row per queue: its backlog by state, permits, start window and the
+    oldest waiting task, from the counters and index-ordered LIMIT reads
+    (orbit.console.data), and a link to its tasks."""
+
     list_display = (
         "name",
-        "id",
-        "namespace_id",
-        "paused",
-        "max_concurrency",
-        "rate_per_second",
-        "max_unfinished_tasks",
-        "revision",
-        "retired_at",
+        "namespace",
+        "status",
+        "waiting",
+        "leased",
+        "running",
+        "needs_review",
+        "permits",
+        "start_window",
+        "oldest_waiting",
+        "tasks",
     )
     list_filter = ("paused",)
     exact_search_fields = ("id", "name")
+    readonly_fields = ("console_figures",)
+
+    def decorate_results(self, request: HttpRequest, queues: list[Queue]) -> None:
+        rows = {row.id: row for row in data.queue_rows([queue.id for queue in queues])}
+        now = timezone.now()
+        for queue in queues:
+            queue.console = rows.get(queue.id)
+            queue.console_now = now
+
+    @staticmethod
+    def _row(queue: Queue) -> data.QueueRow | None:
+        return getattr(queue, "console", None)
+
+    @admin.display(description="namespace")
+    def namespace(self, queue: Queue) -> str:
+        row = self._row(queue)
+        return row.namespace if row else queue.namespace_id
+
+    @admin.display(description="state")
+    def status(self, queue: Queue) -> str:
+        if queue.retired_at is not None:
+            return f"retired {format_ms(queue.retired_at)}"
+        return "paused" if queue.paused else "open"
+
+    def _count(self, queue: Queue, name: str) -> str:
+        row = self._row(queue)
+        return f"{getattr(row, name):,}" if row else "—"
+
+    @admin.display(description="WAITING")
+    def waiting(self, queue: Queue) -> str:
+        return self._count(queue, "waiting")
+
+    @admin.display(description="LEASED")
+    def leased(self, queue: Queue) -> str:
+        return self._count(queue, "leased")
+
+    @admin.display(description="RUNNING")
+    def running(self, queue: Queue) -> str:
+        return self._count(queue, "running")
+
+    @admin.display(description="NEEDS_REVIEW")
+    def needs_review(self, queue: Queue) -> str:
+        return self._count(queue, "needs_review")
+
+    @admin.display(description="permits")
+    def permits(self, queue: Queue) -> str:
+        row = self._row(queue)
+        return f"{row.active_permits:,} of {queue.max_concurrency:,}" if row else "—"
+
+    @admin.display(description="starts this window")
+    def start_window(self, queue: Queue) -> str:
+        row = self._row(queue)
+        return f"{row.window_count:,} of {queue.rate_per_second:,}/s" if row else "—"
+
+    @admin.display(description="oldest waiting")
+    def oldest_waiting(self, queue: Queue) -> str:
+        row = self._row(queue)
+        if row is None:
+            return "—"
+        return data.human_age(row.oldest_waiting_seconds(getattr(queue, "console_now", timezone.now())))
+
+    @admin.display(description="tasks")
+    def tasks(self, queue: Queue) -> SafeString:
+        return link(reverse("admin:tasks_task_changelist") + f"?q={queue.id}", "tasks")
+
+    @admin.display(description="now")
+    def console_figures(self, queue: Queue) -> SafeString:
+        (row,) = data.queue_rows([queue.id]) or [None]
+        if row is None:
+            return format_html("—")
+        now = timezone.now()
+        return format_html(
+            "WAITING {} · LEASED {} · RUNNING {} · NEEDS_REVIEW {} · permits {} of {} · starts this window {} of {}/s"
+            " · oldest waiting {} · {}",
+            f"{row.waiting:,}",
+            f"{row.leased:,}",
+            f"{row.running:,}",
+            f"{row.needs_review:,}",
+            f"{row.active_permits:,}",
+            f"{row.max_concurrency:,}",
+            f"{row.window_count:,}",
+            f"{row.rate_per_second:,}",
+            data.human_age(row.oldest_waiting_seconds(now)),
+            link(reverse("admin:tasks_task_changelist") + f"?q={queue.id}", "its tasks"),
+        )
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["console_figures", *[f.name for f in Queue._meta.fields]]
 
 
 @admin.register(QueueState)
@@ -26,7 +130,7 @@ class QueueStateAdmin(ReadOnlyAdmin):
     """The backlog view: unfinished tasks, permits and the start window per queue."""
 
     list_display = (
-        "queue_id",
+        "queue",
         "unfinished_tasks",
         "active_permits",
         "reserved_starts",
@@ -35,3 +139,13 @@ class QueueStateAdmin(ReadOnlyAdmin):
         "accepting",
     )
     ordering = ("-unfinished_tasks",)
+
+    def decorate_results(self, request: HttpRequest, states: list[QueueState]) -> None:
+        names = dict(Queue.objects.filter(id__in=[s.queue_id for s in states]).values_list("id", "name"))
+        for state in states:
+            state.queue_name = names.get(state.queue_id, state.queue_id)
+
+    @admin.display(description="queue")
+    def queue(self, state: QueueState) -> SafeString:
+        name = getattr(state, "queue_name", state.queue_id)
+        return link(reverse("admin:queues_queue_change", args=[state.queue_id]), name)

@@ -1,19 +1,52 @@
-from django.contrib import admin
+from __future__ import annotations
 
-from orbit.admin_base import ReadOnlyAdmin
+from typing import Any
+
+from django.contrib import admin
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.safestring import SafeString
+
+from orbit.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, link
+from orbit.console import data
+from orbit.models import Namespace
+from queues.models import Queue
+from tasks.actions import keys
 from tasks.models import Attempt, ConcurrencyKey, Task
+
+# Shown on a task's page below its fields, readable (orbit.console: pretty JSON).
+TASK_JSON_FIELDS = ("payload", "output", "last_error")
+
+
+def task_blockers(task: Task) -> dict[str, Any] | None:
+    """Why a WAITING task is not running, from the lease's own predicates
+    (tasks.actions.blockers, the answer of GET /v1/tasks/{id}/blockers);
+    None where this server has no such verb."""
+    try:
+        from tasks.actions import blockers
+    except ImportError:
+        return None
+    operator_view = getattr(blockers, "blockers_of", None)
+    if operator_view is None:
+        return None
+    if task.state != "WAITING":
+        return {"state": task.state, "items": []}
+    answer = operator_view(task)
+    items = answer["items"] if isinstance(answer, dict) else answer
+    return {"state": task.state, "items": items}
 
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
-        "queue_id",
+        "queue_link",
         "handler",
         "state",
         "priority",
         "attempts",
-        "concurrency_key",
+        "key_link",
         "available_at",
         "created_at",
     )
@@ -21,6 +54,44 @@ class TaskAdmin(ReadOnlyAdmin):
     exact_search_fields = ("id", "queue_id")
     namespaced_search_fields = ("concurrency_key", "business_key")
     sortable_by = ()
+    change_form_template = "admin/tasks/task/change_form.html"
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Task._meta.fields if f.name not in TASK_JSON_FIELDS]
+
+    def decorate_results(self, request: HttpRequest, tasks: list[Task]) -> None:
+        names = dict(Queue.objects.filter(id__in={t.queue_id for t in tasks}).values_list("id", "name"))
+        for task in tasks:
+            task.queue_name = names.get(task.queue_id, task.queue_id)
+
+    @admin.display(description="queue")
+    def queue_link(self, task: Task) -> SafeString:
+        return link(change_url(Queue, task.queue_id), getattr(task, "queue_name", task.queue_id))
+
+    @admin.display(description="concurrency key")
+    def key_link(self, task: Task) -> SafeString | str:
+        if not task.concurrency_key:
+            return ""
+        return link(key_url(task.namespace_id, task.concurrency_key), task.concurrency_key)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        task = Task.objects.filter(pk=object_id).first()
+        context = dict(extra_context or {})
+        if task is not None:
+            queue = Queue.objects.filter(id=task.queue_id).only("id", "name").first()
+            context.update(
+                task=task,
+                queue_url=change_url(Queue, task.queue_id),
+                queue_name=queue.name if queue else task.queue_id,
+                key_url=key_url(task.namespace_id, task.concurrency_key) if task.concurrency_key else "",
+                attempts=data.task_attempts(task.id),
+                attempts_url=reverse("admin:tasks_attempt_changelist") + f"?q={task.id}",
+                json_fields=[(name, getattr(task, name)) for name in TASK_JSON_FIELDS],
+                blockers=task_blockers(task),
+            )
+        return super().change_view(request, object_id, form_url, extra_context=context)
 
 
 @admin.register(Attempt)
@@ -29,11 +100,11 @@ class AttemptAdmin(ReadOnlyAdmin):
 
     list_display = (
         "id",
-        "task_id",
+        "task_link",
         "state",
         "epoch",
         "number",
-        "concurrency_key",
+        "key_link",
         "concurrency_token",
         "worker_id",
         "leased_at",
@@ -45,9 +116,84 @@ class AttemptAdmin(ReadOnlyAdmin):
     namespaced_search_fields = ("concurrency_key",)
     ordering = ("-leased_at",)
     sortable_by = ("leased_at",)
+    readonly_fields = ("task_link", "key_link")
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["task_link", "key_link", *[f.name for f in Attempt._meta.fields]]
+
+    @admin.display(description="task")
+    def task_link(self, attempt: Attempt) -> SafeString:
+        return link(change_url(Task, attempt.task_id), attempt.task_id)
+
+    @admin.display(description="concurrency key")
+    def key_link(self, attempt: Attempt) -> SafeString | str:
+        if not attempt.concurrency_key:
+            return ""
+        return link(key_url(attempt.namespace_id, attempt.concurrency_key), attempt.concurrency_key)
 
 
 @admin.register(ConcurrencyKey)
 class ConcurrencyKeyAdmin(ReadOnlyAdmin):
+    """A key's page: its holder, highest token, waiting tasks and token
+    history (its attempts, newest lease first). Never reset, never deleted."""
+
     list_display = ("key", "namespace_id", "version", "holder_attempt_id", "holder_task_id", "updated_at")
     namespaced_search_fields = ("key",)
+    change_form_template = "admin/tasks/concurrencykey/change_form.html"
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path("by-key/", self.admin_site.admin_view(self.by_key_view), name="tasks_concurrencykey_by_key"),
+            *super().get_urls(),
+        ]
+
+    def by_key_view(self, request: HttpRequest) -> HttpResponse:
+        """A task's or attempt's key, by namespace and bytes: its row's page, or
+        (before its first lease made the row) what is known of it."""
+        if not self.has_view_permission(request):
+            raise Http404
+        namespace_id = request.GET.get("namespace", "")
+        key = request.GET.get("key", "")
+        row = keys.key_row(namespace_id, key) if key else None
+        if row is not None:
+            return HttpResponseRedirect(change_url(ConcurrencyKey, row.pk))
+        try:
+            described = keys.describe_key(namespace_id, key) if key else None
+        except Exception:  # NotFound: neither a row nor a waiting task
+            described = None
+        if described is None:
+            raise Http404("no such concurrency key")
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Concurrency key {key}",
+            "key": key,
+            "namespace": Namespace.objects.filter(id=namespace_id).first(),
+            "described": described,
+            "history": [],
+            "waiting": data.key_waiting_tasks(namespace_id, key),
+        }
+        return TemplateResponse(request, "admin/tasks/concurrencykey/unleased.html", context)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        row = ConcurrencyKey.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        context = dict(extra_context or {})
+        if row is not None:
+            described = keys.describe_keys(row.namespace_id, [row])[0]
+            holder = described.get("holder")
+            context.update(
+                row=row,
+                described=described,
+                holder=holder,
+                holder_since=holder and holder.get("since"),
+                holder_attempt_url=change_url(Attempt, row.holder_attempt_id) if row.holder_attempt_id else "",
+                holder_task_url=change_url(Task, row.holder_task_id) if row.holder_task_id else "",
+                history=data.key_history(row.namespace_id, row.key),
+                history_limit=data.TOKEN_HISTORY,
+                waiting=data.key_waiting_tasks(row.namespace_id, row.key),
+                namespace=Namespace.objects.filter(id=row.namespace_id).first(),
+                updated=format_ms(row.updated_at),
+            )
+        return super().change_view(request, object_id, form_url, extra_context=context)

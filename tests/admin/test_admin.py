@@ -16,7 +16,7 @@ PAGES = [
     "tasks/task",
     "tasks/attempt",
     "tasks/concurrencykey",
-    "workers/workeridentity",
+    "tasks/workeridentity",
     "plans/plan",
     "plans/planversion",
     "plans/plantrigger",
