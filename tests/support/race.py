@@ -1,4 +1,4 @@
-"""Helpers the tests share."""
+"""Real races on the database: threads released together, each on its own connection."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers the tests share."""
+"""The Python blocks of sdk/README.md, as the README and typing tests read them."""
 
 from __future__ import annotations
 

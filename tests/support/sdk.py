@@ -1,22 +1,12 @@
-"""Helpers the tests share."""
+"""Canned API objects for the SDK client tests (httpx.MockTransport answers)."""
 
 from __future__ import annotations
 
 TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
-
-
 REQUEST_ID = "44444444444444444444444444444444"
-
-
 QUEUE_ID = "11111111111111111111111111111111"
-
-
 NAMESPACE_ID = "33333333333333333333333333333333"
-
-
 TASK_ID = "55555555555555555555555555555555"
-
-
 ATTEMPT_ID = "66666666666666666666666666666666"
 
 

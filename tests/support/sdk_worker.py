@@ -1,4 +1,4 @@
-"""Helpers the tests share."""
+"""Running an orbit_sdk.Worker against the scripted FakeServer (tests/support/fake_server.py)."""
 
 from __future__ import annotations
 
