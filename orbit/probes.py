@@ -88,7 +88,7 @@ def open_connection(settings_dict: dict[str, Any], timeout: float) -> BaseDataba
         def connection_params() -> dict[str, Any]:
             return {**backend_params(), **timeouts}
 
-        wrapper.get_connection_params = connection_params  # type: ignore[method-assign]
+        wrapper.get_connection_params = connection_params
     return wrapper
 
 

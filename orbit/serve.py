@@ -7,14 +7,22 @@ it (call_soon, futures, timers, the readiness callbacks). uvloop is asyncio's
 event loop in C: under a stream of single submits the pure-Python loop's own
 bookkeeping was a fifth of the event loop's time. Twisted still does the
 socket I/O and daphne the protocols, so the behaviour is daphne's; only the
-loop underneath changes. Without uvloop (Windows), the standard loop runs."""
+loop underneath changes. Without uvloop (Windows), the standard loop runs.
+
+Started by orbit/supervisor.py (`orbit serve --processes N`), a child serves the
+supervisor's socket (`--fd`) and reports, on the pipe named in its environment,
+once it listens (`run_child`)."""
 
 import asyncio
+import os
+import signal
+import socket
+import sys
 
 try:
     import uvloop
 except ImportError:  # pragma: no cover - uvloop is installed wherever it builds
-    uvloop = None
+    uvloop = None  # type: ignore[assignment]  # the optional-import idiom
 
 if uvloop is not None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
@@ -22,8 +30,30 @@ if uvloop is not None:
 from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from daphne.cli import CommandLineInterface  # noqa: E402  (daphne makes its loop on import)
+import daphne.server  # noqa: E402  (daphne makes its loop on import)
+from daphne.cli import CommandLineInterface  # noqa: E402
 from daphne.server import Server  # noqa: E402
+from twisted.internet.endpoints import AdoptedStreamServerEndpoint, serverFromString  # noqa: E402
+
+READY_FD_ENV = "ORBIT_SERVE_READY_FD"  # as in orbit/supervisor.py
+PARENT_ENV = "ORBIT_SERVE_SUPERVISOR"
+PR_SET_PDEATHSIG = 1
+
+
+def endpoint_from_string(reactor: Any, description: str) -> Any:
+    """Twisted's serverFromString, except that daphne's `--fd N` ("fd:fileno=N",
+    which Twisted reads as an IPv4 socket) adopts the socket with its own family."""
+    prefix = "fd:fileno="
+    if description.startswith(prefix) and description[len(prefix) :].isdigit():
+        fd = int(description[len(prefix) :])
+        probe = socket.socket(fileno=fd)
+        family = probe.family
+        probe.detach()
+        return AdoptedStreamServerEndpoint(reactor, fd, family)
+    return serverFromString(reactor, description)
+
+
+daphne.server.serverFromString = endpoint_from_string
 
 
 def run(argv: list[str], on_listening: Callable[[list[tuple[str, int]]], None] | None = None) -> int:
@@ -48,5 +78,34 @@ def run(argv: list[str], on_listening: Callable[[list[tuple[str, int]]], None] |
     return 0
 
 
+def die_with_parent(parent: int) -> None:
+    """SIGTERM when the supervisor dies (Linux), so that no child outlives it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def run_child(argv: list[str], ready_fd: int, parent: int) -> int:
+    """One of the supervisor's processes: daphne on its socket, "ready" on `ready_fd`
+    once it listens. SIGINT is ignored (Twisted then leaves it alone): a terminal's
+    Ctrl-C reaches the supervisor, which stops every child with SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+
+    def ready(_addresses: list[tuple[str, int]]) -> None:
+        os.write(ready_fd, b"ready\n")
+        os.close(ready_fd)
+
+    return run(argv, on_listening=ready)
+
+
 if __name__ == "__main__":
+    if READY_FD_ENV in os.environ:
+        ready_fd, parent = int(os.environ.pop(READY_FD_ENV)), int(os.environ.pop(PARENT_ENV, "0"))
+        sys.exit(run_child(sys.argv[1:], ready_fd, parent))
     CommandLineInterface.entrypoint()

@@ -132,13 +132,14 @@ def tune_twisted() -> None:
     http.HTTPChannel.maxHeaders = MAX_HEADER_LINES
     # One line longer than the whole section never reaches lineReceived.
     http.HTTPChannel.MAX_LENGTH = MAX_HEADER_BYTES
-    http.HTTPChannel.lineLengthExceeded = lambda channel, line: _refuse_headers(channel)
+    # Twisted's methods are replaced on purpose (mypy's method-assign): these are the patches.
+    http.HTTPChannel.lineLengthExceeded = lambda channel, line: _refuse_headers(channel)  # type: ignore[method-assign]
     if not hasattr(http.HTTPChannel.lineReceived, "__wrapped__"):
-        http.HTTPChannel.lineReceived = bounded_headers(http.HTTPChannel.lineReceived)
+        http.HTTPChannel.lineReceived = bounded_headers(http.HTTPChannel.lineReceived)  # type: ignore[method-assign]
     WebSocketProtocol._max_message_size_exceeded = frame_too_big
 
     if not hasattr(WebRequest.__init__, "__wrapped__"):
         WebRequest.__init__ = without_form_decoding(WebRequest.__init__)
     if not hasattr(http.HTTPChannel.isSecure, "__wrapped__"):
-        http.HTTPChannel.isSecure = secure_once(http.HTTPChannel.isSecure)
+        http.HTTPChannel.isSecure = secure_once(http.HTTPChannel.isSecure)  # type: ignore[method-assign]
     HTTPFactory.log = _no_twisted_access_line

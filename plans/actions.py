@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -268,7 +268,8 @@ def _step_plan(plan_id: str, now: datetime) -> int:
     version = _current_version(plan)
     due: list[datetime] = []
     following = None
-    for point in points_from(version.schedule, version.anchor_at, plan.next_fire_at):
+    # next_fire_at was checked above (not None) on the same row.
+    for point in points_from(version.schedule, version.anchor_at, cast(datetime, plan.next_fire_at)):
         if point > now or len(due) == POINTS_PER_STEP:
             following = point
             break

@@ -78,10 +78,11 @@ class PlanTaskInput(SubmitTaskInput):
     template cannot hold one; timeout_seconds is relative to each task)."""
 
     plain_path = False
-    queue_id = None
-    available_at = None
-    start_deadline_at = None
-    deadline_at = None
+    # DRF drops an inherited field set to None; the stubs know the field only.
+    queue_id = None  # type: ignore[assignment]
+    available_at = None  # type: ignore[assignment]
+    start_deadline_at = None  # type: ignore[assignment]
+    deadline_at = None  # type: ignore[assignment]
 
 
 class DefinitionInput(StrictSerializer):

@@ -61,16 +61,16 @@ def find_violations() -> list[str]:
             if getattr(state, name) != value:
                 problems.append(f"queue {state.queue_id}: {name}={getattr(state, name)} but rows say {value}")
 
-    for state in ApplicationState.objects.all():
-        if state.unfinished_tasks != unfinished_by_app.get(state.application_id, 0):
+    for app_state in ApplicationState.objects.all():
+        if app_state.unfinished_tasks != unfinished_by_app.get(app_state.application_id, 0):
             problems.append(
-                f"application {state.application_id}: unfinished_tasks={state.unfinished_tasks} "
-                f"but rows say {unfinished_by_app.get(state.application_id, 0)}"
+                f"application {app_state.application_id}: unfinished_tasks={app_state.unfinished_tasks} "
+                f"but rows say {unfinished_by_app.get(app_state.application_id, 0)}"
             )
-        if state.active_attempts != active_by_app.get(state.application_id, 0):
+        if app_state.active_attempts != active_by_app.get(app_state.application_id, 0):
             problems.append(
-                f"application {state.application_id}: active_attempts={state.active_attempts} "
-                f"but rows say {active_by_app.get(state.application_id, 0)}"
+                f"application {app_state.application_id}: active_attempts={app_state.active_attempts} "
+                f"but rows say {active_by_app.get(app_state.application_id, 0)}"
             )
 
     # Task state agrees with its attempts: one active attempt at most, and only

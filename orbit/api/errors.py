@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, overload
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
@@ -40,6 +40,10 @@ def _first_validation_message(detail: Any, path: str = "") -> str:
     return f"{path}: {detail}" if path else str(detail)
 
 
+@overload
+def translate(exc: drf_exceptions.ValidationError) -> OrbitError: ...
+@overload
+def translate(exc: BaseException) -> OrbitError | None: ...
 def translate(exc: BaseException) -> OrbitError | None:
     """The OrbitError an exception stands for, or None when it is a real fault."""
     from orbit import errors

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import (
@@ -204,11 +204,13 @@ _OWN_VALIDATORS: dict[type, str | None] = {
 }
 
 
-def _plain_check(serializer: serializers.Serializer, field: serializers.Field) -> Any:
+def _plain_check(serializer: serializers.Serializer, field: Any) -> Any:
     """The field's plain_value if it can stand in for the field's validation:
     defined on the field's own class (a subclass that changes the rules
     without its own plain_value inherits none), and no validator the field
     did not give itself. None otherwise."""
+    # `field` is Any: plain_value (Orbit's fields) and limit_value (the validators of
+    # _OWN_VALIDATORS) are read from the classes that have them, which a Field is not.
     if "plain_value" not in type(field).__dict__ or getattr(serializer, "validate_" + field.field_name, None):
         return None
     for validator in field.validators:
@@ -246,7 +248,10 @@ class _PlainPlan:
             )
         )
         self.fields = [
-            _PlainField(field.field_name, _plain_check(self.serializer, field), field.required, field.default)
+            # A bound field has its name.
+            _PlainField(
+                cast(str, field.field_name), _plain_check(self.serializer, field), field.required, field.default
+            )
             for field in writable
         ]
         self.names = frozenset(field.name for field in self.fields)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import close_caches
@@ -131,7 +131,8 @@ class ApiHandler(ASGIHandler):
         if request_started.has_listeners(type(self)):  # none of Django's own (see above)
             await request_started.asend(sender=type(self), scope=scope)
         request, error_response = self.create_request(scope, body_file)
-        return error_response if request is None else await self.run_get_response(request)
+        # Django's create_request gives a response exactly when it could build no request.
+        return cast(HttpResponseBase, error_response) if request is None else await self.run_get_response(request)
 
 
 def unavailable_answer() -> HttpAnswer:

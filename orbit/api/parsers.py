@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -51,7 +52,7 @@ class StrictJSONParser(BaseParser):
 
     media_type = "application/json"
 
-    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
         # DRF reads the request as a stream, bypassing Django's own check of
         # DATA_UPLOAD_MAX_MEMORY_SIZE, so the limit is enforced here; reading
         # one byte past it is enough to know.

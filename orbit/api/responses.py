@@ -32,7 +32,8 @@ class JSONWhateverAccepted(DefaultContentNegotiation):
     ?format= asks for: a browser's `Accept: text/html` gets the JSON answer,
     not a 406 the API's error codes do not have."""
 
-    def select_renderer(
+    # DRF passes the view's list of renderers; the stubs say any Iterable.
+    def select_renderer(  # type: ignore[override]
         self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
         return renderers[0], renderers[0].media_type

@@ -6,8 +6,9 @@ import base64
 import binascii
 import re
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -26,13 +27,14 @@ MAX_PAGE_SIZE = 500
 
 
 class OrbitView(APIView):
+    # Orbit's authentication classes set a Principal as request.user, not a Django user.
     @staticmethod
     def principal(request: Request) -> Principal:
-        return request.user
+        return cast(Principal, request.user)
 
     @staticmethod
     def actor(request: Request) -> Actor:
-        return Actor(principal=request.user, request_id=request_id_of(request._request))
+        return Actor(principal=cast(Principal, request.user), request_id=request_id_of(request._request))
 
     @staticmethod
     def body(request: Request) -> dict[str, Any]:
@@ -67,7 +69,7 @@ class OrbitView(APIView):
         return ok(request, receipt.data, status=receipt.status)
 
 
-def validated(serializer_class: type, body: dict[str, Any]) -> dict[str, Any]:
+def validated(serializer_class: type[serializers.Serializer], body: dict[str, Any]) -> dict[str, Any]:
     """The serializer's validated data; its ValidationError becomes 400 naming the field."""
     if issubclass(serializer_class, StrictSerializer):
         return serializer_class.validated(body)

@@ -17,14 +17,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar, cast
 
 from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.backends.base.operations import BaseDatabaseOperations
+from django.db.models import Model
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
 M = TypeVar("M", bound=models.Model)
+F = TypeVar("F", bound=models.Field)
+# A row's primary key: the models' string ids, or an integer (WorkerIdentity's).
+Pk = str | int
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,8 @@ def _instances(db: Any, model: type[M], shape: _Shape, rows: Iterable[Sequence[A
                 value = convert(value, column, db)
             values[index] = value
         if not plain:
-            built.append(model.from_db(db.alias, None, values))
+            # Django reads field_names only when values are fewer than the concrete fields.
+            built.append(model.from_db(db.alias, None, values))  # type: ignore[arg-type]
             continue
         instance = model.__new__(model)
         instance.__dict__.update(zip(shape.attnames, values, strict=True))
@@ -182,12 +187,12 @@ def _select(
         return _instances(db, model, shape, cursor.fetchall())
 
 
-def pk_in(model: type[models.Model], pks: Iterable[str]) -> tuple[str, list[str]]:
+def pk_in(model: type[models.Model], pks: Iterable[Pk]) -> tuple[str, list[Pk]]:
     """WHERE pk IN (…) ORDER BY pk, and its parameters (the distinct pks, ascending)."""
     return _pk_in(_shape(model, _db()), pks)
 
 
-def _pk_in(shape: _Shape, pks: Iterable[str]) -> tuple[str, list[str]]:
+def _pk_in(shape: _Shape, pks: Iterable[Pk]) -> tuple[str, list[Pk]]:
     wanted = sorted(set(pks))
     return f"{shape.pk} IN ({', '.join(['%s'] * len(wanted))}) ORDER BY {shape.pk}", wanted
 
@@ -231,9 +236,9 @@ _held = threading.local()
 
 @dataclass
 class _Holding:
-    models: tuple[type[models.Model], ...]
-    rows: dict[tuple[type[models.Model], Any], Any]
-    changed: dict[tuple[type[models.Model], Any], set[str]]  # field names written since the lock
+    models: tuple[type[Model], ...]  # the field's name hides the module: Model is imported
+    rows: dict[tuple[type[Model], Any], Any]
+    changed: dict[tuple[type[Model], Any], set[str]]  # field names written since the lock
 
 
 @contextmanager
@@ -267,7 +272,7 @@ def _holding(model: type[models.Model]) -> _Holding | None:
     return state if state is not None and model in state.models else None
 
 
-def lock_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
+def lock_by_pk(model: type[M], pks: Iterable[Pk]) -> dict[Any, M]:
     """SELECT … WHERE pk IN (…) ORDER BY pk FOR UPDATE: the rows that exist, by pk,
     locked in ascending key order (rows already held in `holding` are not
     locked again)."""
@@ -293,9 +298,9 @@ def locked_ahead() -> Iterator[None]:
 
 
 def lock_by_pk_together(
-    wanted: Sequence[tuple[type[models.Model], Iterable[str]]],
+    wanted: Sequence[tuple[type[models.Model], Iterable[Pk]]],
     *,
-    ahead: Sequence[tuple[type[models.Model], Iterable[str]]] = (),
+    ahead: Sequence[tuple[type[models.Model], Iterable[Pk]]] = (),
 ) -> list[dict[str, Any]]:
     """lock_by_pk for several models in one round trip (select_together), the
     locks taken in the order given: the rows of each that exist, by pk. The
@@ -303,12 +308,12 @@ def lock_by_pk_together(
     for later (locked_ahead)."""
     db = _db()
     kept: dict[tuple[type[models.Model], Any], Any] | None = getattr(_ahead, "rows", None)
-    plans: list[tuple[type[models.Model], list[str], _Holding | None, dict[str, Any], bool]] = []
+    plans: list[tuple[type[models.Model], list[Pk], _Holding | None, dict[Pk, Any], bool]] = []
     queries: list[tuple[type[models.Model], str, Sequence[Any]]] = []
     for model, pks in wanted:
         asked = sorted(set(pks))
         state = _holding(model)
-        given: dict[str, Any] = {}
+        given: dict[Pk, Any] = {}
         if state is not None:
             fresh = [pk for pk in asked if (model, pk) not in state.rows]
         else:
@@ -318,7 +323,7 @@ def lock_by_pk_together(
         if fresh:
             queries.append((model, *_pk_in(_shape(model, db), fresh)))
         plans.append((model, asked, state, given, bool(fresh)))
-    later: list[tuple[type[models.Model], list[str]]] = []
+    later: list[tuple[type[models.Model], list[Pk]]] = []
     for model, pks in ahead:
         asked = sorted(set(pks))
         if asked:
@@ -342,7 +347,7 @@ def lock_by_pk_together(
     return locked
 
 
-def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
+def read_by_pk(model: type[M], pks: Iterable[Pk]) -> dict[Any, M]:
     """The rows that exist, by pk, without a lock (in_bulk)."""
     db = _db()
     shape = _shape(model, db)
@@ -355,7 +360,12 @@ def read_by_pk(model: type[M], pks: Iterable[str]) -> dict[str, M]:
 def db_value(model: type[models.Model], field: str, value: Any) -> Any:
     """A value as a query parameter compared with `field` (e.g. an aware datetime
     as the database stores it)."""
-    return model._meta.get_field(field).get_db_prep_value(value, _db())
+    return _concrete_field(model, field).get_db_prep_value(value, _db())
+
+
+def _concrete_field(model: type[models.Model], name: str) -> models.Field[Any, Any]:
+    # Callers name the model's own columns, never a reverse relation.
+    return cast("models.Field[Any, Any]", model._meta.get_field(name))
 
 
 def add_to_row(model: type[models.Model], pk: str, increments: dict[str, int]) -> None:
@@ -364,7 +374,7 @@ def add_to_row(model: type[models.Model], pk: str, increments: dict[str, int]) -
         update_by_pk(model, [pk], {name: Add(n) for name, n in increments.items()})
 
 
-def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str, Any]) -> None:
+def update_by_pk(model: type[models.Model], pks: Iterable[Pk], values: dict[str, Any]) -> None:
     """One UPDATE giving the rows `pks` the same `values` (field name → value,
     or Add(n)): QuerySet.filter(pk__in=pks).update(**values), sent as is.
     Rows kept by `holding` change in memory instead, written when it ends."""
@@ -377,7 +387,7 @@ def update_by_pk(model: type[models.Model], pks: Iterable[str], values: dict[str
         for pk in kept:
             row = state.rows[(model, pk)]
             for name, value in values.items():
-                attname = model._meta.get_field(name).attname
+                attname = _concrete_field(model, name).attname
                 setattr(row, attname, getattr(row, attname) + value.amount if isinstance(value, Add) else value)
                 state.changed.setdefault((model, pk), set()).add(attname)
         pks = [pk for pk in pks if (model, pk) not in state.rows]
@@ -391,7 +401,7 @@ def _update(model: type[models.Model], pks: list[Any], values: dict[str, Any]) -
     shape = _shape(model, db)
     sets, params = [], []
     for name, value in values.items():
-        field = model._meta.get_field(name)
+        field = _concrete_field(model, name)
         column = quote(field.column)
         if isinstance(value, Add):
             sets.append(f"{column} = {column} + %s")
@@ -416,7 +426,7 @@ _PASSED_AS_IS: tuple[tuple[type[models.Field], tuple[type, ...]], ...] = (
 _SAVE_PATH = ("pre_save", "get_db_prep_save", "get_db_prep_value", "get_prep_value", "to_python")
 
 
-def _saves_as(field: models.Field, base: type[models.Field]) -> bool:
+def _saves_as(field: models.Field, base: type[F]) -> TypeGuard[F]:
     return isinstance(field, base) and all(getattr(type(field), name) is getattr(base, name) for name in _SAVE_PATH)
 
 

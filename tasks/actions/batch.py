@@ -7,6 +7,7 @@ first used in a batch replays from a single submit and vice versa."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,7 +159,7 @@ def submit_each_credential(requests: list[tuple[Actor, Submission]]) -> list[Out
 
 def _submitted_apart_if_failing(
     requests: list[tuple[Actor, Submission]], batch: list[int]
-) -> list[Outcome | BaseException]:
+) -> Sequence[Outcome | BaseException]:
     """One batch's outcomes; should the batch fail as a whole (its transaction
     kept nothing), each submit is tried again alone, so one that cannot be
     stored fails only itself, not the callers it happened to be batched with."""

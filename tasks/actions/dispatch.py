@@ -9,7 +9,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.db import connection
 from django.utils import timezone
@@ -360,7 +360,8 @@ def _start_one(
         state.window_started_at = now
         state.window_count = 0
     if state.window_count >= queue.rate_per_second:
-        remaining = state.window_started_at + RATE_WINDOW - now
+        # window_open or the reset above gave the window its start.
+        remaining = cast(datetime, state.window_started_at) + RATE_WINDOW - now
         raise RateLimited(max(1, math.ceil(remaining.total_seconds() * 1000)))
     state.window_count += 1
     task.attempts += 1

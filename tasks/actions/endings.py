@@ -54,7 +54,7 @@ def _recover_locked(held: Held, now: datetime, book: WriteBook | None = None) ->
     attempt consumed); running → UNKNOWN and the task needs review."""
     task, attempt = held.task, held.attempt
     if attempt.state == AttemptState.LEASED:
-        expired = {
+        expired: dict[str, Any] = {
             "attempt_state": AttemptState.EXPIRED,
             "attempt_fields": {"error": LEASE_EXPIRED},
             "book": book,
@@ -106,7 +106,7 @@ def _apply_outcome(
             book=book,
         )
     else:
-        failed = {
+        failed: dict[str, Any] = {
             "attempt_state": AttemptState.FAILED,
             "attempt_fields": {"outcome": outcome, "retryable": retryable, "error": error},
             "book": book,
@@ -323,7 +323,7 @@ def resolve_task(*, actor: Actor, task_id: str, resolution: str, reason: str) ->
         if task.deadline_at is not None and task.deadline_at <= now:
             raise StateConflict("task deadline has passed; resolve it SUCCEEDED or FAILED")
     before = {"state": task.state}
-    moved = {"available_at": now} if resolution == "RETRY" else {}
+    moved: dict[str, Any] = {"available_at": now} if resolution == "RETRY" else {}
     settle(task, None, now=now, task_state=RESOLUTIONS[resolution], **moved)
     if resolution == "RETRY":
         _wake_after_commit(task.queue_id)

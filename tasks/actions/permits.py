@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -60,7 +60,7 @@ def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:
 
 
 def _lock_parents(
-    peeks: Iterable[dict[str, Any]], *, counters_held: bool = False
+    peeks: Iterable[Mapping[str, Any]], *, counters_held: bool = False
 ) -> dict[tuple[str, str], ConcurrencyKey]:
     """The first half of the global lock order for a set of tasks:
     application_state, queue_state (unless the caller holds them already),

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.db import IntegrityError
 
@@ -388,8 +388,8 @@ def _decide_round(
                 decided.extend(zip([i for i, _ in decide_reports], outcomes, strict=True))
                 book.write()  # before the starts and leases read those rows
             if decide_starts:
-                outcomes = dispatch.apply_starts([s for _, s in decide_starts], start_peeks, configuration)
-                decided.extend(zip([i for i, _ in decide_starts], outcomes, strict=True))
+                started = dispatch.apply_starts([s for _, s in decide_starts], start_peeks, configuration)
+                decided.extend(zip([i for i, _ in decide_starts], started, strict=True))
             # Workers of one kind lease together: one candidate scan for all.
             kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
             for index, lease in _current_sessions(decide_leases, decided):
@@ -441,7 +441,8 @@ def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
     """Leases up to `limit` tasks (at most LEASE_BATCH_MAX) for a worker; the
     outcome also says when a queue held back by its start window reopens, so
     a dispatcher can come back exactly then instead of at its next poll."""
-    return ROUNDS.call(worker.application_id, LeaseRequest(worker, limit))
+    # The round answers a LeaseRequest with its LeaseOutcome.
+    return cast(LeaseOutcome, ROUNDS.call(worker.application_id, LeaseRequest(worker, limit)))
 
 
 def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:

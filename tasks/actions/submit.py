@@ -44,7 +44,7 @@ def check_times(fields: dict[str, Any], now: Any) -> None:
         raise InvalidArgument("available_at: more than 60 seconds in the past (expired)")
     # A task that becomes available only when it may no longer start could never run.
     if "available_at" in fields:
-        ends = {name: fields[name] for name in ("start_deadline_at", "deadline_at") if name in fields}
+        ends: dict[str, Any] = {name: fields[name] for name in ("start_deadline_at", "deadline_at") if name in fields}
         if "timeout_seconds" in fields:
             ends["timeout_seconds"] = now + timedelta(seconds=fields["timeout_seconds"])
         for name, end in ends.items():

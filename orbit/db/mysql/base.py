@@ -116,11 +116,12 @@ class DatabaseWrapper(base.DatabaseWrapper):
         if self.commit_sent:
             self.commit_sent = False
             return
-        super()._commit()
+        # django-stubs leave out BaseDatabaseWrapper's private _commit and _rollback.
+        super()._commit()  # type: ignore[misc]
 
     def _rollback(self) -> None:
         self.commit_sent = False
-        super()._rollback()
+        super()._rollback()  # type: ignore[misc]
 
     def _set_autocommit(self, autocommit: bool) -> None:
         """Nothing is sent now: see CursorWrapper (Django records `autocommit` itself)."""

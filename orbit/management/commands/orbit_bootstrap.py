@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rest_framework.exceptions import ValidationError
@@ -56,9 +56,12 @@ class Command(BaseCommand):
 
     def bootstrap(self, options: dict[str, Any]) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
-        check_name("--application", options["application"], Application._meta.get_field("name").max_length)
-        check_name("--environment", options["environment"], Namespace._meta.get_field("environment").max_length)
-        check_name("--namespace", options["namespace"], Namespace._meta.get_field("name").max_length)
+        # CharFields: each has its max_length.
+        check_name("--application", options["application"], cast(int, Application._meta.get_field("name").max_length))
+        check_name(
+            "--environment", options["environment"], cast(int, Namespace._meta.get_field("environment").max_length)
+        )
+        check_name("--namespace", options["namespace"], cast(int, Namespace._meta.get_field("name").max_length))
         check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
 

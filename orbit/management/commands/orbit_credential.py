@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -43,7 +43,7 @@ class Command(BaseCommand):
 
     def handle_create(self, options: dict[str, Any]) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
-        longest = Credential._meta.get_field("name").max_length
+        longest = cast(int, Credential._meta.get_field("name").max_length)  # a CharField's
         if len(options["name"]) > longest:
             raise CommandError(f"--name: must be at most {longest} characters")
         application = Application.objects.filter(name=options["application"]).first()
