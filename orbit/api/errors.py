@@ -100,7 +100,9 @@ def error_answer(request_id: str, exc: BaseException) -> tuple[int, dict[str, An
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
-    request = context["request"]._request if "request" in context else None
+    # DRF's views always give the handler their request (a context without one
+    # would have failed in request_id_of all the same).
+    request = context["request"]._request
     status, body, headers = error_response_for(request, exc)
     return Response(body, status=status, headers=headers)
 
