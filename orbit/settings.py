@@ -58,7 +58,10 @@ APPEND_SLASH = False
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The console's templates: the repo's templates/, or, installed, the copy
+        # the wheel carries in the orbit package (setup.py). Before the apps'
+        # own, so they override the admin's.
+        "DIRS": [BASE_DIR / "templates", BASE_DIR / "orbit" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
