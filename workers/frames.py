@@ -67,7 +67,7 @@ def answerable(request_id: Any) -> bool:
     return isinstance(request_id, str) and 0 < len(request_id) <= MAX_REQUEST_ID_LENGTH
 
 
-def check_request_id(kind: str, request_id: Any) -> None:
+def check_request_id(kind: object, request_id: Any) -> None:
     """A request needs an id its reply can name; the unanswered ack does not."""
     if kind not in UNANSWERED and not answerable(request_id):
         raise InvalidArgument(f"id: must be a string of 1 to {MAX_REQUEST_ID_LENGTH} characters")
