@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
@@ -44,7 +44,8 @@ class CappedCountPaginator(Paginator):
         # Without the list's ORDER BY: a count needs no order, and with it the
         # subquery walked or sorted the ordering index (seconds on a rare state).
         # A count that reached the cap stopped there: it reads "10,000+".
-        counted = self.object_list.order_by()[:ADMIN_ROW_CAP].count()
+        # The admin pages querysets (the stubs allow any sequence).
+        counted = cast(QuerySet, self.object_list).order_by()[:ADMIN_ROW_CAP].count()
         self.capped = counted >= ADMIN_ROW_CAP
         return counted
 
@@ -89,7 +90,8 @@ class IndexOrderChangeList(ChangeList):
 
     def get_ordering_field(self, field_name: Any) -> Any:
         # Django only hides the other headers' links; ?o= would still sort.
-        if field_name not in self.sortable_by:
+        # ChangeList is given the admin's get_sortable_by(), never None (the stubs allow it).
+        if field_name not in self.sortable_by:  # type: ignore[operator]
             return None
         return super().get_ordering_field(field_name)
 
@@ -107,7 +109,8 @@ class IndexOrderChangeList(ChangeList):
                 kept.append(part)
             if name is not None:
                 seen.add(name)
-        ordering = super()._get_deterministic_ordering(kept)
+        # django-stubs leave out ChangeList's private _get_deterministic_ordering.
+        ordering = super()._get_deterministic_ordering(kept)  # type: ignore[misc]
         first = ordering[0] if ordering else None
         if len(ordering) > 1 and ordering[-1] == "-pk" and isinstance(first, str) and not first.startswith("-"):
             ordering[-1] = "pk"
@@ -152,8 +155,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         # Django applies any field named in the query string as a filter
         # (?handler=x: a walk of every task); only the declared filters are
         # allowed, anything else is refused (400).
-        declared = {entry if isinstance(entry, str) else entry.parameter_name for entry in self.list_filter}
-        return lookup.split(LOOKUP_SEP)[0] in declared and super().lookup_allowed(lookup, value, request)
+        # Orbit's admins list field names and SimpleListFilter classes only.
+        declared = {entry if isinstance(entry, str) else entry.parameter_name for entry in self.list_filter}  # type: ignore[union-attr]
+        # Django 5.2 always passes the request; the stubs require it.
+        return lookup.split(LOOKUP_SEP)[0] in declared and super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return IndexOrderChangeList
@@ -179,7 +184,8 @@ class FixedChoicesFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
-        return queryset if value is None else queryset.filter(**{self.parameter_name: value})
+        # fixed_choices_filter gives every such filter its parameter_name.
+        return queryset if value is None else queryset.filter(**{cast(str, self.parameter_name): value})
 
 
 def fixed_choices_filter(field: str, values: tuple[str, ...]) -> type[FixedChoicesFilter]:
@@ -204,7 +210,7 @@ class AdminStatementTimeout:
         # MySQL 8 bounds SELECTs only, in milliseconds.
         variable, limit = (
             ("max_statement_time", ADMIN_STATEMENT_SECONDS)
-            if connection.mysql_is_mariadb
+            if connection.mysql_is_mariadb  # type: ignore[attr-defined]  # the MySQL backend's, vendor checked above
             else ("max_execution_time", ADMIN_STATEMENT_SECONDS * 1000)
         )
         with connection.cursor() as cursor:

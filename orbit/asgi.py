@@ -26,6 +26,7 @@ start_background_maintenance()
 application = ProtocolTypeRouter(
     {
         "http": split_http(ApiHandler(routes={("POST", submit_route.PATH): submit_route.answer}), django_asgi_app),
-        "websocket": URLRouter(websocket_urlpatterns),
+        # Django's path() makes Channels' routes; the stubs want their own pattern type.
+        "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
     }
 )
