@@ -72,12 +72,12 @@ class QueueRow:
 
 def queue_rows(queue_ids: list[str] | None = None) -> list[QueueRow]:
     """The queues (all, or these), with the gauges /metrics reports for them."""
-    queues = Queue.objects.values_list(
+    found = Queue.objects.values_list(
         "id", "namespace_id", "name", "retired_at", "paused", "max_concurrency", "rate_per_second"
     ).order_by("id")
     if queue_ids is not None:
-        queues = queues.filter(id__in=queue_ids)
-    queues = list(queues)
+        found = found.filter(id__in=queue_ids)
+    queues = list(found)
     namespaces = {
         row[0]: row
         for row in Namespace.objects.filter(id__in={q[1] for q in queues}).values_list(
