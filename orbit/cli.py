@@ -2,11 +2,13 @@
 
 `orbit <command>` is Django's management command line with Orbit's settings:
 `orbit migrate`, `orbit orbit_bootstrap ...`, `orbit orbit_check`, `orbit help`.
-`orbit serve [-b HOST] [-p PORT] [daphne's options]` runs the server as
-`python -m orbit.serve -b HOST -p PORT orbit.asgi:application` does, after
-checking that it can serve: the database answers and has every migration.
-It prints one start-up line on stdout; a problem is one line on stderr and
-exit status 1."""
+`orbit serve [-b HOST] [-p PORT] [--processes N] [daphne's options]` runs the
+server as `python -m orbit.serve -b HOST -p PORT orbit.asgi:application` does,
+after checking that it can serve: the database answers and has every migration.
+With N above 1 (the default: the number of cores) a supervisor binds the
+address and runs N such processes on it (orbit/supervisor.py); `--processes 1`
+serves in this process. It prints one start-up line on stdout; a problem is one
+line on stderr and exit status 1."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from orbit import supervisor
 
 SETTINGS_MODULE = "orbit.settings"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8080"
@@ -80,6 +84,14 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-b", "--bind", metavar="HOST", help="address to listen on (default: ORBIT_HTTP_ADDR's host)")
     parser.add_argument("-p", "--port", type=int, help="port to listen on (default: ORBIT_HTTP_ADDR's port)")
+    parser.add_argument(
+        "--processes",
+        type=supervisor.positive,
+        default=supervisor.default_processes(),
+        metavar="N",
+        help="server processes on the address (default: the number of cores, here %(default)s); "
+        "1 serves in this process",
+    )
     return parser
 
 
@@ -119,10 +131,25 @@ def serve(args: list[str]) -> int:
         return fail(problem)
 
     def announce(addresses: list[tuple[str, int]]) -> None:
-        where = ", ".join(f"http://{'[' + h + ']' if ':' in h else h}:{p}" for h, p in addresses)
-        print(f"orbit: serving on {where}; database {describe_database(database)}; pid {os.getpid()}", flush=True)
+        print(supervisor.announce_line(addresses, options.processes, describe_database(database)), flush=True)
 
-    return server.run(["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce)
+    if options.processes == 1:
+        return server.run(["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce)
+    problem = supervisor.endpoint_problem(daphne_args)
+    if problem is not None:
+        return fail(problem)
+    try:
+        sock = supervisor.listen(host, port)
+    except supervisor.ListenError as exc:
+        return fail(str(exc))
+    from django.db import connections
+
+    connections.close_all()  # the children open their own
+    addresses = [sock.getsockname()[:2]]
+    with sock:
+        return supervisor.Supervisor(sock, options.processes, [*daphne_args, APPLICATION]).run(
+            on_ready=lambda: announce(addresses)
+        )
 
 
 def fail(message: str) -> int:

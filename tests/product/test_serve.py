@@ -20,7 +20,8 @@ from tests.product.conftest import closed_port
 from tests.support.live import ROOT, free_port, server_env
 
 START_LINE = re.compile(
-    r"orbit: serving on http://127\.0\.0\.1:(\d+); database (mysql \"[^\"]+\" at [^;]+|sqlite [^;]+); pid (\d+)"
+    r"orbit: serving on http://127\.0\.0\.1:(\d+); database (mysql \"[^\"]+\" at [^;]+|sqlite [^;]+); "
+    r"processes \d+; pid (\d+)"
 )
 SECRET = {"ORBIT_SECRET_KEY": "a-production-secret-for-the-tests"}
 

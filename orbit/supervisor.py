@@ -1,0 +1,322 @@
+"""`orbit serve --processes N`: one address, N server processes.
+
+A process of Python serves its requests and worker frames on one event loop and
+so uses at most one core's worth of Python. The supervisor binds the listening
+socket once (SO_REUSEADDR, a backlog of `BACKLOG`) and starts N children, each
+`python -m orbit.serve --fd FD [daphne's arguments] APPLICATION`: daphne on the
+inherited socket, with its own round lanes, database pool and maintenance
+thread (orbit/asgi.py). Every child accepts from the one socket; the kernel
+hands each connection to one of them. A worker's WebSocket lives in the child
+that accepted it; what another child's round frees, this child's dispatcher
+finds by polling, as between the nodes of a cluster.
+
+The supervisor:
+- announces once, when every child listens (each writes a line to its own
+  pipe, `READY_FD_ENV`);
+- forwards SIGTERM and SIGINT to the children as SIGTERM (daphne's graceful
+  stop) and waits for them, at most `STOP_SECONDS`, then SIGKILLs what is left
+  and exits 0; the children ignore SIGINT (a terminal's Ctrl-C reaches the
+  whole process group; the supervisor's SIGTERM is the one stop they get);
+- restarts a child that dies while serving, after a backoff (`FIRST_BACKOFF`,
+  doubled after each quick death up to `MAX_BACKOFF`), with one line on stderr;
+- exits 1 when a child dies before the first announcement (it cannot serve).
+The children get SIGTERM when the supervisor dies (Linux: PR_SET_PDEATHSIG),
+so a supervisor killed on its own leaves no server behind.
+
+`python -m orbit.supervisor --processes N -b HOST -p PORT [daphne's arguments]
+APPLICATION` is the same without `orbit serve`'s checks (the database, the
+migrations), as `python -m orbit.serve` is daphne without them."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+APPLICATION = "orbit.asgi:application"
+READY_FD_ENV = "ORBIT_SERVE_READY_FD"  # a child writes "ready\n" there once it listens
+PARENT_ENV = "ORBIT_SERVE_SUPERVISOR"  # the supervisor's pid, for PR_SET_PDEATHSIG
+BACKLOG = 1024
+STOP_SECONDS = 30.0
+FIRST_BACKOFF = 0.5
+MAX_BACKOFF = 10.0
+STEADY_SECONDS = 30.0  # a child that served this long is restarted after FIRST_BACKOFF again
+# daphne's own ways of choosing where to listen: the supervisor chose already.
+ENDPOINT_OPTIONS = ("-u", "--unix-socket", "--fd", "-e", "--endpoint")
+
+
+class ListenError(Exception):
+    pass
+
+
+def default_processes() -> int:
+    return os.cpu_count() or 1
+
+
+def positive(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def endpoint_problem(daphne_args: Sequence[str]) -> str | None:
+    """A daphne option that would give the children another address, as one line."""
+    for arg in daphne_args:
+        name = arg.split("=", 1)[0]
+        if name in ENDPOINT_OPTIONS:
+            return f"{name} cannot be combined with --processes above 1 (the processes share -b HOST -p PORT)"
+    return None
+
+
+def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
+    """The one listening socket, non-blocking (Twisted adopts it as it is)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except OSError as exc:
+        raise ListenError(f"Listen failure: Couldn't listen on {host}:{port}: {exc}.") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"Listen failure: Couldn't listen on {host}:{port}: {exc}.") from None
+    return sock
+
+
+def describe_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"status {code}"
+
+
+@dataclass
+class Child:
+    index: int  # 1..N, stable across restarts
+    process: subprocess.Popen | None = None
+    ready_fd: int | None = None  # read end of the child's ready pipe
+    ready: bool = False
+    started: float = 0.0
+    backoff: float = 0.0
+    restart_at: float | None = None
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(
+        self,
+        sock: socket.socket,
+        processes: int,
+        child_args: Sequence[str],
+        python: str = sys.executable,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        """`child_args`: daphne's arguments of every child, the application last."""
+        self.sock = sock
+        self.children = [Child(index) for index in range(1, processes + 1)]
+        self.child_args = list(child_args)
+        self.python = python
+        self.say = say or (lambda line: print(f"orbit serve: {line}", file=sys.stderr, flush=True))
+        self.selector = selectors.DefaultSelector()
+        self.stop_signal: int | None = None
+
+    # -- children ----------------------------------------------------------------
+
+    def spawn(self, child: Child) -> None:
+        read_end, write_end = os.pipe()
+        os.set_blocking(read_end, False)
+        env = {**os.environ, READY_FD_ENV: str(write_end), PARENT_ENV: str(os.getpid())}
+        fd = self.sock.fileno()
+        try:
+            child.process = subprocess.Popen(
+                [self.python, "-m", "orbit.serve", "--fd", str(fd), *self.child_args],
+                env=env,
+                pass_fds=(fd, write_end),
+            )
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        child.ready_fd, child.ready, child.started, child.restart_at = read_end, False, time.monotonic(), None
+        self.selector.register(read_end, selectors.EVENT_READ, child)
+
+    def forget_pipe(self, child: Child) -> None:
+        if child.ready_fd is not None:
+            self.selector.unregister(child.ready_fd)
+            os.close(child.ready_fd)
+            child.ready_fd = None
+
+    def read_ready(self, child: Child) -> None:
+        try:
+            data = os.read(child.ready_fd, 64) if child.ready_fd is not None else b""
+        except BlockingIOError:
+            return
+        if data:
+            child.ready = True
+            if child.restarts and child.process is not None:
+                self.say(f"server process {child.index} serving again (pid {child.process.pid})")
+        self.forget_pipe(child)  # one line, or EOF: the pipe has served its purpose
+
+    def live(self) -> list[subprocess.Popen]:
+        return [c.process for c in self.children if c.process is not None and c.process.poll() is None]
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self, on_ready: Callable[[], None] | None = None) -> int:
+        wake_read, wake_write = os.pipe()
+        for end in (wake_read, wake_write):
+            os.set_blocking(end, False)
+        self.selector.register(wake_read, selectors.EVENT_READ, None)
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+        old_wakeup = signal.set_wakeup_fd(wake_write)
+
+        def stop(signum: int, _frame: object) -> None:
+            if self.stop_signal is None:
+                self.stop_signal = signum
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select
+        try:
+            return self._serve(on_ready, wake_read)
+        finally:
+            self._stop_children()
+            signal.set_wakeup_fd(old_wakeup)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            for child in self.children:
+                self.forget_pipe(child)
+            self.selector.unregister(wake_read)
+            os.close(wake_read)
+            os.close(wake_write)
+
+    def _serve(self, on_ready: Callable[[], None] | None, wake_read: int) -> int:
+        for child in self.children:
+            self.spawn(child)
+        announced = False
+        while self.stop_signal is None:
+            due = [c.restart_at for c in self.children if c.restart_at is not None]
+            timeout = max(0.0, min(due) - time.monotonic()) if due else 1.0
+            for key, _ in self.selector.select(min(timeout, 1.0)):
+                if key.data is None:
+                    try:
+                        while os.read(wake_read, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                else:
+                    self.read_ready(key.data)
+            if self.stop_signal is not None:
+                break
+            now = time.monotonic()
+            for child in self.children:
+                if child.process is None or child.restart_at is not None:
+                    continue
+                code = child.process.poll()
+                if code is None:
+                    continue
+                if child.ready_fd is not None:  # it may have written "ready" and died at once
+                    self.read_ready(child)
+                self.forget_pipe(child)
+                if not announced:
+                    self.say(
+                        f"server process {child.index} (pid {child.process.pid}) exited with "
+                        f"{describe_status(code)} before it served"
+                    )
+                    return 1
+                served = now - child.started
+                child.backoff = (
+                    FIRST_BACKOFF
+                    if served >= STEADY_SECONDS or not child.backoff
+                    else min(child.backoff * 2, MAX_BACKOFF)
+                )
+                child.restart_at = now + child.backoff
+                child.restarts += 1
+                self.say(
+                    f"server process {child.index} (pid {child.process.pid}) exited with {describe_status(code)}; "
+                    f"restarting it in {child.backoff:g} s"
+                )
+            for child in self.children:
+                if child.restart_at is not None and child.restart_at <= time.monotonic():
+                    self.spawn(child)
+            if not announced and all(c.ready for c in self.children):
+                announced = True
+                if on_ready is not None:
+                    on_ready()
+        return 0
+
+    def _stop_children(self) -> None:
+        """SIGTERM to each child (daphne stops gracefully), then wait; SIGKILL after STOP_SECONDS."""
+        for process in self.live():
+            try:
+                process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_SECONDS
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.say(
+                    f"server process {child.index} (pid {child.process.pid}) did not stop "
+                    f"within {STOP_SECONDS:g} s; killed"
+                )
+                child.process.kill()
+                child.process.wait()
+
+
+def announce_line(addresses: Sequence[tuple[str, int]], processes: int, database: str | None = None) -> str:
+    """The start-up line of `orbit serve` (with the database) and of this module (without)."""
+    where = ", ".join(f"http://{'[' + h + ']' if ':' in h else h}:{p}" for h, p in addresses)
+    described = f"; database {database}" if database is not None else ""
+    return f"orbit: serving on {where}{described}; processes {processes}; pid {os.getpid()}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m orbit.supervisor",
+        description="N daphne processes of APPLICATION on one address (no start-up checks: see `orbit serve`). "
+        "Other options are daphne's.",
+    )
+    parser.add_argument("--processes", type=positive, default=default_processes())
+    parser.add_argument("-b", "--bind", metavar="HOST", default="127.0.0.1")
+    parser.add_argument("-p", "--port", type=int, default=8000)
+    options, child_args = parser.parse_known_args(argv)
+    if not child_args:
+        child_args.append(APPLICATION)
+    problem = endpoint_problem(child_args)
+    if problem is not None:
+        print(f"orbit serve: {problem}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        sock = listen(options.bind, options.port)
+    except ListenError as exc:
+        print(f"orbit serve: {exc}", file=sys.stderr, flush=True)
+        return 1
+    addresses = [sock.getsockname()[:2]]
+    with sock:
+        return Supervisor(sock, options.processes, child_args).run(
+            on_ready=lambda: print(announce_line(addresses, options.processes), flush=True)
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
