@@ -36,6 +36,7 @@ from orbit.fields import new_id
 from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
 from tasks.actions import dispatch, endings, rounds
 from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
+from tasks.actions.dispatch import LeaseOutcome
 from tasks.actions.identities import HEARTBEAT_SECONDS, end_session, mark_session_alive, register_worker
 from tasks.actions.rounds import SUPERSEDED
 from tasks.wakeups import registry
@@ -102,6 +103,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.capacity = 0
         self.held: set[str] = set()
         self.unacked: dict[str, Unacknowledged] = {}
+        # Held attempts known to be RUNNING: a result for one of them frees its
+        # slot, so its round may lease into that slot (on_result's hand-off).
+        self.running: set[str] = set()
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -239,6 +243,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.capacity = hello["capacity"]
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         self.held = {entry["attempt_id"] for entry in held}
+        self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
@@ -271,7 +276,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         ref = self.attempt_ref(message)
         try:
             assert self.worker is not None
-            return await rounds.approve_start_async(worker=self.worker, **ref)
+            receipt = await rounds.approve_start_async(worker=self.worker, **ref)
+            self.running.add(ref["attempt_id"])
+            return receipt
         except (LeaseLost, TaskCancelled):
             await self.forget_if_gone(ref["attempt_id"])
             raise
@@ -298,16 +305,51 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         ref = self.attempt_ref(message)
         entry = await run_db(dispatch.resume_attempt, worker=self.worker, **ref)
         self.held.add(ref["attempt_id"])
+        if entry["state"] == "RUNNING":
+            self.running.add(ref["attempt_id"])
         return {"assignment": entry}
 
-    async def on_result(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def on_result(self, message: dict[str, Any]) -> dict[str, Any] | None:
         ref = self.attempt_ref(message)
         fields = frames.result(message)
         assert self.worker is not None
         report = endings.ResultReport(worker=self.worker, **fields, **ref)
-        reply = await rounds.record_result_async(report)
-        self.forget(ref["attempt_id"])
-        return reply
+        free = self.free_slots(leaving=1 if ref["attempt_id"] in self.running else 0)
+        if free <= 0 or self.draining or self.lease_lock.locked():
+            reply = await rounds.record_result_async(report)
+            self.forget(ref["attempt_id"])
+            return reply
+        # Hand-off: the result's round also leases for this connection, so a
+        # key the result releases (or the slot it frees) goes on to the next
+        # task in the same transaction, and the assignment leaves right
+        # behind the answer instead of a wake-up and a round later.
+        async with self.lease_lock:
+            reply, leased = await asyncio.gather(
+                rounds.record_result_async(report),
+                rounds.lease_for_worker_async(worker=self.worker, limit=free),
+                return_exceptions=True,
+            )
+            if not isinstance(reply, BaseException):
+                self.forget(ref["attempt_id"])
+                await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **reply})
+            if isinstance(leased, LeaseOutcome):
+                for entry in leased.assignments:
+                    await self.send_assignment(entry)
+            elif isinstance(leased, BaseException) and not isinstance(leased, Exception):
+                raise leased  # cancelled: the connection is closing
+            # A refused lease (superseded, revoked, database down) is the
+            # dispatcher's to find out and act on at its next lease.
+        if isinstance(reply, BaseException):
+            raise reply
+        return None
+
+    def free_slots(self, leaving: int = 0) -> int:
+        """Assignments this connection may be sent now (`leaving`: held
+        attempts whose end is being recorded): its capacity, and the bounds on
+        what it has not acknowledged yet."""
+        if self.unacked_bytes >= UNACKED_MAX_BYTES:
+            return 0
+        return min(self.capacity - len(self.held) + leaving, UNACKED_MAX - len(self.unacked))
 
     async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
@@ -342,6 +384,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     def forget(self, attempt_id: str) -> None:
         self.held.discard(attempt_id)
+        self.running.discard(attempt_id)
         self.wake.set()
 
     async def dispatch_loop(self) -> None:
@@ -357,9 +400,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 else:
                     if await self.close_if_not_reading():
                         return
-                    free = min(self.capacity - len(self.held), UNACKED_MAX - len(self.unacked))
-                    if self.unacked_bytes >= UNACKED_MAX_BYTES:
-                        free = 0
+                    free = self.free_slots()
                     if free > 0:
                         async with self.lease_lock:
                             assignments = []
@@ -440,6 +481,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         """Reconciles held attempts with the database (leases recovered elsewhere)."""
         assert self.worker is not None
         self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
+        self.running &= self.held
 
     async def heartbeat_loop(self) -> None:
         """Marks the session alive (workers.actions: a live session is not
