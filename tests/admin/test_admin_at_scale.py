@@ -14,7 +14,7 @@ from orbit import admin_base
 from orbit.admin_base import AdminStatementTimeout
 from orbit.audit import AUDIT_ACTIONS
 from orbit.models import AuditEntry
-from tasks.actions import dispatch
+from tasks.actions import rounds
 from tests.conftest import api_client, post_json
 from tests.support.factories import make_credential
 from tests.support.plans import change, plan_body
@@ -60,7 +60,7 @@ def test_search_matches_the_whole_term_exactly_including_spaces(operator, tenant
     assert listed_ids(operator.get(search + other["id"])) == [other["id"]]
     assert sorted(listed_ids(operator.get(search + queue["id"]))) == sorted([spaced["id"], other["id"]])
     assert listed_ids(operator.get(search + "print")) == []  # whole term, not a part of it
-    leased = dispatch.lease_tasks(worker=worker_for(tenant, queue["id"], worker_id="w 1"), limit=1)
+    leased = rounds.lease_tasks(worker=worker_for(tenant, queue["id"], worker_id="w 1"), limit=1)
     assert listed_ids(operator.get("/admin/tasks/attempt/?q=" + leased[0]["task"]["concurrency_key"])) == [
         leased[0]["attempt_id"]
     ]
@@ -75,7 +75,7 @@ def test_large_tables_sort_only_where_an_index_orders(operator, tenant):
         submit_ok(tenant.client, queue["id"], f"t-{n}", priority=n)
     by_priority = operator.get("/admin/tasks/task/?o=5")  # list_display[5] is priority: not sortable
     assert ordering_of(by_priority) == ("-pk",)
-    dispatch.lease_tasks(worker=worker_for(tenant, queue["id"]), limit=3)
+    rounds.lease_tasks(worker=worker_for(tenant, queue["id"]), limit=3)
     # list_display[8] is leased_at; the tie-break follows its direction, so the
     # leased_at index (which ends in the id) serves either without a filesort
     assert ordering_of(operator.get("/admin/tasks/attempt/?o=8")) == ("leased_at", "pk")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orbit.models import Application, AuditEntry, Event, IdempotencyRecord
-from tasks.actions import dispatch
+from tasks.actions import rounds
 from tests.conftest import Tenant, api_client, post_json
 from tests.support.factories import ALL_SCOPES, NamespaceFactory, make_credential
 from tests.support.queues import assert_error, assert_invalid, assert_ok
@@ -186,11 +186,11 @@ def test_active_quota_bounds_leases_across_namespaces(manager):
     assert_ok(
         configure(manager.client, application_id, configure_body(max_active_attempts=3, max_unfinished_tasks=100))
     )
-    leased_here = dispatch.lease_tasks(worker=worker_for(manager, here["id"]), limit=2)
+    leased_here = rounds.lease_tasks(worker=worker_for(manager, here["id"]), limit=2)
     sibling_tenant = Tenant(namespace=sibling_namespace, token=sibling_issued.token, client=sibling)
-    leased_there = dispatch.lease_tasks(worker=worker_for(sibling_tenant, there["id"]), limit=4)
+    leased_there = rounds.lease_tasks(worker=worker_for(sibling_tenant, there["id"]), limit=4)
     assert (len(leased_here), len(leased_there)) == (2, 1)
-    assert dispatch.lease_tasks(worker=worker_for(manager, here["id"]), limit=4) == []
+    assert rounds.lease_tasks(worker=worker_for(manager, here["id"]), limit=4) == []
     data = assert_ok(manager.client.get(f"/v1/applications/{application_id}"))
     assert data["active_attempts"] == "3"
 

@@ -6,17 +6,27 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection, transaction
 
-from orbit.api.auth import authenticate_token
-from orbit.audit import atomic_with_events, emit_event, event_page
+from orbit.audit import emit_event, event_page, gathered_events
 from orbit.models import Event, EventSequence
+from orbit.principal import authenticate_token
 from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.race import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def atomic_with_events() -> Iterator[None]:
+    """A transaction whose events are written at its end, as orbit.transactions.outermost
+    opens one, but nestable: the tests hold some open past their events."""
+    with transaction.atomic(), gathered_events():
+        yield
 
 
 def emit(namespace_id: str, label: str, count: int = 1) -> None:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from orbit_sdk import Client, CreatePlanRequest, CreateQueueRequest
 from plans.actions import fire_due_plans
 from plans.models import Plan, PlanTrigger, PlanVersion
-from tasks.actions import dispatch
+from tasks.actions import rounds
 from tasks.models import Task
 from tests.conftest import post_json
 from tests.support.plans import TASK, create_plan, plan_body
@@ -150,7 +150,7 @@ def test_keyed_definition_tasks_share_one_permit(planner):
     Plan.objects.filter(id=plan_id).update(next_fire_at=minutes(anchor, 1))
     assert fire_due_plans() == 3
     assert set(Task.objects.filter(queue_id=queue["id"]).values_list("concurrency_key", flat=True)) == {"ledger:1"}
-    leased = dispatch.lease_tasks(worker=worker_for(planner, queue["id"]), limit=3)
+    leased = rounds.lease_tasks(worker=worker_for(planner, queue["id"]), limit=3)
     assert len(leased) == 1
     assert_invariants()
 

@@ -16,7 +16,7 @@ from orbit.probes import database_settings, open_connection
 def mysql_settings(port: int) -> dict[str, Any]:
     """A MySQL database on 127.0.0.1:`port`: whatever the suite's own vendor."""
     return {
-        "ENGINE": "orbit.db_backends.mysql",
+        "ENGINE": "orbit.db.mysql",
         "NAME": "orbit",
         "USER": "root",
         "PASSWORD": "",

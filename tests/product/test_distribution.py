@@ -73,7 +73,7 @@ def test_commands_make_the_default_sqlite_directory(tmp_path, monkeypatch):
     from orbit.cli import make_local_dir
 
     monkeypatch.delenv("ORBIT_SQLITE_PATH", raising=False)
-    make_local_dir("orbit.db_backends.mysql", tmp_path / "not-for-mysql")
+    make_local_dir("orbit.db.mysql", tmp_path / "not-for-mysql")
     assert not (tmp_path / "not-for-mysql").exists()
     make_local_dir("django.db.backends.sqlite3", tmp_path / ".local")
     assert (tmp_path / ".local").is_dir() and (tmp_path / ".local").stat().st_mode & 0o777 == 0o700

@@ -140,7 +140,7 @@ def test_the_start_up_check_names_what_is_wrong(empty_database):
 
 
 def test_the_probe_connection_keeps_its_1_s_timeouts_in_a_serving_process(monkeypatch):
-    from orbit.db_backends.mysql import base as mysql_backend
+    from orbit.db.mysql import base as mysql_backend
 
     # orbit.asgi sets serving timeouts (seconds longer) on every connection the process opens.
     monkeypatch.setattr(mysql_backend, "serving", True)

@@ -8,7 +8,7 @@ from typing import Any
 from channels.testing import WebsocketCommunicator
 
 from orbit.asgi import application
-from orbit.db_backends.mysql import base as mysql_backend
+from orbit.db.mysql import base as mysql_backend
 from tests.conftest import post_json
 
 # Importing the application marks this process as a server (short database
