@@ -1,0 +1,250 @@
+"""`manage.py orbit_prune --finished-before DURATION [--dry-run]`: opt-in retention.
+
+Removes the tasks that finished (SUCCEEDED, FAILED, CANCELLED) before now -
+DURATION, with their attempts and their task events, then the idempotency
+records older than the retention (--idempotency-before, the same DURATION
+unless given) whose task, if they name one, is gone. Never a concurrency-key
+row (a key's row is its token sequence), never an unfinished or NEEDS_REVIEW
+task, never anything newer than the bound.
+
+Every table is walked along its primary key in batches (--batch-size ids,
+500 by default), each batch one short transaction of its own: a read of the
+next ids, then DELETEs of those that qualify, re-checked in the DELETE's own
+WHERE. Finished tasks are in no counter (queue_state and application_state
+count unfinished tasks and active attempts only: tasks/invariants.py), so no
+batch locks a counter row, and the engine's transactions never wait on one
+for long. What else the prune keeps, and why (docs/decisions.md, Retention):
+
+- a task a plan made (its CREATED trigger row names it: the trigger history
+  stays whole);
+- each namespace's newest event (its sequence row names that cursor);
+- an idempotency record whose task still exists: a replay answers the
+  task's receipt for as long as the task is there. Once the task is pruned
+  its record goes too, the key is free, and a replay creates a new task."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from django.utils import timezone
+
+from orbit.models import Event, EventSequence, IdempotencyRecord
+from orbit.transactions import run_retrying
+from plans.models import PlanTrigger, TriggerOutcome
+from tasks.models import FINAL_TASK_STATES, Attempt, Task
+
+DURATION = re.compile(r"^([0-9]{1,9})([smhd])$")
+UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+FINISHED = sorted(FINAL_TASK_STATES)
+DEFAULT_BATCH = 500
+
+
+def parse_duration(text: str) -> timedelta:
+    """30d, 12h, 90m, 45s."""
+    match = DURATION.match(text.strip())
+    if match is None:
+        raise CommandError(f"{text!r}: a duration is a whole number and a unit s, m, h or d (e.g. 30d, 12h, 90m)")
+    return timedelta(**{UNITS[match.group(2)]: int(match.group(1))})
+
+
+@dataclass
+class Tally:
+    scanned: int = 0
+    tasks: int = 0
+    attempts: int = 0
+    events: int = 0
+    records: int = 0
+    kept: dict[str, int] = field(default_factory=dict)
+
+    def keep(self, reason: str, count: int = 1) -> None:
+        if count:
+            self.kept[reason] = self.kept.get(reason, 0) + count
+
+
+def batches(model: Any, fields: tuple[str, ...], size: int) -> Iterable[list[tuple[Any, ...]]]:
+    """The table's rows, `size` at a time along the primary key (each read one
+    short LIMIT query, outside any transaction)."""
+    last: Any = None
+    while True:
+        rows = model.objects.order_by("pk")
+        if last is not None:
+            rows = rows.filter(pk__gt=last)
+        page = list(rows.values_list("pk", *fields)[:size])
+        if not page:
+            return
+        yield page
+        last = page[-1][0]
+        if len(page) < size:
+            return
+
+
+class Command(BaseCommand):
+    help = (
+        "Remove tasks finished before now - DURATION (with their attempts and events) and idempotency records "
+        "past the retention, in small batches; --dry-run counts only."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--finished-before", required=True, metavar="DURATION", help="e.g. 30d, 12h, 90m")
+        parser.add_argument(
+            "--idempotency-before",
+            metavar="DURATION",
+            help="idempotency records older than this (default: --finished-before); a record whose task "
+            "still exists is kept",
+        )
+        parser.add_argument("--dry-run", action="store_true", help="count what would go; remove nothing")
+        parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="ids per transaction (500)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        now = timezone.now()
+        bound = now - parse_duration(options["finished_before"])
+        record_bound = now - parse_duration(options["idempotency_before"] or options["finished_before"])
+        size = options["batch_size"]
+        if not 1 <= size <= 10_000:
+            raise CommandError("--batch-size: 1 to 10000")
+        self.dry_run = options["dry_run"]
+        tally = Tally()
+        started = time.monotonic()
+        mode = "dry run: nothing is removed" if self.dry_run else "removing"
+        self.stdout.write(f"orbit_prune: tasks finished before {bound.isoformat()}; {mode}")
+        self.prune_tasks(bound, size, tally)
+        self.prune_events(bound, size, tally)
+        self.prune_records(record_bound, size, tally)
+        verb = "would remove" if self.dry_run else "removed"
+        kept = ", ".join(f"{count} {reason}" for reason, count in sorted(tally.kept.items())) or "nothing"
+        self.stdout.write(
+            f"orbit_prune: {verb} {tally.tasks} tasks, {tally.attempts} attempts, {tally.events} events, "
+            f"{tally.records} idempotency records in {time.monotonic() - started:.1f} s; kept {kept}"
+        )
+
+    def progress(self, table: str, scanned: int, removed: int) -> None:
+        verb = "would remove" if self.dry_run else "removed"
+        self.stdout.write(f"  {table}: scanned {scanned}, {verb} {removed}")
+
+    # ------------------------------------------------------------------ tasks
+
+    def prune_tasks(self, bound: datetime, size: int, tally: Tally) -> None:
+        # Read once: the trigger table has no task_id index, and is one row per plan fire.
+        planned = self.planned = set(
+            PlanTrigger.objects.filter(outcome=TriggerOutcome.CREATED)
+            .exclude(task_id="")
+            .values_list("task_id", flat=True)
+        )
+        scanned = 0
+        for page in batches(Task, ("state", "finished_at"), size):
+            scanned += len(page)
+            chosen = []
+            for task_id, state, finished_at in page:
+                if state not in FINAL_TASK_STATES or finished_at is None or finished_at >= bound:
+                    continue
+                if task_id in planned:
+                    tally.keep("tasks made by a plan")
+                    continue
+                chosen.append(task_id)
+            if chosen:
+                tasks, attempts = self.remove_tasks(chosen, bound)
+                tally.tasks += tasks
+                tally.attempts += attempts
+            self.progress("tasks", scanned, tally.tasks)
+
+    def remove_tasks(self, ids: list[str], bound: datetime) -> tuple[int, int]:
+        def once() -> tuple[int, int]:
+            with transaction.atomic(durable=True):
+                # Re-checked here: only rows still finished before the bound go.
+                tasks = Task.objects.filter(id__in=ids, state__in=FINISHED, finished_at__lt=bound)
+                gone = list(tasks.values_list("id", flat=True))
+                if self.dry_run or not gone:
+                    return len(gone), Attempt.objects.filter(task_id__in=gone).count() if gone else 0
+                attempts = Attempt.objects.filter(task_id__in=gone).delete()[0]
+                Task.objects.filter(id__in=gone, state__in=FINISHED, finished_at__lt=bound).delete()
+                return len(gone), attempts
+
+        return run_retrying(once)
+
+    # ------------------------------------------------------------------ events
+
+    def prune_events(self, bound: datetime, size: int, tally: Tally) -> None:
+        """Task events older than the bound whose task is gone. The event id
+        grows with time: the walk stops at the first batch newer than the bound."""
+        scanned = 0
+        for page in batches(Event, ("namespace_id", "seq", "type", "subject_id", "created_at"), size):
+            scanned += len(page)
+            old = [row for row in page if row[5] < bound and row[3].startswith("task.")]
+            subjects = {row[4] for row in old}
+            existing = set(Task.objects.filter(id__in=subjects).values_list("id", flat=True)) if subjects else set()
+            if self.dry_run:
+                # The dry run removed no task: count the events of the tasks it would remove.
+                existing -= self.finished_before(subjects, bound)
+            namespaces = {row[1] for row in old}
+            newest = dict(
+                EventSequence.objects.filter(namespace_id__in=namespaces).values_list("namespace_id", "last_seq")
+            )
+            chosen = []
+            for event_id, namespace_id, seq, _type, subject_id, _created in old:
+                if subject_id in existing:
+                    continue
+                if newest.get(namespace_id) == seq:
+                    tally.keep("newest events of a namespace")
+                    continue
+                chosen.append(event_id)
+            if chosen:
+                tally.events += self.remove(Event.objects.filter(id__in=chosen, created_at__lt=bound))
+            self.progress("events", scanned, tally.events)
+            if all(row[5] >= bound for row in page):
+                return
+
+    # ------------------------------------------------------------------ idempotency records
+
+    def prune_records(self, bound: datetime, size: int, tally: Tally) -> None:
+        scanned = 0
+        for page in batches(IdempotencyRecord, ("created_at", "response_data"), size):
+            scanned += len(page)
+            old = [(record_id, task_of(data)) for record_id, created_at, data in page if created_at < bound]
+            named = {task_id for _, task_id in old if task_id}
+            existing = set(Task.objects.filter(id__in=named).values_list("id", flat=True)) if named else set()
+            if self.dry_run:
+                existing -= self.finished_before(named, bound)
+            chosen = []
+            for record_id, task_id in old:
+                if task_id and task_id in existing:
+                    tally.keep("idempotency records of a task still there")
+                    continue
+                chosen.append(record_id)
+            if chosen:
+                tally.records += self.remove(IdempotencyRecord.objects.filter(id__in=chosen, created_at__lt=bound))
+            self.progress("idempotency records", scanned, tally.records)
+            if all(row[1] >= bound for row in page):
+                return
+
+    # ------------------------------------------------------------------ plumbing
+
+    def finished_before(self, task_ids: set[str], bound: datetime) -> set[str]:
+        """Of these tasks, those the (dry) run would remove."""
+        if not task_ids:
+            return set()
+        finished = Task.objects.filter(id__in=task_ids, state__in=FINISHED, finished_at__lt=bound)
+        return set(finished.values_list("id", flat=True)) - getattr(self, "planned", set())
+
+    def remove(self, rows: Any) -> int:
+        if self.dry_run:
+            return rows.count()
+
+        def once() -> int:
+            with transaction.atomic(durable=True):
+                return rows.delete()[0]
+
+        return run_retrying(once)
+
+
+def task_of(data: Any) -> str | None:
+    """The task a record's receipt names (task.submit, task.cancel, task.resolve)."""
+    task = data.get("task") if isinstance(data, dict) else None
+    task_id = task.get("id") if isinstance(task, dict) else None
+    return task_id if isinstance(task_id, str) else None
