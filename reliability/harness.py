@@ -7,7 +7,9 @@
 1. Starts a private MariaDB (reliability/mariadb.py: own datadir, port and socket; the
    shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
    credential with `manage.py orbit_bootstrap` and creates a second queue.
-2. Starts Orbit servers A and B (`python -m orbit.serve`, daphne on uvloop) on that database
+2. Starts Orbit servers A and B on that database, each a node of `SERVER_PROCESSES` daphne
+   processes on one socket (`python -m orbit.supervisor --processes 2`, `orbit serve`'s
+   supervisor without its start-up checks; `kill -9 server` kills the node's process group)
    with SDK workers (reliability/worker.py) split across them, server C that serves the API
    only, and submitter threads that send keyed and unkeyed tasks to A and B with unique
    Idempotency-Keys, re-sending the same key and body after a 503 or a network error (plus
@@ -117,22 +119,42 @@ class Processes:
 
     def __init__(self) -> None:
         self.children: list[subprocess.Popen] = []
+        self.groups: set[int] = set()  # pids that lead a process group of their own (server nodes)
         self.lock = threading.Lock()
 
-    def popen(self, args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    def popen(self, args: list[str], log_path: Path, env: dict[str, str], group: bool = False) -> subprocess.Popen:
+        """`group`: the child leads a new process group (a server node: its supervisor and
+        every daphne process it starts), ended as one by `kill`."""
         log_file = open(log_path, "a")  # noqa: SIM115 - handed to the child
-        process = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=group
+        )
         log_file.close()
         with self.lock:
             self.children.append(process)
+            if group:
+                self.groups.add(process.pid)
         return process
+
+    def kill(self, process: subprocess.Popen) -> None:
+        """SIGKILL to the process, or to its whole group when it leads one. Only while the
+        process is not yet reaped (returncode None): until then its pid, and so its group's
+        id, cannot belong to anything else."""
+        if process.returncode is not None:
+            return
+        if process.pid in self.groups:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        elif process.poll() is None:
+            process.kill()
 
     def kill_all(self) -> None:
         with self.lock:
             children = list(self.children)
         for process in children:
-            if process.poll() is None:
-                process.kill()
+            self.kill(process)
         for process in children:
             try:
                 process.wait(timeout=10)
@@ -146,6 +168,11 @@ def port_open(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+# Each server node runs this many daphne processes on its one address (orbit/supervisor.py).
+SERVER_PROCESSES = 2
+START_LINE = b"orbit: serving on "
 
 
 class Server:
@@ -164,28 +191,50 @@ class Server:
         self.starts += 1
         with open(self.log_path, "a") as out:
             out.write(f"\n==== start #{self.starts} at {time.strftime('%H:%M:%S')} ====\n")
+        offset = self.log_path.stat().st_size
         self.process = self.procs.popen(
-            [PYTHON, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
+            [
+                PYTHON,
+                "-m",
+                "orbit.supervisor",
+                "--processes",
+                str(SERVER_PROCESSES),
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "orbit.asgi:application",
+            ],
             self.log_path,
             self.env,
+            group=True,
         )
+        # The supervisor's socket accepts connections at once; the node serves once every
+        # process listens, which its start-up line says.
         while time.monotonic() - began < timeout:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server {self.name} exited; see {self.log_path}")
-            if port_open(self.port):
-                return time.monotonic() - began
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(offset)
+                if START_LINE in log_file.read():
+                    return time.monotonic() - began
             time.sleep(0.05)
         raise RuntimeError(f"server {self.name} did not listen within {timeout:.0f} s")
 
     def stop(self, kill: bool = False) -> None:
+        """SIGTERM to the supervisor (it stops its processes gracefully), or kill -9 the
+        whole node: the supervisor's process group."""
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None or process.returncode is not None:
             return
-        (process.kill if kill else process.terminate)()
+        if kill:
+            self.procs.kill(process)
+        elif process.poll() is None:
+            process.terminate()
         try:
             process.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            process.kill()
+            self.procs.kill(process)
             process.wait()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and port_open(self.port):
