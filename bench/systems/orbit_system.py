@@ -1,7 +1,9 @@
 """Orbit under the benchmark contract (bench/systems/__init__.py).
 
 Orbit runs as a user runs it: `python -m orbit.serve orbit.asgi:application` (daphne on uvloop) against a fresh
-MariaDB database, real SDK Worker processes (bench/systems/orbit_worker.py),
+MariaDB database (with ORBIT_BENCH_PROCESSES=N above 1: `python -m orbit.supervisor --processes N`, that is
+`orbit serve --processes N` without its start-up checks: N daphne processes on one socket),
+real SDK Worker processes (bench/systems/orbit_worker.py),
 submitters in this process calling the SDK's Client (W1's one-by-one submits,
 from threads, as the Celery and django-q2 harnesses call theirs) or httpx (queue
 set-up and :batch pre-loads). W0 and W5 run in-process scripts with Orbit's
@@ -42,7 +44,15 @@ NOTES = {
     "NEEDS_REVIEW (effect unknown), never re-run blindly",
     "W5": "lease transaction timed in-process on MariaDB; the large backlog is inserted with SQL, not HTTP",
 }
-CONFIG = {"server_processes": 1, "db_threads": int(os.environ.get("ORBIT_DB_THREADS", "8")), "sdk": "orbit_sdk.Worker"}
+# Server processes on the one address (orbit/supervisor.py); 1 = one daphne process, as before.
+PROCESSES = int(os.environ.get("ORBIT_BENCH_PROCESSES", "1"))
+if PROCESSES < 1:
+    raise ValueError(f"ORBIT_BENCH_PROCESSES must be at least 1, not {PROCESSES}")
+CONFIG = {
+    "server_processes": PROCESSES,
+    "db_threads": int(os.environ.get("ORBIT_DB_THREADS", "8")),
+    "sdk": "orbit_sdk.Worker",
+}
 
 HERE = Path(__file__).resolve().parent
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"}
@@ -87,11 +97,13 @@ class Server:
             stdout=subprocess.DEVNULL,
         )
         self.token = json.loads(credentials.read_text())["token"]
+        server = ["orbit.serve"] if PROCESSES == 1 else ["orbit.supervisor", "--processes", str(PROCESSES)]
+        log = self.work / "server.log"
         self.proc = common.spawn(
             [
                 str(common.ORBIT_PYTHON),
                 "-m",
-                "orbit.serve",
+                *server,
                 "-b",
                 "127.0.0.1",
                 "-p",
@@ -100,9 +112,15 @@ class Server:
             ],
             env=self.env,
             cwd=common.ROOT,
-            log=self.work / "server.log",
+            log=log,
         )
-        if not common.wait_until(lambda: common.tcp_up(self.port), 30):
+        # The supervisor's socket accepts at once; it serves once every process listens,
+        # which its start-up line says (one daphne process listens when it serves).
+        if PROCESSES == 1:
+            started = common.wait_until(lambda: common.tcp_up(self.port), 30)
+        else:
+            started = common.wait_until(lambda: log.exists() and b"orbit: serving on " in log.read_bytes(), 30)
+        if not started:
             raise RuntimeError("orbit server did not start")
         self.http = httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
 
@@ -266,6 +284,7 @@ async def w1(scale: dict, deadline: float) -> dict:
         meter.stop()
         finished = max(events.dones[label][0][0] for label in labels)
         result = {
+            "server_processes": PROCESSES,
             "tasks": len(labels),
             "seconds": round(finished - began, 3),
             "tasks_per_s": round(len(labels) / (finished - began), 1),
@@ -311,7 +330,13 @@ def key_checks(server: Server, queue_id: str) -> tuple[bool, int, bool]:
 
 async def w2(scale: dict, deadline: float) -> dict:
     server = Server(f"bench_orbit_w2_{scale['run']}")
-    result: dict = {"tasks": scale["tasks"], "overlap_ok": True, "overlaps": 0, "tokens_increasing": True}
+    result: dict = {
+        "server_processes": PROCESSES,
+        "tasks": scale["tasks"],
+        "overlap_ok": True,
+        "overlaps": 0,
+        "tokens_increasing": True,
+    }
     try:
         for keys in scale["keys"]:
             queue_id = await server.create_queue(f"w2-{keys}")
@@ -360,7 +385,7 @@ async def w3(scale: dict, deadline: float) -> dict:
             raise TimeoutError("orbit W3: not enough time left")
         time.sleep(max(0.0, wait_s))
         starts = [record[0] for records in events.poll().starts.values() for record in records]
-        return common.rate_metrics(starts, rate, seconds, t0)
+        return {"server_processes": PROCESSES, **common.rate_metrics(starts, rate, seconds, t0)}
     finally:
         stop_all(procs)
         await server.close()
@@ -423,6 +448,7 @@ async def w4(scale: dict, deadline: float) -> dict:
         # Runs beyond a task's first (Orbit never re-runs an attempt whose effect is unknown).
         reruns = sum(max(0, len(records) - 1) for records in events.starts.values())
         return {
+            "server_processes": PROCESSES,
             "tasks": len(labels),
             "held_total": len(held),
             "held_running": len(held) - len(expired),
