@@ -56,10 +56,11 @@ def count_text(count: int, capped: bool) -> str:
 
 
 def format_ms(value: datetime | None) -> str:
-    """RFC 3339, UTC, to the millisecond (the console's times)."""
+    """RFC 3339, UTC, with its milliseconds and microseconds always written
+    (the console's times, as orbit/console/formats writes the admin's fields)."""
     if value is None:
         return "—"
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def change_url(model: Any, pk: Any) -> str:

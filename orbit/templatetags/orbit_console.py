@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django import template
 
+from orbit.admin_base import format_ms
 from orbit.console import data
 
 register = template.Library()
@@ -25,10 +26,8 @@ def age(seconds: float | None) -> str:
 
 @register.filter
 def ms(value: datetime | None) -> str:
-    """RFC 3339, UTC, to the millisecond."""
-    if value is None:
-        return "—"
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """RFC 3339, UTC, to the millisecond and below (orbit.admin_base.format_ms)."""
+    return format_ms(value)
 
 
 @register.filter
