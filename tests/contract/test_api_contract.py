@@ -33,7 +33,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from orbit.models import SCOPES
-from tests.support.contract import World, fresh_key
+from tests.support.contract import TASK_BODY, World, fresh_key
 from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.live import LiveServer
 
@@ -152,6 +152,17 @@ def _nothing(case: Any, world: World) -> None:
     pass
 
 
+CONTRACT_KEY = "contract/key 1"
+
+
+def _concurrency_key(case: Any, world: World) -> None:
+    """A key with a waiting task (GET /v1/concurrency-keys/{key} answers it before its first lease)."""
+    if "concurrency_key" not in world.named:
+        world.post("/v1/tasks", {**TASK_BODY, "queue_id": world.queue("keys"), "concurrency_key": CONTRACT_KEY})
+        world.named["concurrency_key"] = CONTRACT_KEY
+    case.path_parameters = {"key": CONTRACT_KEY}
+
+
 # What a "real" case of each operation gets from the world.
 PREPARE: dict[str, Callable[[Any, World], None]] = {
     "GET /v1/queues": _nothing,
@@ -172,6 +183,8 @@ PREPARE: dict[str, Callable[[Any, World], None]] = {
     "GET /v1/applications/{application_id}": _application,
     "POST /v1/applications/{application_id}:configure": _application,
     "GET /v1/events": _nothing,
+    "GET /v1/concurrency-keys": _nothing,
+    "GET /v1/concurrency-keys/{key}": _concurrency_key,
     "GET /v1/plans": _nothing,
     "POST /v1/plans": _plan_create,
     "GET /v1/plans/{plan_id}": _plan("read"),
