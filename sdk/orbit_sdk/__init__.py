@@ -28,6 +28,7 @@ sdk/README.md has a quickstart that runs as written against ``scripts/run``.
 """
 
 from orbit_sdk import fencing as fencing  # the resource-side guard; a submodule, so not in __all__
+from orbit_sdk._attempts import Execution
 from orbit_sdk._client import AsyncClient, Client
 from orbit_sdk._credentials import Credentials, load_credentials
 from orbit_sdk._exceptions import (
@@ -65,7 +66,7 @@ from orbit_sdk._models import (
     TaskInfo,
     UpdatePlanRequest,
 )
-from orbit_sdk._worker import Execution, Worker
+from orbit_sdk._worker import Worker
 
 __version__ = "0.1.0"
 

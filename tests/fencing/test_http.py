@@ -17,7 +17,8 @@ import pytest
 
 import orbit_sdk
 from orbit_sdk import fencing
-from orbit_sdk._worker import Execution, parse_assignment
+from orbit_sdk._attempts import Execution
+from orbit_sdk._protocol import parse_assignment
 from tests.fencing.dbs import POSTGRES, server_database
 
 NS = "00112233445566778899aabbccddeeff"

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 import orbit_sdk
-from orbit_sdk import _worker
-from orbit_sdk._worker import NO_HANDLER_HOLD_SECONDS, default_worker_id, websocket_url
+from orbit_sdk import _attempts
+from orbit_sdk._attempts import NO_HANDLER_HOLD_SECONDS
+from orbit_sdk._protocol import websocket_url
+from orbit_sdk._worker import default_worker_id
 from tests.support.fake_server import FakeAttempt, FakeServer
 from tests.support.sdk_worker import TOKEN, make_worker, recv_types, run, running
 
@@ -26,8 +28,8 @@ def without_id(frame: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_worker, "QUEUE_PAUSED_BACKOFF", 0.02)
-    monkeypatch.setattr(_worker, "TRANSIENT_BACKOFF", 0.02)
+    monkeypatch.setattr(_attempts, "QUEUE_PAUSED_BACKOFF", 0.02)
+    monkeypatch.setattr(_attempts, "TRANSIENT_BACKOFF", 0.02)
 
 
 # --------------------------------------------------------------------------- basics
@@ -285,7 +287,7 @@ def test_result_is_resent_when_the_reply_is_dropped():
             server.assign("a1")
             async with running(worker):
                 await server.wait_for(lambda: server.attempts["a1"].results_received >= 2)
-                await server.wait_for(lambda: not worker._attempts)  # acknowledged
+                await server.wait_for(lambda: not worker._attempts.held)  # acknowledged
             results = [without_id(f) for f in server.received("task.result", "a1")]
             assert len(results) == 2 and results[0] == results[1]
             assert calls == [1]
@@ -305,7 +307,7 @@ def test_result_is_resent_across_a_reconnect(action):
             server.assign("a1")
             async with running(worker):
                 await server.wait_for(lambda: len(server.received("task.result", "a1")) >= 2)
-                await server.wait_for(lambda: not worker._attempts)
+                await server.wait_for(lambda: not worker._attempts.held)
             assert server.connections == 2
             assert [h["worker_id"] for h in server.received("hello")] == ["w1", "w1"]
             results = [without_id(f) for f in server.received("task.result", "a1")]
@@ -337,7 +339,7 @@ def test_reconnect_resumes_a_running_attempt_with_its_key_and_token(nested):
                 await server.wait_for(lambda: seen)
                 await server.close_connection()
                 await server.wait_for(lambda: server.received("task.resume"))
-                await server.wait_for(lambda: worker._conn is not None and worker._conn.ready)
+                await server.wait_for(lambda: worker._link.conn is not None and worker._link.conn.ready)
                 release.set()
                 await server.wait_for(lambda: server.attempts["a1"].result is not None)
 
@@ -366,7 +368,7 @@ def test_attempt_missing_from_held_after_reconnect_is_dropped_before_start():
                 await server.wait_for(lambda: server.received("task.start"))
                 server.attempts["a1"].state = "EXPIRED"  # the lease ran out while we were away
                 await server.close_connection()
-                await server.wait_for(lambda: server.connections == 2 and not worker._attempts)
+                await server.wait_for(lambda: server.connections == 2 and not worker._attempts.held)
             assert calls == []
             assert server.received("task.resume") == []
             assert len(server.received("task.start")) == 1

@@ -1,0 +1,613 @@
+"""The attempts a worker holds, from ``task.assign`` to an acknowledged result.
+
+Life of an attempt inside :class:`Attempts`::
+
+    task.assign ──ack──▶ leased ──task.start──▶ running ──handler──▶ reporting ──task.result.ok──▶ gone
+                           │  RATE_LIMITED: wait retry_after_ms, ask again (same attempt, epoch)
+                           │  QUEUE_PAUSED: back off and ask again for up to one lease, then release
+                           │  LEASE_LOST / TASK_CANCELLED: dropped, the server already ended it
+                           └─ draining, or a protocol error: task.release
+
+Invariants the code relies on:
+
+* Business code runs only after ``task.start.ok`` for that attempt and epoch.
+* A result is re-sent, same content, until ``task.result.ok`` (or a definite refusal), across
+  reconnects; the server answers replays from its record.
+* Every held attempt (leased, running or reporting) is renewed once a third of its remaining
+  lease has passed (never later than ``renew_seconds``), so short leases are kept too.
+* A renewal that reports ``cancel_requested``, or a lost lease, reaches the handler through
+  its :class:`Execution`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import inspect
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from orbit_sdk._connection import Abandoned, Connection, Link, NoAnswer
+from orbit_sdk._exceptions import CancelRequested, ProtocolError, RetryableError, UnknownOutcome
+from orbit_sdk._models import TaskInfo
+from orbit_sdk._protocol import (
+    TRANSIENT_CODES,
+    Assignment,
+    attempt_frame,
+    changes,
+    error_code,
+    failure,
+    ids_of,
+    lease_end,
+    parse_assignment,
+    retry_after,
+    success,
+)
+from orbit_sdk.fencing import headers_for
+
+if TYPE_CHECKING:
+    from orbit_sdk._worker import Worker
+
+logger = logging.getLogger("orbit_sdk.worker")
+
+Handler = Callable[["Execution"], Any]
+
+RENEW_TICK_SECONDS = 0.25  # how often the renewer looks for attempts whose renewal is due
+MIN_RENEW_DELAY = 0.2  # seconds; floor for a renewal's delay when a lease is nearly over
+QUEUE_PAUSED_BACKOFF = 0.5  # seconds before asking Start again on a paused queue; doubles up to renew_seconds
+TRANSIENT_BACKOFF = 0.5  # seconds after UNAVAILABLE/INTERNAL; doubles up to renew_seconds
+# A task no handler of this worker serves is handed back after this long, not at once: with
+# bare handler names the hello advertises every handler, and the server would assign the same
+# task straight back (a lease and release a few milliseconds apart, forever).
+NO_HANDLER_HOLD_SECONDS = 1.0
+
+
+class Execution:
+    """What a handler gets: the task, its attempt, and the cancellation signal.
+
+    The signal is set when a renewal reports ``cancel_requested`` or when the lease is lost;
+    check it with :attr:`cancelled`, :meth:`raise_if_cancelled`, :meth:`wait_cancelled`
+    (blocking, for sync handlers) or ``await`` :meth:`until_cancelled` (async handlers).
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        assignment: Assignment,
+        attempt_number: int,
+        lease_expires_at: datetime.datetime | None,
+    ) -> None:
+        self.worker = worker
+        self.task: TaskInfo = assignment.task
+        self.attempt_id: str = assignment.attempt_id
+        self.attempt_number: int = attempt_number
+        self.epoch: int = assignment.epoch
+        self.concurrency_token: int | None = assignment.concurrency_token
+        # The lease's end as the server last confirmed it: every renewal refreshes it, so a
+        # resource can refuse a write from a worker paused past it (orbit_sdk.fencing).
+        self.lease_expires_at: datetime.datetime | None = lease_expires_at
+        # The credential's namespace (the key's scope): from Worker(namespace_id=...), which
+        # Worker.from_credentials_file fills in; None when the worker was not told.
+        self.namespace_id: str | None = worker.namespace_id
+        self._cancel_requested = False
+        self._lease_lost = False
+        self._signal_threads = threading.Event()
+        self._signal_loop = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"<Execution attempt={self.attempt_id} task={self.task.id} number={self.attempt_number}>"
+
+    @property
+    def payload(self) -> Any:
+        return self.task.payload
+
+    @property
+    def concurrency_key(self) -> str | None:
+        return self.task.concurrency_key
+
+    def fence_headers(self, operation_id: str) -> dict[str, str]:
+        """Headers that let a fenced service (``orbit_sdk.fencing`` middleware) guard this write."""
+        return headers_for(self, operation_id)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """The task was cancelled while running (learnt from a renewal): stop and report."""
+        return self._cancel_requested
+
+    @property
+    def lease_lost(self) -> bool:
+        """The server no longer counts this attempt as ours; a result is kept only as late evidence."""
+        return self._lease_lost
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel_requested or self._lease_lost
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancelled:
+            why = "cancel requested" if self._cancel_requested else "lease lost"
+            raise CancelRequested(f"attempt {self.attempt_id}: {why}")
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Block (in a sync handler's thread) until cancelled or ``timeout``; True if cancelled."""
+        return self._signal_threads.wait(timeout)
+
+    async def until_cancelled(self) -> None:
+        """Return once cancelled (for async handlers, on the worker's event loop)."""
+        await self._signal_loop.wait()
+
+    def _signal(self) -> None:
+        self._signal_threads.set()
+        self._signal_loop.set()
+
+    def _mark_cancel_requested(self) -> None:
+        self._cancel_requested = True
+        self._signal()
+
+    def _mark_lease_lost(self) -> None:
+        self._lease_lost = True
+        self._signal()
+
+
+class Attempt:
+    """One held attempt, as this process knows it."""
+
+    def __init__(self, assignment: Assignment, handler: Handler | None, generation: int, renew_ceiling: float) -> None:
+        self.assignment = assignment
+        self.handler = handler
+        self.generation = generation  # the connection on which the server last confirmed it
+        self.phase = "leased"  # leased → running → reporting
+        self.lost = False
+        self.cancel_requested = False
+        self.release_reason: str | None = None  # set when a protocol error is found before Start
+        self.renewing = False
+        self.execution: Execution | None = None
+        self.attempt_number = assignment.attempt_number or 0
+        self.lease_expires_at = assignment.lease_expires_at
+        self.wake = asyncio.Event()
+        self.renew_due = 0.0
+        self.schedule_renewal(renew_ceiling)
+
+    def schedule_renewal(self, ceiling: float) -> None:
+        """Renew when a third of the remaining lease has passed, at most `ceiling` from now."""
+        delay = ceiling
+        if self.lease_expires_at is not None:
+            remaining = (self.lease_expires_at - datetime.datetime.now(datetime.UTC)).total_seconds()
+            delay = min(ceiling, max(MIN_RENEW_DELAY, remaining / 3))
+        self.renew_due = time.monotonic() + delay
+
+    @property
+    def id(self) -> str:
+        return self.assignment.attempt_id
+
+    @property
+    def epoch(self) -> int:
+        return self.assignment.epoch
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep, but wake early when the attempt is lost, rejected or the worker drains."""
+        try:
+            await asyncio.wait_for(self.wake.wait(), timeout=max(seconds, 0.0))
+        except TimeoutError:
+            pass
+        self.wake.clear()
+
+
+def _is_async(handler: Handler) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
+
+
+class Attempts:
+    """Every attempt the worker holds or still has to hand back, and what is done with each.
+
+    All of it runs on the worker's event loop.
+    """
+
+    def __init__(
+        self,
+        worker: Worker,
+        link: Link,
+        *,
+        handler_for: Callable[[TaskInfo], Handler | None],
+        spawn: Callable[[Awaitable[Any]], asyncio.Task[Any]],
+        check_finished: Callable[[], None],
+    ) -> None:
+        self._worker = worker
+        self._link = link
+        self._handler_for = handler_for
+        self._spawn = spawn
+        self._check_finished = check_finished
+        self.held: dict[str, Attempt] = {}
+        self.rejected: dict[str, tuple[int, str]] = {}  # releases not yet acknowledged
+        self._unserved: set[tuple[str, str]] = set()  # (handler, version) pairs warned about once
+        self.draining = False
+        self.stopping = False
+        self.renew_kick = asyncio.Event()
+
+    @property
+    def _worker_id(self) -> str:
+        return self._worker.worker_id
+
+    def drain(self) -> None:
+        """No attempt starts from now on: those waiting to start wake and are handed back."""
+        self.draining = True
+        for attempt in self.held.values():
+            if attempt.phase == "leased":
+                attempt.wake.set()
+
+    # ------------------------------------------------------------------ assignments
+
+    def on_assign(self, conn: Connection, frame: dict[str, Any]) -> None:
+        ids = ids_of(frame)
+        if ids is None:
+            logger.error("orbit worker %s: protocol error: task.assign without attempt_id/epoch", self._worker_id)
+            return
+        attempt_id, epoch = ids
+        self._link.send_nowait(conn, {"type": "task.assign.ack", "attempt_id": attempt_id})
+        known = self.held.get(attempt_id)
+        try:
+            assignment = parse_assignment(frame, concurrency_keys=self._worker.concurrency_keys)
+        except ProtocolError as exc:
+            if known is not None:
+                self._conflict(known, f"protocol error: {exc}")
+            else:
+                self._reject(attempt_id, epoch, f"protocol error: {exc}")
+            return
+        if known is not None:
+            problem = changes(known.assignment, assignment)
+            if problem is not None:
+                self._conflict(known, f"protocol error: {problem}")
+            else:
+                known.generation = conn.generation  # a repeated delivery: same attempt, same token
+            return
+        if attempt_id in self.rejected:
+            self._reject(attempt_id, epoch, self.rejected[attempt_id][1])
+            return
+        if self.draining or self.stopping:
+            self._reject(attempt_id, epoch, "draining" if self.draining else "stopping")
+            return
+        handler = self._handler_for(assignment.task)
+        if handler is None:
+            self._reject(attempt_id, epoch, "no handler", hold=NO_HANDLER_HOLD_SECONDS)
+            pair = (assignment.task.handler, assignment.task.handler_version)
+            if pair not in self._unserved:
+                self._unserved.add(pair)
+                logger.warning(
+                    "orbit worker %s: assigned %s %s, which it has no handler for (a bare handler name "
+                    "advertises every handler); each such task is handed back after %.1f s",
+                    self._worker_id,
+                    *pair,
+                    NO_HANDLER_HOLD_SECONDS,
+                )
+            return
+        attempt = Attempt(assignment, handler, conn.generation, self._link.renew_seconds)
+        self.held[attempt_id] = attempt
+        self._spawn(self._drive(attempt))
+
+    def _reject(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
+        """Hand an attempt back without running anything (after `hold` seconds)."""
+        if reason.startswith("protocol error"):
+            logger.error("orbit worker %s: %s; releasing attempt %s", self._worker_id, reason, attempt_id)
+        else:
+            logger.info("orbit worker %s: releasing attempt %s (%s)", self._worker_id, attempt_id, reason)
+        self.rejected[attempt_id] = (epoch, reason)
+        self._spawn(self._release(attempt_id, epoch, reason, hold))
+
+    def _conflict(self, attempt: Attempt, reason: str) -> None:
+        """The server contradicts what it told us about an attempt we hold."""
+        if attempt.phase == "leased":
+            logger.error("orbit worker %s: %s; the handler will not run", self._worker_id, reason)
+            if attempt.release_reason is None:
+                attempt.release_reason = reason
+            attempt.wake.set()
+        else:
+            # The handler already runs under the original assignment; keep it and say so.
+            logger.error("orbit worker %s: %s; keeping the original assignment", self._worker_id, reason)
+
+    def _lose(self, attempt: Attempt, why: str) -> None:
+        if attempt.lost:
+            return
+        logger.info("orbit worker %s: attempt %s lost (%s)", self._worker_id, attempt.id, why)
+        attempt.lost = True
+        attempt.wake.set()
+        if attempt.execution is not None:
+            attempt.execution._mark_lease_lost()
+
+    async def _release(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
+        if hold:
+            await asyncio.sleep(hold)
+        frame = attempt_frame("task.release", attempt_id, epoch, reason=reason)
+        try:
+            reply = await self._link.call(frame)
+        except NoAnswer:
+            return  # still in rejected: released again if the next hello lists it as held
+        if reply.get("type") != "task.release.ok":
+            logger.warning("orbit worker %s: release of %s answered %s", self._worker_id, attempt_id, error_code(reply))
+        if self.rejected.get(attempt_id, (None,))[0] == epoch:
+            del self.rejected[attempt_id]
+        self._check_finished()
+
+    # ------------------------------------------------------------------ after a hello
+
+    def on_hello(self) -> None:
+        """hello.ok gave the lease figures: attempts assigned before it renew by them."""
+        for known in self.held.values():
+            known.schedule_renewal(self._link.renew_seconds)
+        self.renew_kick.set()
+
+    async def reconcile(self, conn: Connection, held_entries: list[Any]) -> None:
+        """After hello.ok: match the server's ``held`` list with what this process holds."""
+        held: dict[str, Any] = {}
+        for entry in held_entries:
+            ids = ids_of(entry)
+            if ids is None:
+                logger.error("orbit worker %s: protocol error: unreadable held entry %r", self._worker_id, entry)
+                continue
+            held[ids[0]] = entry
+        for attempt_id in list(self.rejected):
+            if attempt_id not in held:
+                del self.rejected[attempt_id]  # the server no longer holds it: nothing to hand back
+        for attempt in list(self.held.values()):
+            if attempt.generation < conn.generation and attempt.id not in held:
+                self._lose(attempt, "not held by the server after reconnect")
+
+        to_resume: list[tuple[Attempt | None, Assignment]] = []
+        for attempt_id, entry in held.items():
+            epoch = entry["epoch"]
+            if attempt_id in self.rejected:
+                self._spawn(self._release(attempt_id, epoch, self.rejected[attempt_id][1]))
+                continue
+            known = self.held.get(attempt_id)
+            if known is not None and known.generation >= conn.generation:
+                continue
+            try:
+                assignment = parse_assignment(entry, concurrency_keys=self._worker.concurrency_keys)
+                problem = None if known is None else changes(known.assignment, assignment)
+            except ProtocolError as exc:
+                problem = str(exc)
+            if problem is not None:
+                if known is not None:
+                    self._conflict(known, f"protocol error: held entry: {problem}")
+                else:
+                    self._reject(attempt_id, epoch, f"protocol error: held entry: {problem}")
+                continue
+            to_resume.append((known, assignment))
+
+        replies = await asyncio.gather(
+            *(self._link.raw_call(conn, attempt_frame("task.resume", a.attempt_id, a.epoch)) for _, a in to_resume)
+        )
+        for (known, expected), reply in zip(to_resume, replies, strict=True):
+            if reply.get("type") != "task.resume.ok":
+                if known is not None:
+                    self._lose(known, f"resume answered {error_code(reply)}")
+                continue
+            body = reply.get("assignment") if isinstance(reply.get("assignment"), dict) else reply
+            try:
+                confirmed = parse_assignment(body, concurrency_keys=self._worker.concurrency_keys)
+                problem = changes(expected, confirmed)
+            except ProtocolError as exc:
+                problem = str(exc)
+            if problem is not None:
+                if known is not None:
+                    self._conflict(known, f"protocol error: task.resume.ok: {problem}")
+                else:
+                    self._reject(expected.attempt_id, expected.epoch, f"protocol error: task.resume.ok: {problem}")
+                continue
+            if known is not None:
+                known.generation = conn.generation
+            elif (confirmed.state or expected.state) == "RUNNING":
+                self._adopt_orphan(confirmed, conn.generation)
+            else:
+                self._reject(expected.attempt_id, expected.epoch, "not held by this worker process")
+
+    def _adopt_orphan(self, assignment: Assignment, generation: int) -> None:
+        """A RUNNING attempt of an earlier process with this worker_id: its effect is unknown."""
+        logger.warning(
+            "orbit worker %s: attempt %s was running in an earlier process; reporting UNKNOWN",
+            self._worker_id,
+            assignment.attempt_id,
+        )
+        attempt = Attempt(assignment, None, generation, self._link.renew_seconds)
+        attempt.phase = "reporting"
+        self.held[attempt.id] = attempt
+        result = {
+            "outcome": "UNKNOWN",
+            "retryable": False,
+            "error": {
+                "type": "WorkerRestarted",
+                "message": "attempt was running in an earlier process with this worker_id; effect unknown",
+            },
+        }
+        self._spawn(self._finish(attempt, self._report(attempt, result)))
+
+    # ------------------------------------------------------------------ one attempt
+
+    async def _finish(self, attempt: Attempt, work: Awaitable[None]) -> None:
+        try:
+            await work
+        finally:
+            if self.held.get(attempt.id) is attempt:
+                del self.held[attempt.id]
+            self._check_finished()
+
+    async def _drive(self, attempt: Attempt) -> None:
+        async def work() -> None:
+            if not await self._start(attempt):
+                return
+            attempt.phase = "reporting" if attempt.release_reason or attempt.lost else "running"
+            if attempt.phase == "reporting":
+                # Start was approved but the attempt must not run here (a protocol error, or the
+                # lease went meanwhile): the handler never ran, so a retry is safe.
+                why = attempt.release_reason or "lease lost before the handler started"
+                result = {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": why}}
+            else:
+                result = await self._execute(attempt)
+                attempt.phase = "reporting"
+            await self._report(attempt, result)
+
+        await self._finish(attempt, work())
+
+    async def _start(self, attempt: Attempt) -> bool:
+        """Ask for Start until approved (True) or until the attempt is no longer ours (False)."""
+        paused_since: float | None = None
+        paused_delay = QUEUE_PAUSED_BACKOFF
+        transient_delay = TRANSIENT_BACKOFF
+        frame = attempt_frame("task.start", attempt.id, attempt.epoch)
+        while True:
+            if attempt.release_reason is not None:
+                await self._hand_back(attempt, attempt.release_reason)
+                return False
+            if attempt.lost:
+                return False
+            if self.draining:
+                await self._hand_back(attempt, "draining")
+                return False
+            try:
+                reply = await self._link.call(
+                    frame, unless=lambda: attempt.lost or attempt.release_reason is not None or self.draining
+                )
+            except (NoAnswer, Abandoned):
+                continue
+            if reply.get("type") == "task.start.ok":
+                number = reply.get("attempt_number")
+                attempt.attempt_number = number if isinstance(number, int) and not isinstance(number, bool) else 0
+                attempt.lease_expires_at = lease_end(reply, "task.start.ok")
+                attempt.schedule_renewal(self._link.renew_seconds)
+                return True
+            code = error_code(reply)
+            if code != "QUEUE_PAUSED":
+                paused_since, paused_delay = None, QUEUE_PAUSED_BACKOFF
+            if code == "RATE_LIMITED":
+                # Not approved, nothing recorded: ask again with the same attempt and epoch. The
+                # renewer keeps the lease; the server answers LEASE_LOST once it cannot.
+                await attempt.sleep(min(retry_after(reply), self._link.lease_seconds))
+            elif code == "QUEUE_PAUSED":
+                # Short pauses (a configure flicker) should not churn attempts; a long pause should
+                # not pin our capacity and the queue's permits: ask again with backoff for up to one
+                # lease, renewing meanwhile, then hand the attempt back (no attempt is consumed).
+                now = time.monotonic()
+                paused_since = now if paused_since is None else paused_since
+                if now - paused_since >= self._link.lease_seconds:
+                    await self._hand_back(attempt, "queue paused")
+                    return False
+                await attempt.sleep(paused_delay)
+                paused_delay = min(paused_delay * 2, self._link.renew_seconds)
+            elif code in ("LEASE_LOST", "TASK_CANCELLED"):
+                logger.info("orbit worker %s: start of %s refused: %s", self._worker_id, attempt.id, code)
+                return False
+            elif code in TRANSIENT_CODES:
+                await attempt.sleep(transient_delay)
+                transient_delay = min(transient_delay * 2, self._link.renew_seconds)
+            else:
+                logger.error("orbit worker %s: start of %s refused: %s %s", self._worker_id, attempt.id, code, reply)
+                await self._hand_back(attempt, f"start refused: {code}")
+                return False
+
+    async def _hand_back(self, attempt: Attempt, reason: str) -> None:
+        if self.held.get(attempt.id) is attempt:
+            del self.held[attempt.id]
+        attempt.phase = "released"
+        self.rejected[attempt.id] = (attempt.epoch, reason)
+        await self._release(attempt.id, attempt.epoch, reason)
+
+    async def _execute(self, attempt: Attempt) -> dict[str, Any]:
+        handler = attempt.handler
+        assert handler is not None
+        execution = Execution(self._worker, attempt.assignment, attempt.attempt_number, attempt.lease_expires_at)
+        attempt.execution = execution
+        if attempt.cancel_requested:
+            execution._mark_cancel_requested()
+        try:
+            if _is_async(handler):
+                value = await handler(execution)
+            else:
+                value = await asyncio.to_thread(handler, execution)
+                if inspect.isawaitable(value):
+                    value = await value
+        except RetryableError as exc:
+            return failure("FAILED", True, exc)
+        except UnknownOutcome as exc:
+            return failure("UNKNOWN", False, exc)
+        except CancelRequested as exc:  # the handler stopped as asked: expected, no traceback
+            logger.info("orbit worker %s: handler for %s stopped: %s", self._worker_id, attempt.id, exc)
+            return failure("FAILED", False, exc)
+        except Exception as exc:
+            logger.warning("orbit worker %s: handler for %s raised", self._worker_id, attempt.id, exc_info=True)
+            return failure("FAILED", False, exc)
+        return success(value)
+
+    async def _report(self, attempt: Attempt, result: dict[str, Any]) -> None:
+        """Send the result until acknowledged; the same content every time."""
+        frame = attempt_frame("task.result", attempt.id, attempt.epoch, **result)
+        delay = TRANSIENT_BACKOFF
+        while True:
+            try:
+                reply = await self._link.call(frame)
+            except NoAnswer:
+                continue
+            if reply.get("type") == "task.result.ok":
+                logger.info(
+                    "orbit worker %s: result for %s acknowledged (task_state=%s duplicate=%s late=%s)",
+                    self._worker_id,
+                    attempt.id,
+                    reply.get("task_state"),
+                    reply.get("duplicate"),
+                    reply.get("late"),
+                )
+                return
+            code = error_code(reply)
+            if code in TRANSIENT_CODES:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._link.renew_seconds)
+                continue
+            logger.error("orbit worker %s: result for %s refused: %s %s", self._worker_id, attempt.id, code, reply)
+            return
+
+    # ------------------------------------------------------------------ renewals
+
+    async def renew_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(
+                    self.renew_kick.wait(), timeout=min(RENEW_TICK_SECONDS, self._link.renew_seconds)
+                )
+                self.renew_kick.clear()
+            except TimeoutError:
+                pass
+            conn = self._link.conn
+            if conn is None or not conn.ready:
+                continue
+            now = time.monotonic()
+            for attempt in list(self.held.values()):
+                if attempt.lost or attempt.renewing or attempt.generation != conn.generation:
+                    continue
+                if now < attempt.renew_due:
+                    continue
+                attempt.renewing = True
+                self._spawn(self._renew(conn, attempt))
+
+    async def _renew(self, conn: Connection, attempt: Attempt) -> None:
+        try:
+            reply = await self._link.raw_call(conn, attempt_frame("task.renew", attempt.id, attempt.epoch))
+        except NoAnswer:
+            return
+        finally:
+            attempt.renewing = False
+        if reply.get("type") == "task.renew.ok":
+            expires = lease_end(reply, "task.renew.ok")
+            if expires is not None:
+                attempt.lease_expires_at = expires
+                if attempt.execution is not None:
+                    attempt.execution.lease_expires_at = expires
+            attempt.schedule_renewal(self._link.renew_seconds)
+            if reply.get("cancel_requested") is True and not attempt.cancel_requested:
+                attempt.cancel_requested = True
+                if attempt.execution is not None:
+                    attempt.execution._mark_cancel_requested()
+        elif error_code(reply) == "LEASE_LOST":
+            self._lose(attempt, "renew answered LEASE_LOST")
+        else:
+            logger.warning("orbit worker %s: renew of %s answered %s", self._worker_id, attempt.id, reply)
