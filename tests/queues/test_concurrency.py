@@ -16,8 +16,6 @@ from tests.support.race import race
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
-
 def test_concurrent_duplicates_of_one_create_make_one_queue(tenant):
     # given 20 callers holding the same create under one Idempotency-Key
     def send(_: int) -> tuple[int, dict]:

@@ -42,9 +42,6 @@ from tests.support.sdk import (
 UTC = datetime.UTC
 
 
-
-
-
 class Recorder:
     """A MockTransport handler that records requests and answers from a script."""
 
@@ -377,8 +374,6 @@ def test_resolve_task():
     assert result.task.state == "WAITING" and result.deduplicated is True
 
 
-
-
 def test_application_get_and_configure():
     recorder = Recorder(ok(APPLICATION))
     application = client_for(recorder).get_application(APPLICATION["id"])
@@ -416,8 +411,6 @@ def test_list_events_pages_by_cursor():
     assert "after" not in recorder.last.url.params
     with pytest.raises(ProtocolError):
         client_for(Recorder(ok({"items": [{**event, "cursor": 41}], "next_cursor": "41"}))).list_events()
-
-
 
 
 def test_plans():

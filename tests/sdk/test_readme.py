@@ -29,8 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LONG_RUNNING = "runs until SIGTERM"
 
 
-
-
 def runnable_blocks() -> list[str]:
     return [code for mark, code in python_blocks() if not mark]
 

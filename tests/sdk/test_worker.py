@@ -24,8 +24,6 @@ def without_id(frame: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in frame.items() if k != "id"}
 
 
-
-
 @pytest.fixture
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_attempts, "QUEUE_PAUSED_BACKOFF", 0.02)
