@@ -12,6 +12,13 @@ ATTEMPTS_LEASED = Counter("orbit_attempts_leased_total", "Attempts created by di
 ATTEMPTS_STARTED = Counter("orbit_attempts_started_total", "Starts approved")
 ATTEMPTS_FINISHED = Counter("orbit_attempts_finished_total", "Attempts ended", ["state"])
 LEASES_RECOVERED = Counter("orbit_leases_recovered_total", "Expired leases recovered")
+# What a task costs in trips: worker-protocol frames each way, and the group
+# commits (rounds) that decided them (bench/trips_per_task.py reads these).
+FRAMES_RECEIVED = Counter("orbit_worker_frames_received_total", "Worker-protocol frames received")
+FRAMES_SENT = Counter("orbit_worker_frames_sent_total", "Worker-protocol frames sent")
+GROUPS_DECIDED = Counter(
+    "orbit_groups_decided_total", "Group commits decided (rounds, in one transaction each)", ["lane"]
+)
 
 _finished_by_state: dict[str, Counter] = {}
 

@@ -33,6 +33,7 @@ from orbit.errors import (
     Unavailable,
 )
 from orbit.fields import new_id
+from orbit.metrics import FRAMES_RECEIVED, FRAMES_SENT
 from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
 from tasks.actions import dispatch, endings, rounds
 from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
@@ -106,6 +107,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # Held attempts known to be RUNNING: a result for one of them frees its
         # slot, so its round may lease into that slot (on_result's hand-off).
         self.running: set[str] = set()
+        # Held attempts of keyed tasks: their result releases a key to hand on.
+        self.keyed: set[str] = set()
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -152,6 +155,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 await asyncio.wait_for(ended, REQUEST_DEADLINE_SECONDS)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        FRAMES_RECEIVED.inc()
         if self.principal is None:
             return
         try:
@@ -201,6 +205,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content, separators=(",", ":")))
 
+    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+        FRAMES_SENT.inc()
+        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+
     async def send_error(self, request_id: Any, error: OrbitError) -> None:
         frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message, **error.details}
         if frames.answerable(request_id):  # an id the request was refused for is not echoed
@@ -244,6 +252,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
+        self.keyed = {entry["attempt_id"] for entry in held if "concurrency_token" in entry}
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
@@ -307,6 +316,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held.add(ref["attempt_id"])
         if entry["state"] == "RUNNING":
             self.running.add(ref["attempt_id"])
+        if "concurrency_token" in entry:
+            self.keyed.add(ref["attempt_id"])
         return {"assignment": entry}
 
     async def on_result(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -315,7 +326,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert self.worker is not None
         report = endings.ResultReport(worker=self.worker, **fields, **ref)
         free = self.free_slots(leaving=1 if ref["attempt_id"] in self.running else 0)
-        if free <= 0 or self.draining or self.lease_lock.locked():
+        # Unkeyed slots refill through the dispatcher, which waits a moment to
+        # lease for several at once; a released key is handed on at once.
+        if ref["attempt_id"] not in self.keyed or free <= 0 or self.draining or self.lease_lock.locked():
             reply = await rounds.record_result_async(report)
             self.forget(ref["attempt_id"])
             return reply
@@ -324,11 +337,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # task in the same transaction, and the assignment leaves right
         # behind the answer instead of a wake-up and a round later.
         async with self.lease_lock:
-            reply, leased = await asyncio.gather(
-                rounds.record_result_async(report),
-                rounds.lease_for_worker_async(worker=self.worker, limit=free),
-                return_exceptions=True,
-            )
+            reply, leased = await rounds.record_result_and_lease_async(report, limit=free)
             if not isinstance(reply, BaseException):
                 self.forget(ref["attempt_id"])
                 await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **reply})
@@ -385,6 +394,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     def forget(self, attempt_id: str) -> None:
         self.held.discard(attempt_id)
         self.running.discard(attempt_id)
+        self.keyed.discard(attempt_id)
         self.wake.set()
 
     async def dispatch_loop(self) -> None:
@@ -443,6 +453,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))
         self.unacked_bytes += len(frame)
         self.held.add(entry["attempt_id"])
+        if "concurrency_token" in entry:
+            self.keyed.add(entry["attempt_id"])
         await self.send(text_data=frame)
 
     async def close_if_not_reading(self) -> bool:
@@ -482,6 +494,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert self.worker is not None
         self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
         self.running &= self.held
+        self.keyed &= self.held
 
     async def heartbeat_loop(self) -> None:
         """Marks the session alive (workers.actions: a live session is not

@@ -30,6 +30,7 @@ from django.db import InterfaceError, OperationalError, connection
 from orbit.db import inline
 from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db
 from orbit.errors import Unavailable
+from orbit.metrics import GROUPS_DECIDED
 
 logger = logging.getLogger("orbit.groupcommit")
 
@@ -85,24 +86,26 @@ class _Lane(Generic[I, R]):
     def __init__(self, owner: GroupCommit[I, R], lane_id: str) -> None:
         self.owner = owner
         self.lane_id = lane_id
-        self.inbox: SimpleQueue[_Request[I, R]] = SimpleQueue()
+        # Requests put together arrive together (GroupCommit.call_together_async).
+        self.inbox: SimpleQueue[list[_Request[I, R]]] = SimpleQueue()
         # When the group now deciding began (time.monotonic()), None between groups.
         self.busy_since: float | None = None
         name = f"orbit-{owner.name}-{lane_id[:8]}"
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
     def _run(self) -> None:
+        decided = GROUPS_DECIDED.labels(lane=self.owner.name)
         try:
             while True:
                 try:
-                    group = [self.inbox.get(timeout=self.owner.idle_seconds)]
+                    group = list(self.inbox.get(timeout=self.owner.idle_seconds))
                 except Empty:
                     if self.owner._retire(self):
                         return
                     continue
                 while len(group) < self.owner.max_group:
                     try:
-                        group.append(self.inbox.get_nowait())
+                        group.extend(self.inbox.get_nowait())
                     except Empty:
                         break
                 # A caller that went away (its connection closed) cancelled its
@@ -111,6 +114,7 @@ class _Lane(Generic[I, R]):
                 if not group:
                     continue
                 self.busy_since = time.monotonic()
+                decided.inc()
                 try:
                     outcomes = self._decide(group)
                 except BaseException as exc:  # never leave a caller waiting
@@ -189,17 +193,17 @@ class GroupCommit(Generic[I, R]):
     def enqueue(self, lane_id: str, item: I) -> Future[R]:
         """From any thread: the item's outcome, to come (cancel it to skip the item)."""
         future: Future[R] = Future()
-        self._put(lane_id, _Request(item, future))
+        self._put(lane_id, [_Request(item, future)])
         return future
 
     def enqueue_for(self, loop: asyncio.AbstractEventLoop, lane_id: str, item: I) -> asyncio.Future[R]:
         """From any thread: the item's outcome, to come on `loop`, the caller's
         event loop (cancel it there to skip the item)."""
         waiter: asyncio.Future[R] = loop.create_future()
-        self._put(lane_id, _Request(item, waiter))
+        self._put(lane_id, [_Request(item, waiter)])
         return waiter
 
-    def _put(self, lane_id: str, request: _Request[I, R]) -> None:
+    def _put(self, lane_id: str, requests: list[_Request[I, R]]) -> None:
         with self._lock:  # a lane retires under this lock, only with an empty inbox
             lane = self._lanes.get(lane_id)
             if lane is None:
@@ -207,9 +211,10 @@ class GroupCommit(Generic[I, R]):
             if lane.stuck():
                 # Its connection gives up within the serving timeouts; until
                 # then a request that queued behind it could only time out.
-                self._refuse(request)
+                for request in requests:
+                    self._refuse(request)
                 return
-            lane.inbox.put(request)
+            lane.inbox.put(requests)
 
     @staticmethod
     def _refuse(request: _Request[I, R]) -> None:
@@ -244,6 +249,17 @@ class GroupCommit(Generic[I, R]):
         if inline():
             return await run_db(lambda: unwrap(self.run_group([item])[0]))
         return await within_deadline(self.enqueue_for(asyncio.get_running_loop(), lane_id, item))
+
+    async def call_together_async(self, lane_id: str, items: list[I]) -> list[R | BaseException]:
+        """call_async for several items put into the lane at once, so one group
+        (one transaction) decides them all, unless it is full; each outcome, or
+        the exception that refused its item, in order."""
+        if inline():
+            return await run_db(self.run_group, items)
+        loop = asyncio.get_running_loop()
+        waiters: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
+        self._put(lane_id, [_Request(item, waiter) for item, waiter in zip(items, waiters, strict=True)])
+        return await asyncio.gather(*(within_deadline(waiter) for waiter in waiters), return_exceptions=True)
 
 
 async def within_deadline(waiter: asyncio.Future[R]) -> R:

@@ -480,6 +480,17 @@ async def record_result_async(report: ResultReport) -> dict[str, Any]:
     return await ROUNDS.call_async(report.worker.application_id, report)  # type: ignore[return-value]
 
 
+async def record_result_and_lease_async(
+    report: ResultReport, *, limit: int
+) -> tuple[dict[str, Any] | BaseException, LeaseOutcome | BaseException]:
+    """The result and a lease for its worker, decided in one round: the round
+    applies results before leases, so the slot (and a keyed attempt's key) the
+    result frees can go to the worker's next task in the same transaction."""
+    worker = report.worker
+    reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, LeaseRequest(worker, limit)])
+    return reply, leased  # type: ignore[return-value]
+
+
 def submit_request(
     principal: Principal,
     body: dict[str, Any],

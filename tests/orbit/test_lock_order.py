@@ -410,11 +410,6 @@ def test_a_queue_configure_and_retire(tenant):
     assert_lock_order(retiring, expect=["orbit_queue"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="orbit.applications.application_configure locks orbit_application (FOR UPDATE, then UPDATE), "
-    "a table LOCK_ORDER does not name; alone in its transaction with its idempotency record and events",
-)
 def test_an_application_configure(tenant):
     issued = make_credential(tenant.namespace, scopes=[*ALL_SCOPES, "applications:manage"])
     client = api_client(issued.token)
@@ -422,7 +417,7 @@ def test_an_application_configure(tenant):
     body = {"expected_revision": "1", "reason": "cap", "max_active_attempts": 3, "max_unfinished_tasks": 2}
     with captured() as queries:
         assert_ok(post_json(client, f"/v1/applications/{application_id}:configure", body, key="app-1"))
-    assert_lock_order(queries, expect=[COUNTERS])
+    assert_lock_order(queries, expect=["orbit_application"])
 
 
 def test_a_plan_create_and_a_trigger_step(tenant):

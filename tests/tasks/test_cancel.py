@@ -6,7 +6,7 @@ import pytest
 
 from orbit.errors import TaskCancelled
 from orbit.models import AuditEntry, Event
-from tasks.actions import dispatch, endings
+from tasks.actions import rounds
 from tasks.models import Attempt, Task
 from tests.conftest import api_client, post_json
 from tests.support.factories import make_credential
@@ -97,7 +97,7 @@ def test_leased_unstarted_task_is_cancelled_and_its_permits_released(tenant, que
     assert_invariants()
     # and the worker's Start is refused
     with pytest.raises(TaskCancelled):
-        dispatch.approve_start(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=1)
+        rounds.approve_start(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=1)
     assert Task.objects.get(id=task["id"]).attempts == 0
 
 
@@ -107,8 +107,8 @@ def test_finished_task_cannot_be_cancelled(tenant, queue, outcome):
     # given a task that ran to SUCCEEDED / FAILED
     task = submit_ok(tenant.client, queue["id"], "t-1", max_attempts=1)
     leased = lease_one(tenant, queue["id"])
-    dispatch.approve_start(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=1)
-    endings.record_result(
+    rounds.approve_start(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=1)
+    rounds.record_result(
         worker=leased["worker"],
         attempt_id=leased["attempt_id"],
         epoch=1,

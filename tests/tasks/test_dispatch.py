@@ -13,7 +13,7 @@ from django.db.models import F
 
 from orbit.errors import LeaseLost, QueuePaused, RateLimited
 from queues.models import QueueState
-from tasks.actions import dispatch
+from tasks.actions import rounds
 from tasks.models import Attempt, Task
 from tests.support.tasks import (
     Background,
@@ -41,7 +41,7 @@ def test_higher_priority_first_then_oldest(tenant):
     new = submit_ok(tenant.client, queue["id"], "new", priority=5, available_at=in_seconds(-10))
     high = submit_ok(tenant.client, queue["id"], "high", priority=9)
     worker = worker_for(tenant, queue["id"])
-    order = [leased_task_ids(dispatch.lease_tasks(worker=worker, limit=1))[0] for _ in range(4)]
+    order = [leased_task_ids(rounds.lease_tasks(worker=worker, limit=1))[0] for _ in range(4)]
     assert order == [high["id"], old["id"], new["id"], low["id"]]
 
 
@@ -53,8 +53,8 @@ def test_lease_takes_at_most_the_queue_headroom(tenant):
         submit_ok(tenant.client, queue["id"], f"t-{i}")
     worker = worker_for(tenant, queue["id"])
     # then one lease takes 3, the next none
-    assert len(dispatch.lease_tasks(worker=worker, limit=10)) == 3
-    assert dispatch.lease_tasks(worker=worker, limit=10) == []
+    assert len(rounds.lease_tasks(worker=worker, limit=10)) == 3
+    assert rounds.lease_tasks(worker=worker, limit=10) == []
     state = counters(queue["id"])
     assert state["active_permits"] == 3 and state["reserved_starts"] == 3 and state["app_active_attempts"] == 3
     assert_invariants()
@@ -67,13 +67,13 @@ def test_lease_reserves_start_rate_room(tenant):
     for i in range(5):
         submit_ok(tenant.client, queue["id"], f"t-{i}")
     worker = worker_for(tenant, queue["id"])
-    first = dispatch.lease_tasks(worker=worker, limit=10)
+    first = rounds.lease_tasks(worker=worker, limit=10)
     assert len(first) == 2
-    assert dispatch.lease_tasks(worker=worker, limit=10) == []
+    assert rounds.lease_tasks(worker=worker, limit=10) == []
     # when both start, the window is used up: still no room
     for assign in first:
-        dispatch.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=assign["epoch"])
-    assert dispatch.lease_tasks(worker=worker, limit=10) == []
+        rounds.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=assign["epoch"])
+    assert rounds.lease_tasks(worker=worker, limit=10) == []
     assert counters(queue["id"])["window_count"] == 2
     assert_invariants()
 
@@ -84,11 +84,11 @@ def test_paused_queue_leases_nothing_and_start_is_refused(tenant):
     submit_ok(tenant.client, queue["id"], "t-1")
     submit_ok(tenant.client, queue["id"], "t-2")
     worker = worker_for(tenant, queue["id"])
-    (assign,) = dispatch.lease_tasks(worker=worker, limit=1)
+    (assign,) = rounds.lease_tasks(worker=worker, limit=1)
     configure_queue(tenant.client, queue["id"], paused=True)
-    assert dispatch.lease_tasks(worker=worker, limit=5) == []
+    assert rounds.lease_tasks(worker=worker, limit=5) == []
     with pytest.raises(QueuePaused):
-        dispatch.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=1)
+        rounds.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=1)
     assert Attempt.objects.get(id=assign["attempt_id"]).state == "LEASED"
 
 
@@ -98,7 +98,7 @@ def test_not_yet_available_and_expired_tasks_are_not_leased(tenant):
     submit_ok(tenant.client, queue["id"], "later", available_at=in_seconds(60))
     past_deadline = submit_ok(tenant.client, queue["id"], "late", deadline_at=in_seconds(60))
     Task.objects.filter(id=past_deadline["id"]).update(deadline_at=now() - timedelta(seconds=1))
-    assert dispatch.lease_tasks(worker=worker_for(tenant, queue["id"]), limit=5) == []
+    assert rounds.lease_tasks(worker=worker_for(tenant, queue["id"]), limit=5) == []
 
 
 @pytest.mark.django_db
@@ -106,7 +106,7 @@ def test_keyless_worker_never_gets_keyed_tasks(tenant):
     queue = make_queue(tenant.client)
     keyed = submit_ok(tenant.client, queue["id"], "keyed", concurrency_key="printer", priority=9)
     plain = submit_ok(tenant.client, queue["id"], "plain")
-    assert leased_task_ids(dispatch.lease_tasks(worker=worker_for(tenant, queue["id"], keys=False), limit=5)) == [
+    assert leased_task_ids(rounds.lease_tasks(worker=worker_for(tenant, queue["id"], keys=False), limit=5)) == [
         plain["id"]
     ]
     assert Task.objects.get(id=keyed["id"]).state == "WAITING"
@@ -120,7 +120,7 @@ def pass_time(*task_ids: str, seconds: float) -> None:
 def hold_key(tenant, queue_id: str, key: str) -> dict:
     """A task of `key` leased, so the ones submitted next wait behind it."""
     holder = submit_ok(tenant.client, queue_id, "holder", concurrency_key=key)
-    assert leased_task_ids(dispatch.lease_tasks(worker=worker_for(tenant, queue_id), limit=1)) == [holder["id"]]
+    assert leased_task_ids(rounds.lease_tasks(worker=worker_for(tenant, queue_id), limit=1)) == [holder["id"]]
     return holder
 
 
@@ -141,10 +141,10 @@ def test_a_keyed_sibling_that_became_available_leases_by_priority(tenant, first_
     assert cancel(tenant.client, holder["id"], "free").status_code == 200
     # then the higher priority is leased first, then the other, each with its key
     worker = worker_for(tenant, queue["id"])
-    assert leased_task_ids(dispatch.lease_tasks(worker=worker, limit=5)) == [high["id"]]
-    assert dispatch.lease_tasks(worker=worker, limit=5) == []  # the key is held again
+    assert leased_task_ids(rounds.lease_tasks(worker=worker, limit=5)) == [high["id"]]
+    assert rounds.lease_tasks(worker=worker, limit=5) == []  # the key is held again
     assert cancel(tenant.client, high["id"], "free-2").status_code == 200
-    assert leased_task_ids(dispatch.lease_tasks(worker=worker, limit=5)) == [low["id"]]
+    assert leased_task_ids(rounds.lease_tasks(worker=worker, limit=5)) == [low["id"]]
     assert_invariants()
 
 
@@ -166,9 +166,9 @@ def test_the_overtaking_sibling_goes_to_a_worker_that_serves_its_handler(tenant)
     assert cancel(tenant.client, holder["id"], "free").status_code == 200
     # a worker of the low task's handler only does not take the key's turn from the higher one
     echo_only = worker_for(tenant, queue["id"], handlers=(("echo", "v1"),), worker_id="echo-only")
-    assert dispatch.lease_tasks(worker=echo_only, limit=5) == []
+    assert rounds.lease_tasks(worker=echo_only, limit=5) == []
     other = worker_for(tenant, queue["id"], handlers=(("other", "v1"),), worker_id="other")
-    assert leased_task_ids(dispatch.lease_tasks(worker=other, limit=5)) == [high["id"]]
+    assert leased_task_ids(rounds.lease_tasks(worker=other, limit=5)) == [high["id"]]
     assert Task.objects.get(id=low["id"]).state == "WAITING"
     assert_invariants()
 
@@ -180,13 +180,13 @@ def test_rate_limited_start_changes_nothing(tenant):
     for i in range(2):
         submit_ok(tenant.client, queue["id"], f"t-{i}")
     worker = worker_for(tenant, queue["id"])
-    first, second = dispatch.lease_tasks(worker=worker, limit=2)
+    first, second = rounds.lease_tasks(worker=worker, limit=2)
     configure_queue(tenant.client, queue["id"], rate_per_second=1)
-    dispatch.approve_start(worker=worker, attempt_id=first["attempt_id"], epoch=1)
+    rounds.approve_start(worker=worker, attempt_id=first["attempt_id"], epoch=1)
     before = counters(queue["id"])
     # when the second asks to start in the same window
     with pytest.raises(RateLimited) as limited:
-        dispatch.approve_start(worker=worker, attempt_id=second["attempt_id"], epoch=1)
+        rounds.approve_start(worker=worker, attempt_id=second["attempt_id"], epoch=1)
     # then RATE_LIMITED with the time left in the window, and nothing moved
     assert 0 < limited.value.details["retry_after_ms"] <= 1000
     assert counters(queue["id"]) == before
@@ -201,7 +201,7 @@ def test_start_rechecks_the_lease_with_the_clock_read_under_its_lock(tenant):
     queue = make_queue(tenant.client)
     submit_ok(tenant.client, queue["id"], "t-1")
     worker = worker_for(tenant, queue["id"])
-    (assign,) = dispatch.lease_tasks(worker=worker, limit=1)
+    (assign,) = rounds.lease_tasks(worker=worker, limit=1)
     Attempt.objects.filter(id=assign["attempt_id"]).update(lease_expires_at=now() + timedelta(seconds=0.3))
     # and another transaction holding the queue's counter row for 0.8 s
     locked = threading.Event()
@@ -217,7 +217,7 @@ def test_start_rechecks_the_lease_with_the_clock_read_under_its_lock(tenant):
     # when the Start waits on that lock past the lease's end
     # then it is refused: the lease is re-checked under the lock, not before it
     with pytest.raises(LeaseLost):
-        dispatch.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=1)
+        rounds.approve_start(worker=worker, attempt_id=assign["attempt_id"], epoch=1)
     holder.join(timeout=5)
     # (a live server's lease recovery, if one runs, may have expired it meanwhile)
     attempt = Attempt.objects.get(id=assign["attempt_id"])

@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from orbit.models import ApplicationState
 from queues.models import QueueState
-from tasks.actions import dispatch, endings
+from tasks.actions import rounds
 from tasks.models import ConcurrencyKey, Task
 from tests.support.tasks import make_queue, submit_ok, worker_for
 
@@ -35,11 +35,11 @@ def worked(tenant):
     worker = worker_for(tenant, queue["id"])
     for n in (1, 2):
         submit_ok(tenant.client, queue["id"], f"t-{n}", concurrency_key="obj/1")
-        (assignment,) = dispatch.lease_tasks(worker=worker, limit=1)
+        (assignment,) = rounds.lease_tasks(worker=worker, limit=1)
         ref = {"attempt_id": assignment["attempt_id"], "epoch": assignment["epoch"]}
-        dispatch.approve_start(worker=worker, **ref)
+        rounds.approve_start(worker=worker, **ref)
         if n == 1:
-            endings.record_result(worker=worker, outcome="SUCCEEDED", retryable=False, output=None, error=None, **ref)
+            rounds.record_result(worker=worker, outcome="SUCCEEDED", retryable=False, output=None, error=None, **ref)
     assert check() == ("ok", [])
     return queue, Task.objects.get(state="RUNNING")
 

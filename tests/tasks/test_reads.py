@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.actions import dispatch, endings
+from tasks.actions import endings, rounds
 from tests.conftest import api_client
 from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.tasks import (
@@ -212,7 +212,7 @@ def test_attempt_reads(tenant):
     assert (parse_time(attempt["lease_expires_at"]) - parse_time(attempt["leased_at"])).total_seconds() == 30
     assert_no_nulls(attempt)
     # when it starts, number and started_at appear
-    dispatch.approve_start(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=1)
+    rounds.approve_start(worker=leased["worker"], attempt_id=leased["attempt_id"], epoch=1)
     one = assert_ok(tenant.client.get(f"/v1/attempts/{leased['attempt_id']}"))
     assert one["state"] == "RUNNING" and one["number"] == 1 and "started_at" in one
     assert "finished_at" not in one and "outcome" not in one and "concurrency_token" not in one

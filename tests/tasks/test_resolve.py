@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from orbit.models import AuditEntry, Event
-from tasks.actions import dispatch
+from tasks.actions import rounds
 from tasks.models import Attempt, Task
 from tests.conftest import api_client, post_json
 from tests.support.factories import ALL_SCOPES, make_credential
@@ -91,7 +91,7 @@ def test_retried_keyed_task_waits_for_the_key_and_gets_a_larger_token(tenant, qu
     held = lease_one(tenant, queue["id"])
     assert held["task"]["id"] == sibling["id"]
     assert_ok(resolve(tenant.client, doubtful["id"], "retry-k", "RETRY"))
-    assert dispatch.lease_tasks(worker=held["worker"], limit=4) == []  # the key is held by the sibling
+    assert rounds.lease_tasks(worker=held["worker"], limit=4) == []  # the key is held by the sibling
     start(held)
     report(held, "FAILED", error={"code": "no"})
     again = lease_one(tenant, queue["id"])

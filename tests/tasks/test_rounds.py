@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from orbit.api.auth import authenticate_token, known_credential
 from orbit.errors import IdempotencyConflict, InvalidArgument, LeaseLost, NotFound, QueueFull, StateConflict
 from orbit.fields import new_id
-from orbit.idempotency import Actor
 from orbit.models import Credential, IdempotencyRecord
+from orbit.principal import Actor, authenticate_token, known_credential
 from orbit.tenancy import revoke_credential
-from tasks.actions import batch, dispatch, rounds
+from tasks.actions import batch, rounds
 from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
@@ -65,9 +64,9 @@ def test_a_mixed_round_answers_each_request_as_its_single_verb_would(tenant):
         submit_ok(tenant.client, queue["id"], f"m{n}")
     worker = worker_for(tenant, queue["id"])
     other = worker_for(tenant, queue["id"], worker_id="other")
-    first = dispatch.lease_tasks(worker=worker, limit=4)
+    first = rounds.lease_tasks(worker=worker, limit=4)
     for entry in first[:2]:
-        dispatch.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
     running, leased = first[:2], first[2:]
 
     items = [
@@ -250,9 +249,9 @@ def test_finished_attempts_are_counted_by_state_once_each(tenant):
     for n in range(3):
         submit_ok(tenant.client, queue["id"], f"c{n}")
     worker = worker_for(tenant, queue["id"])
-    leased = dispatch.lease_tasks(worker=worker, limit=3)
+    leased = rounds.lease_tasks(worker=worker, limit=3)
     for entry in leased:
-        dispatch.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
     before = {state: finished(state) for state in ("SUCCEEDED", "FAILED")}
 
     run_round([report(worker, leased[0]), report(worker, leased[1]), report(worker, leased[2], outcome="FAILED")])
@@ -275,8 +274,8 @@ def test_reports_and_starts_lock_their_rows_with_the_counters_unless_a_key_comes
     for n in range(2):
         submit_ok(tenant.client, queue["id"], f"a{n}", **({"concurrency_key": f"object/{n}"} if keyed else {}))
     worker = worker_for(tenant, queue["id"])
-    running, leased = dispatch.lease_tasks(worker=worker, limit=2)
-    dispatch.approve_start(worker=worker, attempt_id=running["attempt_id"], epoch=running["epoch"])
+    running, leased = rounds.lease_tasks(worker=worker, limit=2)
+    rounds.approve_start(worker=worker, attempt_id=running["attempt_id"], epoch=running["epoch"])
 
     with django_assert_max_num_queries(20) as captured:
         answers = run_round([report(worker, running), StartRequest(worker, leased["attempt_id"], leased["epoch"])])

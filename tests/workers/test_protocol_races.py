@@ -10,8 +10,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from tasks.actions.dispatch import LeaseOutcome
-from tasks.actions.rounds import run_round
-from tasks.coalesce import ROUNDS
+from tasks.actions.rounds import ROUNDS, run_round
 from tasks.models import Task
 from tests.support.tasks import assert_invariants, make_queue, submit_ok
 from tests.support.workers import ProtocolClient

@@ -1,0 +1,183 @@
+"""Frames and rounds per task: what one task costs in trips, keyed and unkeyed.
+
+Starts a private MariaDB (reliability/mariadb.py), an Orbit server of the
+checkout given (default: this one) on it, and one worker-protocol client that
+does what the SDK worker does for each assignment: (optionally) acknowledge
+it, send task.start, then task.result. It counts the frames each way and the
+transactions the database committed (MariaDB's Com_commit: every round, lease,
+start and result is one), per task, for N unkeyed tasks and N tasks over K
+keys. Run it from any checkout against another to compare:
+
+    .venv/bin/python bench/trips_per_task.py                       # this checkout
+    .venv/bin/python bench/trips_per_task.py --repo /tmp/before    # another one
+    .venv/bin/python bench/trips_per_task.py --no-ack              # Start as the acknowledgement
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from websockets.sync.client import connect
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from reliability.mariadb import PrivateMariaDB  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def commits(db: PrivateMariaDB) -> int:
+    connection = db.connect()
+    try:
+        cursor = connection.cursor()
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Com_commit'")
+        return int(cursor.fetchone()[1])
+    finally:
+        connection.close()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    repo = Path(args.repo).resolve()
+    python = str(repo / ".venv" / "bin" / "python")
+    work = Path(tempfile.mkdtemp(prefix="orbit-trips-"))
+    work.chmod(0o755)  # the private server runs as the mysql user
+    db = PrivateMariaDB(work / "mariadb")
+    db.start()
+    server = None
+    try:
+        db.create_database("orbit_trips")
+        env = {**os.environ, "ORBIT_MYSQL_DSN": db.dsn("orbit_trips"), "ORBIT_MAINTENANCE": "1"}
+        env.pop("ORBIT_INLINE_DB", None)
+        subprocess.run([python, "manage.py", "migrate", "-v0"], cwd=repo, env=env, check=True)
+        credentials = work / "credentials.json"
+        subprocess.run(
+            [python, "manage.py", "orbit_bootstrap", "--application", "trips", "--namespace", "trips"]
+            + ["--environment", "bench", "--queue", "trips", "--worker-access", "--output", str(credentials)],
+            cwd=repo,
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log = open(work / "server.log", "w")  # noqa: SIM115
+        server = subprocess.Popen(
+            [python, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(port), "orbit.asgi:application"],
+            cwd=repo,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        token = json.loads(credentials.read_text())["token"]
+        queue_id = json.loads(credentials.read_text())["queue_id"]
+        figures = {}
+        for label, keys in (("unkeyed", 0), (f"keyed, {args.keys} keys", args.keys)):
+            figures[label] = measure(args, db, url, token, queue_id, keys)
+        return figures
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+        db.cleanup()
+
+
+def measure(args: argparse.Namespace, db: PrivateMariaDB, url: str, token: str, queue_id: str, keys: int) -> dict:
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
+        for n in range(args.tasks):
+            body: dict[str, Any] = {
+                "queue_id": queue_id,
+                "handler": "trip",
+                "handler_version": "v1",
+                "payload_version": "v1",
+                "payload": {"n": n},
+            }
+            if keys:
+                body["concurrency_key"] = f"trip/{n % keys}"
+            answer = client.post("/v1/tasks", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+            assert answer.status_code == 201, answer.text
+    before = commits(db)
+    sent = received = 0
+    ws = connect(url.replace("http", "ws") + "/v1/workers/connect", additional_headers=headers)
+    ids = iter(range(1, 1 << 30))
+
+    def send(frame: dict[str, Any]) -> None:
+        nonlocal sent
+        sent += 1
+        ws.send(json.dumps(frame))
+
+    send(
+        {"id": f"r{next(ids)}", "type": "hello", "worker_id": f"trips-{uuid.uuid4().hex[:8]}", "queues": [queue_id]}
+        | {"capacity": args.capacity, "handlers": [], "concurrency_keys": True, "version": "trips"}
+    )
+    done = 0
+    began = time.monotonic()
+    while done < args.tasks:
+        frame = json.loads(ws.recv(timeout=30))
+        received += 1
+        kind = frame.get("type")
+        if kind == "task.assign":
+            ref = {"attempt_id": frame["attempt_id"], "epoch": frame["epoch"]}
+            if not args.no_ack:
+                send({"type": "task.assign.ack", "attempt_id": frame["attempt_id"]})
+            send({"id": f"s:{frame['attempt_id']}:{frame['epoch']}", "type": "task.start", **ref})
+        elif kind == "task.start.ok":
+            _, attempt_id, epoch = frame["reply_to"].split(":")
+            ref = {"attempt_id": attempt_id, "epoch": int(epoch)}
+            send({"id": f"r{next(ids)}", "type": "task.result", **ref, "outcome": "SUCCEEDED"})
+        elif kind == "task.result.ok":
+            done += 1
+        elif kind == "error":
+            raise RuntimeError(frame)
+    seconds = time.monotonic() - began
+    ws.close()
+    time.sleep(0.5)  # the last rounds' commits land
+    transactions = commits(db) - before
+    return {
+        "tasks": args.tasks,
+        "frames_per_task": round((sent + received) / args.tasks, 2),
+        "frames_sent_per_task": round(sent / args.tasks, 2),
+        "frames_received_per_task": round(received / args.tasks, 2),
+        "transactions_per_task": round(transactions / args.tasks, 2),
+        "tasks_per_s": round(args.tasks / seconds, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", default=str(HERE.parent), help="the Orbit checkout whose server to run")
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--keys", type=int, default=10)
+    parser.add_argument("--capacity", type=int, default=16)
+    parser.add_argument("--no-ack", action="store_true", help="send no task.assign.ack (Start acknowledges)")
+    args = parser.parse_args()
+    for label, row in run(args).items():
+        print(f"{label}: " + ", ".join(f"{name}={value}" for name, value in row.items()))
+
+
+if __name__ == "__main__":
+    main()
