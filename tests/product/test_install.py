@@ -180,7 +180,7 @@ def test_the_installed_server_migrates_bootstraps_and_answers_readyz(installed_s
     pid = r"\d+"
     assert re.fullmatch(
         rf'orbit: serving on {re.escape(installed_server.url)}; database mysql "orbit_install_[0-9a-f]+" '
-        rf"at 127\.0\.0\.1:3306; pid {pid}",
+        rf"at 127\.0\.0\.1:3306; processes \d+; pid {pid}",
         installed_server.start_line,
     ), installed_server.start_line
     ready = httpx.get(f"{installed_server.url}/readyz", timeout=5)
