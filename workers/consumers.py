@@ -84,7 +84,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     worker: WorkerContext | None = None
     heartbeat: asyncio.Task | None = None
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    # The scope as Channels passes it (the stubs' scope type is private to them).
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Channels' AsyncConsumer.__call__ without a channel layer (Orbit
         configures none): each frame is awaited from `receive` and dispatched,
         in order, instead of through a new task and an asyncio.wait per frame
@@ -93,7 +94,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             await super().__call__(scope, receive, send)
             return
         self.scope = scope
-        self.channel_layer = None
+        self.channel_layer = None  # type: ignore[assignment]  # none configured; the stubs assume a layer
         self.base_send = send
         with contextlib.suppress(StopConsumer):
             while True:
@@ -205,7 +206,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def send_json(self, content: dict[str, Any]) -> None:
         await self.send(text_data=json.dumps(content, separators=(",", ":")))
 
-    async def send(self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False) -> None:
+    # AsyncWebsocketConsumer.send's signature, which the stubs too mark as overriding AsyncConsumer's.
+    async def send(  # type: ignore[override]
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
+    ) -> None:
         FRAMES_SENT.inc()
         await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
 
@@ -337,10 +341,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # task in the same transaction, and the assignment leaves right
         # behind the answer instead of a wake-up and a round later.
         async with self.lease_lock:
-            reply, leased = await rounds.record_result_and_lease_async(report, limit=free)
-            if not isinstance(reply, BaseException):
+            recorded, leased = await rounds.record_result_and_lease_async(report, limit=free)
+            if not isinstance(recorded, BaseException):
                 self.forget(ref["attempt_id"])
-                await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **reply})
+                await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **recorded})
             if isinstance(leased, LeaseOutcome):
                 for entry in leased.assignments:
                     await self.send_assignment(entry)
@@ -348,8 +352,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 raise leased  # cancelled: the connection is closing
             # A refused lease (superseded, revoked, database down) is the
             # dispatcher's to find out and act on at its next lease.
-        if isinstance(reply, BaseException):
-            raise reply
+        if isinstance(recorded, BaseException):
+            raise recorded
         return None
 
     def free_slots(self, leaving: int = 0) -> int:
