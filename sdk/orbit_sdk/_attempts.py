@@ -246,7 +246,8 @@ class Attempts:
             logger.error("orbit worker %s: protocol error: task.assign without attempt_id/epoch", self._worker_id)
             return
         attempt_id, epoch = ids
-        self._link.send_nowait(conn, {"type": "task.assign.ack", "attempt_id": attempt_id})
+        # No task.assign.ack: the task.start (or task.release) this assignment
+        # gets at once acknowledges it (docs/protocol.md), one frame fewer a task.
         known = self.held.get(attempt_id)
         try:
             assignment = parse_assignment(frame, concurrency_keys=self._worker.concurrency_keys)
@@ -262,6 +263,8 @@ class Attempts:
                 self._conflict(known, f"protocol error: {problem}")
             else:
                 known.generation = conn.generation  # a repeated delivery: same attempt, same token
+                # Its start already went out: acknowledge this delivery on its own.
+                self._link.send_nowait(conn, {"type": "task.assign.ack", "attempt_id": attempt_id})
             return
         if attempt_id in self.rejected:
             self._reject(attempt_id, epoch, self.rejected[attempt_id][1])

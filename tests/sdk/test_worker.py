@@ -67,7 +67,8 @@ def test_hello_then_start_before_handler_then_result():
                 "version": "orbit-python/0.1",
             }
             assert server.auth_headers == [f"Bearer {TOKEN}"]
-            assert recv_types(server) == ["hello", "task.assign.ack", "task.start", "task.result"]
+            # the Start acknowledges the assignment: no task.assign.ack (docs/protocol.md)
+            assert recv_types(server) == ["hello", "task.start", "task.result"]
             assert server.events == ["start:a1", "start.ok:a1", "handler:a1"]
             assert without_id(server.received("task.result")[0]) == {
                 "type": "task.result",
@@ -474,7 +475,7 @@ def test_drain_from_another_thread_lets_running_work_finish_and_report():
                 gate.set()
                 await asyncio.wait_for(task, 1.5)  # ends by itself once the result is acknowledged
             assert server.attempts["a1"].result["output"] == "finished"
-            assert recv_types(server) == ["hello", "task.assign.ack", "task.start", "drain", "task.result"]
+            assert recv_types(server) == ["hello", "task.start", "drain", "task.result"]
             assert worker.join(0)
 
     run(scenario)
@@ -653,7 +654,8 @@ def test_a_repeated_identical_assignment_is_only_acknowledged():
                 server.assign("a1", key="object/1", token="7")
                 await server.wait_for(lambda: server.attempts["a1"].result is not None)
             assert calls == [1]
-            assert len(server.received("task.assign.ack", "a1")) == 2
+            # the first delivery is acknowledged by its Start, the repeat by an ack
+            assert len(server.received("task.assign.ack", "a1")) == 1
             assert server.received("task.release") == []
 
     run(scenario)
