@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from orbit_sdk._connection import Abandoned, Connection, Link, NoAnswer
 from orbit_sdk._exceptions import CancelRequested, ProtocolError, RetryableError, UnknownOutcome
@@ -48,8 +48,17 @@ from orbit_sdk._protocol import (
 )
 from orbit_sdk.fencing import headers_for
 
-if TYPE_CHECKING:
-    from orbit_sdk._worker import Worker
+
+class WorkerSettings(Protocol):
+    """What the attempts read of their Worker (orbit_sdk._worker.Worker)."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def namespace_id(self) -> str | None: ...
+    @property
+    def concurrency_keys(self) -> bool: ...
+
 
 logger = logging.getLogger("orbit_sdk.worker")
 
@@ -75,7 +84,7 @@ class Execution:
 
     def __init__(
         self,
-        worker: Worker,
+        worker: WorkerSettings,
         assignment: Assignment,
         attempt_number: int,
         lease_expires_at: datetime.datetime | None,
@@ -208,7 +217,7 @@ class Attempts:
 
     def __init__(
         self,
-        worker: Worker,
+        worker: WorkerSettings,
         link: Link,
         *,
         handler_for: Callable[[TaskInfo], Handler | None],
