@@ -186,6 +186,7 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
             described = keys.describe_keys(row.namespace_id, [row])[0]
             holder = described.get("holder")
             context.update(
+                subtitle=f"Concurrency key {row.key}",
                 row=row,
                 described=described,
                 holder=holder,
