@@ -8,12 +8,14 @@ row (a key's row is its token sequence), never an unfinished or NEEDS_REVIEW
 task, never anything newer than the bound.
 
 Every table is walked along its primary key in batches (--batch-size ids,
-500 by default), each batch one short transaction of its own: a read of the
-next ids, then DELETEs of those that qualify, re-checked in the DELETE's own
+500 by default): a read of the next ids (outside any transaction), then one
+short transaction (@outermost: run again whole after a deadlock or lock-wait
+timeout) of DELETEs of those that qualify, re-checked in the DELETEs' own
 WHERE. Finished tasks are in no counter (queue_state and application_state
 count unfinished tasks and active attempts only: tasks/invariants.py), so no
 batch locks a counter row, and the engine's transactions never wait on one
-for long. What else the prune keeps, and why (docs/decisions.md, Retention):
+for long. What else the prune keeps, and why (docs/decisions.md, Console and
+retention):
 
 - a task a plan made (its CREATED trigger row names it: the trigger history
   stays whole);
@@ -32,11 +34,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
 from django.utils import timezone
 
 from orbit.models import Event, EventSequence, IdempotencyRecord
-from orbit.transactions import run_retrying
+from orbit.transactions import outermost
 from plans.models import PlanTrigger, TriggerOutcome
 from tasks.models import FINAL_TASK_STATES, Attempt, Task
 
@@ -155,18 +156,18 @@ class Command(BaseCommand):
             self.progress("tasks", scanned, tally.tasks)
 
     def remove_tasks(self, ids: list[str], bound: datetime) -> tuple[int, int]:
+        @outermost
         def once() -> tuple[int, int]:
-            with transaction.atomic(durable=True):
-                # Re-checked here: only rows still finished before the bound go.
-                tasks = Task.objects.filter(id__in=ids, state__in=FINISHED, finished_at__lt=bound)
-                gone = list(tasks.values_list("id", flat=True))
-                if self.dry_run or not gone:
-                    return len(gone), Attempt.objects.filter(task_id__in=gone).count() if gone else 0
-                attempts = Attempt.objects.filter(task_id__in=gone).delete()[0]
-                Task.objects.filter(id__in=gone, state__in=FINISHED, finished_at__lt=bound).delete()
-                return len(gone), attempts
+            # Re-checked here: only rows still finished before the bound go.
+            tasks = Task.objects.filter(id__in=ids, state__in=FINISHED, finished_at__lt=bound)
+            gone = list(tasks.values_list("id", flat=True))
+            if self.dry_run or not gone:
+                return len(gone), Attempt.objects.filter(task_id__in=gone).count() if gone else 0
+            attempts = Attempt.objects.filter(task_id__in=gone).delete()[0]
+            Task.objects.filter(id__in=gone, state__in=FINISHED, finished_at__lt=bound).delete()
+            return len(gone), attempts
 
-        return run_retrying(once)
+        return once()
 
     # ------------------------------------------------------------------ events
 
@@ -236,11 +237,11 @@ class Command(BaseCommand):
         if self.dry_run:
             return rows.count()
 
+        @outermost
         def once() -> int:
-            with transaction.atomic(durable=True):
-                return rows.delete()[0]
+            return rows.delete()[0]
 
-        return run_retrying(once)
+        return once()
 
 
 def task_of(data: Any) -> str | None:
