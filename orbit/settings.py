@@ -177,7 +177,7 @@ LOGGING = {
 # Public address the server is reached at; printed in credential files.
 ORBIT_HTTP_ADDR = os.environ.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080")
 
-# The platform operator's bearer token for GET /metrics (orbit/metrics.py);
+# The platform operator's bearer token for GET /metrics (orbit/metrics_view.py);
 # unset, metrics are off (404). Tenant credentials never read them.
 ORBIT_METRICS_TOKEN = os.environ.get("ORBIT_METRICS_TOKEN", "") or None
 
