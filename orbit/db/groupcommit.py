@@ -264,8 +264,25 @@ class GroupCommit(Generic[I, R]):
 
 async def within_deadline(waiter: asyncio.Future[R]) -> R:
     """The outcome, or UNAVAILABLE once the request deadline passed (the
-    waiter is cancelled: an item not yet claimed is skipped)."""
+    waiter is cancelled: an item not yet claimed is skipped).
+
+    Awaited directly, with a timer that cancels it: asyncio.wait_for would
+    wrap it in a second future, one more turn of the event loop (which every
+    request and frame shares) between the outcome and its caller."""
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        if not waiter.done():
+            expired = True
+            waiter.cancel()
+
+    timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_SECONDS, expire)
     try:
-        return await asyncio.wait_for(waiter, REQUEST_DEADLINE_SECONDS)
-    except TimeoutError:
-        raise Unavailable(DATABASE_TOO_SLOW) from None
+        return await waiter
+    except asyncio.CancelledError:
+        if expired:
+            raise Unavailable(DATABASE_TOO_SLOW) from None
+        raise  # the caller itself was cancelled
+    finally:
+        timer.cancel()
