@@ -34,6 +34,7 @@ from orbit.api.handler import HttpAnswer
 from orbit.api.parsers import json_object
 from orbit.db import inline
 from orbit.db.pool import run_db
+from orbit.errors import Unavailable
 from orbit.fields import new_id
 from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
 from tasks.actions.rounds import Answer, CredentialNotConfirmed, join_round, receipt_of, submit_request
@@ -141,6 +142,9 @@ async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
         joined = _joined_by_known_credential(loop, meta, body, request_id)
         if joined is None:
             joined = await run_db(_read_and_joined, loop, meta, body, request_id)
+    except Unavailable as exc:  # the deadline passed reading the credential: the full path would wait again
+        status, envelope, extra = error_answer(request_id, exc)
+        return _answer(status, envelope, request_id, extra)
     except Exception:
         return None
     try:

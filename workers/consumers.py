@@ -125,6 +125,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.principal = await run_db(authenticate_token, self.token)
             self.credential = known_credential(self.token)
             self.principal.require("workers:connect")
+        except Unavailable as error:  # the database did not answer in time: try again, nothing is wrong
+            await self.send_error(None, error)
+            await self.close(code=1011)
+            self.principal = None
         except OrbitError as error:
             await self.send_error(None, error)
             await self.close(code=CLOSE_FORBIDDEN if isinstance(error, PermissionDenied) else CLOSE_UNAUTHENTICATED)
@@ -515,6 +519,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                     await self.close_superseded(StateConflict(SUPERSEDED))
                     return
                 await run_db(authenticate_token, self.token)
+            except Unavailable:  # database too slow: the next beat tries again
+                logger.warning("worker heartbeat: database did not answer in time")
             except OrbitError as error:
                 await self.send_error(None, error)
                 await self.close(code=CLOSE_UNAUTHENTICATED)

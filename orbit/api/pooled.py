@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from orbit.api.errors import COMPACT_JSON, error_response_for
 from orbit.db import inline
 from orbit.db.pool import run_db
+from orbit.errors import Unavailable
 
 
 def _render(view: Callable[..., Any], request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -48,7 +49,11 @@ def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
         if inline():
             # Tests that share the test case's transaction must stay on its connection.
             return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)
-        return await run_db(_render, view, request, *args, **kwargs)
+        try:
+            return await run_db(_render, view, request, *args, **kwargs)
+        except Unavailable as exc:  # the request deadline passed waiting for the pool
+            status, body, headers = error_response_for(request, exc)
+            return JsonResponse(body, status=status, headers=headers, json_dumps_params=COMPACT_JSON)
 
     pooled_view.csrf_exempt = True  # type: ignore[attr-defined]
     return pooled_view

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from django.db import InterfaceError, OperationalError, connection
 
 from orbit.db import inline
-from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db
+from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db, within_deadline
 from orbit.errors import Unavailable
 from orbit.metrics import GROUPS_DECIDED
 
@@ -260,29 +260,3 @@ class GroupCommit(Generic[I, R]):
         waiters: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
         self._put(lane_id, [_Request(item, waiter) for item, waiter in zip(items, waiters, strict=True)])
         return await asyncio.gather(*(within_deadline(waiter) for waiter in waiters), return_exceptions=True)
-
-
-async def within_deadline(waiter: asyncio.Future[R]) -> R:
-    """The outcome, or UNAVAILABLE once the request deadline passed (the
-    waiter is cancelled: an item not yet claimed is skipped).
-
-    Awaited directly, with a timer that cancels it: asyncio.wait_for would
-    wrap it in a second future, one more turn of the event loop (which every
-    request and frame shares) between the outcome and its caller."""
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        if not waiter.done():
-            expired = True
-            waiter.cancel()
-
-    timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_SECONDS, expire)
-    try:
-        return await waiter
-    except asyncio.CancelledError:
-        if expired:
-            raise Unavailable(DATABASE_TOO_SLOW) from None
-        raise  # the caller itself was cancelled
-    finally:
-        timer.cancel()

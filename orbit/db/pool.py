@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 
+from orbit.errors import Unavailable
+
 T = TypeVar("T")
 
 DB_THREADS = int(os.environ.get("ORBIT_DB_THREADS", "8"))
@@ -55,5 +57,33 @@ def _discard_if_broken() -> None:
 
 
 async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn` on a pool thread, awaited within the request deadline (UNAVAILABLE
+    past it; a call not started yet is then skipped)."""
     loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_executor, functools.partial(call_guarded, fn, *args, **kwargs))
+    return await within_deadline(loop.run_in_executor(_executor, functools.partial(call_guarded, fn, *args, **kwargs)))
+
+
+async def within_deadline(waiter: asyncio.Future[T]) -> T:
+    """The outcome, or UNAVAILABLE once the request deadline passed (the
+    waiter is cancelled: an item not yet claimed is skipped).
+
+    Awaited directly, with a timer that cancels it: asyncio.wait_for would
+    wrap it in a second future, one more turn of the event loop (which every
+    request and frame shares) between the outcome and its caller."""
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        if not waiter.done():
+            expired = True
+            waiter.cancel()
+
+    timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_SECONDS, expire)
+    try:
+        return await waiter
+    except asyncio.CancelledError:
+        if expired:
+            raise Unavailable(DATABASE_TOO_SLOW) from None
+        raise  # the caller itself was cancelled
+    finally:
+        timer.cancel()

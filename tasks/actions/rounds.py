@@ -38,7 +38,8 @@ from typing import Any, TypeVar, cast
 from django.db import IntegrityError
 
 from orbit.audit import gathered_events
-from orbit.db.groupcommit import GroupCommit, within_deadline
+from orbit.db.groupcommit import GroupCommit
+from orbit.db.pool import within_deadline
 from orbit.db.rows import (
     holding,
     lock_by_pk,
