@@ -231,6 +231,29 @@ def select_together(
     return found
 
 
+def select_ids_together(model: type[models.Model], queries: Sequence[tuple[str, Sequence[Any]]]) -> list[list[Any]]:
+    """The primary keys of several `SELECT pk … WHERE where` (no lock), in
+    one round trip on MySQL/MariaDB, one after another elsewhere: the pks of
+    each, in order."""
+    db = _db()
+    shape = _shape(model, db)
+    statements = [f"SELECT {shape.pk} FROM {shape.table} WHERE {where}" for where, _ in queries]
+    found: list[list[Any]] = []
+    with db.cursor() as cursor:
+        if db.vendor != "mysql" or len(queries) < 2:
+            for sql, (_, params) in zip(statements, queries, strict=True):
+                cursor.execute(sql, params)
+                found.append([row[0] for row in cursor.fetchall()])
+            return found
+        cursor.execute("; ".join(statements), [param for _, params in queries for param in params])
+        for index in range(len(queries)):
+            if index:
+                with db.wrap_database_errors:
+                    cursor.cursor.nextset()
+            found.append([row[0] for row in cursor.fetchall()])
+    return found
+
+
 _held = threading.local()
 
 

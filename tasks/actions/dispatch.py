@@ -52,7 +52,7 @@ from tasks.actions.context import (
     window_reopens_at,
     window_used,
 )
-from tasks.actions.readiness import overtaking_sibling, promote_next
+from tasks.actions.readiness import overtaking_siblings, promote_each
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
@@ -136,6 +136,15 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         candidates.extend(_candidates(worker, queue_id, now, min(want, room)))
     candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
     key_rows = lock_concurrency_keys(worker.namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
+    overtakers = overtaking_siblings(
+        [
+            task
+            for task in candidates
+            if (row := key_rows.get(task.concurrency_key)) is not None
+            and not key_blocks(holder_attempt_id=row.holder_attempt_id, version=row.version)
+        ],
+        now,
+    )
 
     chosen: list[tuple[Task, Attempt]] = []
     taken_per_queue: dict[str, int] = {}
@@ -156,7 +165,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
                 # Held (by a twin in this batch or a lease that won the race),
                 # or the token space is spent: refuse rather than wrap.
                 continue
-            sibling = overtaking_sibling(task, now)
+            sibling = overtakers.get(task.id)
             if sibling is not None:
                 if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
                     continue  # the key's turn is the sibling's, for a worker that serves it
@@ -185,7 +194,16 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
             key_row.holder_attempt_id = attempt.id
             key_row.holder_task_id = task.id
             key_row.updated_at = now
-            key_row.save(update_fields=["version", "holder_attempt_id", "holder_task_id", "updated_at"])
+            update_by_pk(
+                ConcurrencyKey,
+                [key_row.pk],
+                {
+                    "version": key_row.version,
+                    "holder_attempt_id": attempt.id,
+                    "holder_task_id": task.id,
+                    "updated_at": now,
+                },
+            )
         task.state = TaskState.LEASED
         task.updated_at = now
         chosen.append((task, attempt))
@@ -197,10 +215,8 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     insert_rows([attempt for _, attempt in chosen])
     # Every chosen task was locked WAITING at its epoch: one statement moves them all.
     update_by_pk(Task, [task.id for task, _ in chosen], {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now})
-    for task, _ in chosen:  # each was its key's ready task in its queue: hand the role on
-        promote_next(
-            namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
-        )
+    # Each was its key's ready task in its queue: hand the role on.
+    promote_each([(task.namespace_id, task.concurrency_key, task.queue_id) for task, _ in chosen], now)
     add_to_row(ApplicationState, worker.application_id, {"active_attempts": len(chosen)})
     for queue_id, count in sorted(taken_per_queue.items()):
         add_to_row(QueueState, queue_id, {"active_permits": count, "reserved_starts": count})

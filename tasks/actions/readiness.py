@@ -20,7 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from orbit.db.rows import db_value, select_rows, update_by_pk
+from orbit.db.rows import db_value, select_ids_together, select_together, update_by_pk
 from tasks.models import Task, TaskState
 
 
@@ -53,49 +53,85 @@ def enter_waiting(task: Task, now: datetime) -> bool:
     return False
 
 
+KeyGroup = tuple[str, str, str]  # (namespace_id, concurrency_key, queue_id)
+
+_GROUP = "namespace_id = %s AND concurrency_key = %s AND queue_id = %s AND state = %s"
+
+
 def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now: datetime) -> None:
     """After the ready task of a (key, queue) left WAITING: make the best waiting sibling ready."""
-    if not concurrency_key:
+    promote_each([(namespace_id, concurrency_key, queue_id)], now)
+
+
+def promote_each(groups: list[KeyGroup], now: datetime) -> None:
+    """promote_next for several (key, queue) groups: the reads of all of them
+    in one round trip, the promotions in one write (sent with the next
+    statement). A lease of N keyed tasks hands N ready roles on."""
+    wanted = sorted({group for group in groups if group[1]})
+    if not wanted:
         return
-    waiting = Task.objects.filter(
-        namespace_id=namespace_id, concurrency_key=concurrency_key, queue_id=queue_id, state=TaskState.WAITING
-    )
-    if waiting.filter(key_ready=True).exists():
-        return
-    blocked = waiting.filter(key_ready=False)
-    chosen = (
-        blocked.filter(available_at__lte=now).order_by("-priority", "available_at", "id").values_list("id", flat=True)
-    ).first() or blocked.order_by("available_at", "-priority", "id").values_list("id", flat=True).first()
-    if chosen is not None:
-        Task.objects.filter(id=chosen).update(key_ready=True)
+    at = db_value(Task, "available_at", now)
+    queries: list[tuple[str, list[Any]]] = []
+    for namespace_id, key, queue_id in wanted:
+        group = [namespace_id, key, queue_id, TaskState.WAITING]
+        queries += [
+            (f"{_GROUP} AND key_ready = %s LIMIT 1", [*group, True]),
+            (
+                f"{_GROUP} AND key_ready = %s AND available_at <= %s"
+                " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1",
+                [*group, False, at],
+            ),
+            (f"{_GROUP} AND key_ready = %s ORDER BY available_at ASC, priority DESC, id ASC LIMIT 1", [*group, False]),
+        ]
+    found = iter(select_ids_together(Task, queries))
+    chosen: list[str] = []
+    for _ in wanted:
+        ready, available, later = next(found), next(found), next(found)
+        if not ready and (available or later):
+            chosen.append((available or later)[0])
+    if chosen:
+        update_by_pk(Task, chosen, {"key_ready": True})
 
 
 def overtaking_sibling(task: Task, now: datetime) -> Task | None:
-    """The waiting sibling that outranks the ready keyed `task` now, locked and
-    made ready in its place; None when `task` is still the best.
+    """overtaking_siblings for one ready task."""
+    return overtaking_siblings([task], now).get(task.id)
+
+
+def overtaking_siblings(tasks: list[Task], now: datetime) -> dict[str, Task]:
+    """For ready keyed `tasks` (of distinct (key, queue) groups): the waiting
+    sibling that outranks each now, locked and made ready in its place, by
+    the ready task's id; a task that is still the best of its group is absent.
 
     Readiness is decided when a task enters WAITING, and tasks available later
     are ranked by when they become available; by the time the key is free, a
     sibling ranked below may have become available with a higher priority
     (SPEC §7: higher priority leases first). The lease asks before taking the
-    ready task. The caller holds the application_state lock, so the sibling's
-    row is not locked by anyone else."""
+    ready task: for all its keyed candidates in one round trip. The caller
+    holds the application_state lock, so no sibling row is locked by anyone
+    else."""
+    keyed = [task for task in tasks if task.concurrency_key]
+    if not keyed:
+        return {}
     at = db_value(Task, "available_at", now)
-    best = select_rows(
-        Task,
-        "namespace_id = %s AND concurrency_key = %s AND queue_id = %s AND state = %s AND key_ready = %s"
-        " AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
-        " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1",
-        [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at],
-        lock=True,
+    where = (
+        f"{_GROUP} AND key_ready = %s AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
+        " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1"
     )
-    if not best or rank(task, now) < rank(best[0], now):
-        return None
-    sibling = best[0]
-    update_by_pk(Task, [task.id], {"key_ready": False})
-    update_by_pk(Task, [sibling.id], {"key_ready": True})
-    task.key_ready, sibling.key_ready = False, True
-    return sibling
+    queries: list[tuple[type[Task], str, list[Any]]] = [
+        (Task, where, [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at])
+        for task in keyed
+    ]
+    overtaking: dict[str, Task] = {}
+    for task, best in zip(keyed, select_together(queries, lock=True), strict=True):
+        if not best or rank(task, now) < rank(best[0], now):
+            continue
+        sibling = best[0]
+        update_by_pk(Task, [task.id], {"key_ready": False})
+        update_by_pk(Task, [sibling.id], {"key_ready": True})
+        task.key_ready, sibling.key_ready = False, True
+        overtaking[task.id] = sibling
+    return overtaking
 
 
 def admit_readiness(tasks: list[Task], now: datetime) -> list[str]:

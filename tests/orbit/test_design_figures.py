@@ -44,6 +44,8 @@ FIGURES = {
     "a submit round of 1": 3,
     "a lease of 1": 4,
     "a lease of 16": 4,
+    "a keyed lease of 1": 9,
+    "a keyed lease of 16": 9,
     "a start": 3,
     "a keyed start": 4,
     "a result": 3,
@@ -124,6 +126,22 @@ def test_a_lease(tenant, limit):
 
     assert len(leased) == limit
     assert trips == FIGURES[f"a lease of {limit}"]
+
+
+@pytest.mark.parametrize("limit", [1, 16])
+def test_a_keyed_lease(tenant, limit):
+    """Tasks of distinct keys, none leased before: the key rows are made (an
+    insert and a read again), the overtaking siblings of all candidates are
+    read in one round trip and the ready roles handed on in another, however
+    many keys the lease takes."""
+    queue = queue_with(tenant, 1 + limit, keyed=True)
+    worker = connected(tenant, queue["id"])
+    assert len(rounds.lease_tasks(worker=worker, limit=1)) == 1
+
+    trips, leased = measured(lambda: rounds.lease_tasks(worker=worker, limit=limit))
+
+    assert len(leased) == limit and all("concurrency_token" in entry for entry in leased)
+    assert trips == FIGURES[f"a keyed lease of {limit}"]
 
 
 def leased_pair(tenant: Tenant, *, keyed: bool) -> tuple[WorkerContext, list[dict[str, Any]]]:
