@@ -17,11 +17,13 @@ from orbit.api.handler import ApiHandler, split_http  # noqa: E402
 from orbit.serving import tune_twisted  # noqa: E402
 from tasks import submit_route  # noqa: E402
 from tasks.maintenance import start_background_maintenance  # noqa: E402
+from tasks.wakeups import listen_to_siblings  # noqa: E402
 from workers.routing import websocket_urlpatterns  # noqa: E402
 
 tune_twisted()
 # Every server process recovers expired leases and sweeps deadlines.
 start_background_maintenance()
+listen_to_siblings()
 
 application = ProtocolTypeRouter(
     {

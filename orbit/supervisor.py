@@ -7,8 +7,9 @@ socket once (SO_REUSEADDR, a backlog of `BACKLOG`) and starts N children, each
 inherited socket, with its own round lanes, database pool and maintenance
 thread (orbit/asgi.py). Every child accepts from the one socket; the kernel
 hands each connection to one of them. A worker's WebSocket lives in the child
-that accepted it; what another child's round frees, this child's dispatcher
-finds by polling, as between the nodes of a cluster.
+that accepted it; what another child's round makes available reaches this
+child's dispatchers as a wake-up through the directory the supervisor makes
+for them (tasks.wakeups, `SIBLINGS_DIR_ENV`), and by polling if one is lost.
 
 The supervisor:
 - announces once, when every child listens (each writes a line to its own
@@ -32,15 +33,20 @@ from __future__ import annotations
 import argparse
 import os
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 APPLICATION = "orbit.asgi:application"
+# Where the children find each other's wake-up sockets (tasks.wakeups reads it;
+# named here too, as the supervisor imports nothing of Django's).
+WAKEUP_DIR_ENV = "ORBIT_WAKEUP_DIR"
 READY_FD_ENV = "ORBIT_SERVE_READY_FD"  # a child writes "ready\n" there once it listens
 PARENT_ENV = "ORBIT_SERVE_SUPERVISOR"  # the supervisor's pid, for PR_SET_PDEATHSIG
 BACKLOG = 1024
@@ -134,6 +140,7 @@ class Supervisor:
         self.say = say or (lambda line: print(f"orbit serve: {line}", file=sys.stderr, flush=True))
         self.selector = selectors.DefaultSelector()
         self.stop_signal: int | None = None
+        self.wakeup_dir: str | None = None
 
     # -- children ----------------------------------------------------------------
 
@@ -141,6 +148,8 @@ class Supervisor:
         read_end, write_end = os.pipe()
         os.set_blocking(read_end, False)
         env = {**os.environ, READY_FD_ENV: str(write_end), PARENT_ENV: str(os.getpid())}
+        if self.wakeup_dir is not None:
+            env[WAKEUP_DIR_ENV] = self.wakeup_dir
         fd = self.sock.fileno()
         try:
             child.process = subprocess.Popen(
@@ -193,10 +202,15 @@ class Supervisor:
         signal.signal(signal.SIGTERM, stop)
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select
+        if len(self.children) > 1:
+            self.wakeup_dir = tempfile.mkdtemp(prefix="orbit-wakeups-")
         try:
             return self._serve(on_ready, wake_read)
         finally:
             self._stop_children()
+            if self.wakeup_dir is not None:
+                shutil.rmtree(self.wakeup_dir, ignore_errors=True)
+                self.wakeup_dir = None
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

@@ -348,7 +348,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         async with self.lease_lock:
             recorded, leased = await rounds.record_result_and_lease_async(report, limit=free)
             if not isinstance(recorded, BaseException):
-                self.forget(ref["attempt_id"])
+                # A lease decided after the result filled what it could: the
+                # freed slot needs no lease of the dispatcher's.
+                self.forget(ref["attempt_id"], wake=not isinstance(leased, LeaseOutcome))
                 await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **recorded})
             if isinstance(leased, LeaseOutcome):
                 for entry in leased.assignments:
@@ -400,11 +402,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     # --- dispatch -------------------------------------------------------
 
-    def forget(self, attempt_id: str) -> None:
+    def forget(self, attempt_id: str, *, wake: bool = True) -> None:
         self.held.discard(attempt_id)
         self.running.discard(attempt_id)
         self.keyed.discard(attempt_id)
-        self.wake.set()
+        if wake:
+            self.wake.set()
 
     async def dispatch_loop(self) -> None:
         """Leases while there is free capacity; sleeps until woken or the poll interval."""

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from orbit.audit import record_management_change
@@ -32,7 +31,7 @@ from tasks.actions.permits import (
 )
 from tasks.actions.serialize import task_detail
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, Task, TaskState
-from tasks.wakeups import notify_work_available
+from tasks.wakeups import wake_after_commit
 
 OUTCOMES = ("SUCCEEDED", "FAILED", "UNKNOWN")
 RECOVERY_BATCH = 200
@@ -43,10 +42,6 @@ def retry_backoff(task: Task) -> timedelta:
     exponent = max(task.attempts - 1, 0)
     seconds = min(task.retry_initial_seconds * task.retry_multiplier**exponent, task.retry_max_seconds)
     return timedelta(seconds=seconds)
-
-
-def _wake_after_commit(queue_id: str) -> None:
-    transaction.on_commit(lambda: notify_work_available([queue_id]))
 
 
 def _recover_locked(held: Held, now: datetime, book: WriteBook | None = None) -> None:
@@ -76,7 +71,7 @@ def _recover_locked(held: Held, now: datetime, book: WriteBook | None = None) ->
             book=book,
         )
     LEASES_RECOVERED.inc()
-    _wake_after_commit(task.queue_id)
+    wake_after_commit([task.queue_id])
 
 
 def _apply_outcome(
@@ -126,7 +121,7 @@ def _apply_outcome(
             )
         else:
             settle(task, held, now=now, task_state=TaskState.FAILED, last_error=error, **failed)
-    _wake_after_commit(task.queue_id)
+    wake_after_commit([task.queue_id])
 
 
 def _holds(worker: WorkerContext, peek: dict[str, Any] | None, epoch: int) -> bool:
@@ -251,7 +246,7 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
             attempt_state=AttemptState.RELEASED,
             attempt_fields={"error": {"code": "RELEASED", "message": reason}},
         )
-        _wake_after_commit(held.task.queue_id)
+        wake_after_commit([held.task.queue_id])
         return {"task_state": held.task.state}
 
     return apply()
@@ -292,7 +287,7 @@ def cancel_task(*, actor: Actor, task_id: str, reason: str) -> dict[str, Any]:
             attempt_fields={"error": {"code": "CANCELLED", "message": reason}},
             cancel_requested=True,
         )
-        _wake_after_commit(task.queue_id)
+        wake_after_commit([task.queue_id])
     record_management_change(
         actor,
         action="task.cancel",
@@ -326,7 +321,7 @@ def resolve_task(*, actor: Actor, task_id: str, resolution: str, reason: str) ->
     moved: dict[str, Any] = {"available_at": now} if resolution == "RETRY" else {}
     settle(task, None, now=now, task_state=RESOLUTIONS[resolution], **moved)
     if resolution == "RETRY":
-        _wake_after_commit(task.queue_id)
+        wake_after_commit([task.queue_id])
     record_management_change(
         actor,
         action="task.resolve",
@@ -389,7 +384,7 @@ def fail_for_deadline(task_id: str) -> bool:
             attempt_fields={"error": failure},
             last_error=failure,
         )
-        _wake_after_commit(task.queue_id)
+        wake_after_commit([task.queue_id])
         return True
 
     return apply()

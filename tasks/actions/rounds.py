@@ -55,6 +55,7 @@ from orbit.models import Application, ApplicationState, Credential, IdempotencyR
 from orbit.principal import Actor, Minted, Principal
 from orbit.transactions import outermost
 from queues.models import Queue, QueueState
+from tasks import wakeups
 from tasks.actions import batch, context, dispatch, endings, rollup
 from tasks.actions.batch import Submission
 from tasks.actions.context import Configuration, WorkerContext
@@ -407,11 +408,35 @@ def _decide_round(
                 decided.extend(zip([index for index, _ in group], leased, strict=True))
         return decided
 
-    for index, outcome in decide():
+    with wakeups.collected() as woken:
+        decided = decide()
+    wakeups.notify_work_available(woken - _exhausted(leases, decided))
+    for index, outcome in decided:
         item = items[index]
         if isinstance(item, StartRequest):
             outcome = _finish_start(start_peeks[item.attempt_id], outcome)
         answers[index] = outcome
+
+
+def _exhausted(leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]) -> set[str]:
+    """The queues a lease of the round left with nothing any worker could
+    lease: the lease of a worker that takes every handler and keyed tasks
+    came back with fewer than it asked for. It was decided after the round's
+    results, releases and submits, so a wake-up they made for those queues
+    would only send dispatchers to find nothing (the same connection's
+    included, right after its hand-off)."""
+    outcomes = dict(decided)
+    exhausted: set[str] = set()
+    for index, lease in leases:
+        outcome, worker = outcomes.get(index), lease.worker
+        if (
+            isinstance(outcome, LeaseOutcome)
+            and not worker.handlers
+            and worker.concurrency_keys
+            and len(outcome.assignments) < min(lease.limit, context.LEASE_BATCH_MAX)
+        ):
+            exhausted.update(worker.queue_ids)
+    return exhausted
 
 
 def _finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | DeadlinePassed) -> dict[str, Any] | OrbitError:

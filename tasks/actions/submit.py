@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from orbit.audit import emit_event, gathered_events
@@ -26,7 +25,7 @@ from tasks.actions.readiness import admit_readiness
 from tasks.actions.serialize import task_detail
 from tasks.locks import lock_application_state
 from tasks.models import Task, TaskState
-from tasks.wakeups import notify_work_available
+from tasks.wakeups import wake_after_commit
 
 # available_at may lag the server clock by this much (client clock skew)
 # before the request counts as expired.
@@ -196,6 +195,5 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
                 data={"queue_id": task.queue_id, "state": TaskState.WAITING},
             )
     TASKS_SUBMITTED.inc(len(accepted))
-    woken = list(per_queue)
-    transaction.on_commit(lambda: notify_work_available(woken))
+    wake_after_commit(per_queue)
     return outcomes

@@ -146,6 +146,26 @@ def test_two_processes_share_the_address_and_both_accept(served: Served):
     assert sum(held.values()) == 40 and all(held.values()), held
 
 
+def wake_up_directory(pid: int) -> Path:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (found,) = [entry.split(b"=", 1)[1] for entry in environ if entry.startswith(b"ORBIT_WAKEUP_DIR=")]
+    return Path(found.decode())
+
+
+def test_the_children_find_each_other_for_wake_ups_and_the_directory_goes_at_stop(served: Served):
+    kids = children(served.process.pid)
+    directories = {wake_up_directory(pid) for pid in kids}
+    assert len(directories) == 1, directories  # one directory for all of them
+    (directory,) = directories
+    wait_for(
+        lambda: sorted(os.listdir(directory)) == sorted(f"{pid}.sock" for pid in kids),
+        20,
+        "a wake-up socket per child",
+    )
+    assert served.stop() == 0, served.stderr.read_text()
+    assert not directory.exists()
+
+
 def test_sigterm_stops_every_process_with_exit_0(served: Served):
     kids = children(served.process.pid)
     assert served.get() == 200
