@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 
+from orbit.db import groupcommit
 from orbit.db.groupcommit import GroupCommit
 
 
@@ -174,3 +175,51 @@ def test_the_items_picked_to_go_first_are_answered_ahead_of_their_group(settings
     answered = asyncio.run(scenario())
     assert answered == ["done submit-1", "done submit-2", "done start-1", "done result-1"]
     assert seen == [["first"], ["start-1", "submit-1", "result-1", "submit-2"]]  # decided in arrival order
+
+
+def crowd_then(settings, monkeypatch, seen: list[list[str]]) -> GroupCommit:
+    """A lane whose last group was a crowd of three callers; a wait for the
+    rest of a crowd lasts at most 5 s here, so whether one happened is plain."""
+    monkeypatch.setattr(groupcommit, "GATHER_SECONDS", 5.0)
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    first = commit.enqueue("lane", "first")
+    time.sleep(0.1)  # the lane is inside the first group now
+    crowd = [commit.enqueue("lane", name) for name in ("a", "b", "c")]
+    gate.set()
+    assert first.result(5) == "done first" and [f.result(5) for f in crowd] == ["done a", "done b", "done c"]
+    return commit
+
+
+def test_the_first_of_a_crowd_waits_a_moment_for_the_rest_of_it(settings, monkeypatch):
+    seen: list[list[str]] = []
+    commit = crowd_then(settings, monkeypatch, seen)
+    ahead = commit.enqueue("lane", "d")
+    time.sleep(0.2)  # the rest of the crowd, a moment behind
+    rest = [commit.enqueue("lane", name) for name in ("e", "f")]
+    began = time.monotonic()
+    assert [f.result(5) for f in (ahead, *rest)] == ["done d", "done e", "done f"]
+    assert seen[2:] == [["d", "e", "f"]]
+    assert time.monotonic() - began < 4  # decided once the crowd was whole, not at the end of the wait
+
+
+def test_a_lone_caller_after_lone_callers_does_not_wait(settings, monkeypatch):
+    monkeypatch.setattr(groupcommit, "GATHER_SECONDS", 5.0)
+    seen: list[list[str]] = []
+    commit = held_lane(settings, gated(seen, threading.Event()))
+    assert commit.enqueue("lane", "x").result(5) == "done x"
+    began = time.monotonic()
+    assert commit.enqueue("lane", "y").result(5) == "done y"
+    assert time.monotonic() - began < 4
+    assert seen == [["x"], ["y"]]
+
+
+def test_a_caller_long_after_the_crowd_does_not_wait(settings, monkeypatch):
+    monkeypatch.setattr(groupcommit, "FOLLOW_SECONDS", 0.1)
+    seen: list[list[str]] = []
+    commit = crowd_then(settings, monkeypatch, seen)
+    time.sleep(0.3)
+    began = time.monotonic()
+    assert commit.enqueue("lane", "late").result(5) == "done late"
+    assert time.monotonic() - began < 4
+    assert seen[2:] == [["late"]]
