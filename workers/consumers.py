@@ -116,8 +116,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.dispatcher: asyncio.Task | None = None
         self.inflight: set[asyncio.Task] = set()
         # Held by the dispatcher from lease to sent assignments, and by drain:
-        # so drain.ok is never followed by an assignment leased before it.
+        # so drain.ok is never followed by an assignment leased before it
+        # (drain also waits for the hand-offs in flight, on_result).
         self.lease_lock = asyncio.Lock()
+        # Hand-offs in flight (each may add one assignment), and the slots
+        # their results freed whose assignment is not sent yet (on_result).
+        self.handoffs = 0
+        self.reserved = 0
+        self.no_handoffs = asyncio.Event()
+        self.no_handoffs.set()
+        self.handoff_sending = asyncio.Lock()
         headers = dict(self.scope.get("headers") or [])
         raw = headers.get(b"authorization")
         try:
@@ -334,42 +342,81 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         fields = frames.result(message)
         assert self.worker is not None
         report = endings.ResultReport(worker=self.worker, **fields, **ref)
-        free = self.free_slots(leaving=1 if ref["attempt_id"] in self.running else 0)
         # Unkeyed slots refill through the dispatcher, which waits a moment to
-        # lease for several at once; a released key is handed on at once.
-        if ref["attempt_id"] not in self.keyed or free <= 0 or self.draining or self.lease_lock.locked():
+        # lease for several at once; a released key is handed on at once,
+        # into the slot the result frees.
+        leaving = ref["attempt_id"] in self.running
+        if ref["attempt_id"] not in self.keyed or not leaving or self.free_slots(leaving=1) <= 0 or self.draining:
             reply = await rounds.record_result_async(report)
             self.forget(ref["attempt_id"])
             return reply
-        # Hand-off: the result's round also leases for this connection, so a
-        # key the result releases (or the slot it frees) goes on to the next
-        # task in the same transaction, and the assignment leaves right
-        # behind the answer instead of a wake-up and a round later.
-        async with self.lease_lock:
-            recorded, leased = await rounds.record_result_and_lease_async(report, limit=free)
-            if not isinstance(recorded, BaseException):
-                # A lease decided after the result filled what it could: the
-                # freed slot needs no lease of the dispatcher's.
-                self.forget(ref["attempt_id"], wake=not isinstance(leased, LeaseOutcome))
-                await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **recorded})
-            if isinstance(leased, LeaseOutcome):
-                for entry in leased.assignments:
-                    await self.send_assignment(entry)
-            elif isinstance(leased, BaseException) and not isinstance(leased, Exception):
+        # Hand-off: the result's round also leases one task for this
+        # connection, so the key the result releases goes on to its next task
+        # in the same transaction, and the assignment leaves right behind the
+        # answer instead of a wake-up and a round later. Several results'
+        # hand-offs run side by side, each into its own result's slot.
+        self.handoffs += 1
+        self.no_handoffs.clear()
+        try:
+            recorded, leased = await rounds.record_result_and_lease_async(report, limit=1)
+            assignments = leased.assignments if isinstance(leased, LeaseOutcome) else []
+            if isinstance(recorded, BaseException):
+                # The result was refused: its attempt may still hold the slot.
+                await self.hand_back(assignments, reason="result refused")
+                raise recorded
+            # The answer and the assignment go out together, not interleaved
+            # with another hand-off's (one write, as the loop sends them).
+            async with self.handoff_sending:
+                # A lease decided after the result that found nothing left
+                # over: the dispatcher would find nothing either.
+                exhausted = isinstance(leased, LeaseOutcome) and not leased.more
+                self.forget(ref["attempt_id"], wake=not exhausted)
+                # The freed slot stays taken until its assignment is sent
+                # (send_assignment counts it held before it awaits).
+                self.reserved += len(assignments)
+                unsent = len(assignments)
+                try:
+                    await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **recorded})
+                    for entry in assignments:
+                        self.reserved -= 1
+                        unsent -= 1
+                        await self.send_assignment(entry)
+                finally:
+                    self.reserved -= unsent
+            if isinstance(leased, BaseException) and not isinstance(leased, Exception):
                 raise leased  # cancelled: the connection is closing
             # A refused lease (superseded, revoked, database down) is the
             # dispatcher's to find out and act on at its next lease.
-        if isinstance(recorded, BaseException):
-            raise recorded
+        finally:
+            self.handoffs -= 1
+            if not self.handoffs:
+                self.no_handoffs.set()
         return None
+
+    async def hand_back(self, assignments: list[dict[str, Any]], reason: str) -> None:
+        """Releases leases this connection will not be sent."""
+        assert self.worker is not None
+        for entry in assignments:
+            with contextlib.suppress(Exception):  # ended meanwhile: nothing to hand back
+                await run_db(
+                    endings.release_attempt,
+                    worker=self.worker,
+                    attempt_id=entry["attempt_id"],
+                    epoch=entry["epoch"],
+                    reason=reason,
+                )
 
     def free_slots(self, leaving: int = 0) -> int:
         """Assignments this connection may be sent now (`leaving`: held
-        attempts whose end is being recorded): its capacity, and the bounds on
-        what it has not acknowledged yet."""
+        attempts whose end is being recorded): its capacity, less the slots
+        of hand-offs about to send their assignment, and the bounds on what it
+        has not acknowledged yet, less what the hand-offs in flight may add."""
         if self.unacked_bytes >= UNACKED_MAX_BYTES:
             return 0
-        return min(self.capacity - len(self.held) + leaving, UNACKED_MAX - len(self.unacked))
+        return min(
+            self.capacity - len(self.held) - self.reserved + leaving,
+            UNACKED_MAX - len(self.unacked) - self.handoffs,
+        )
 
     async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
         ref = self.attempt_ref(message)
@@ -381,6 +428,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def on_drain(self, message: dict[str, Any]) -> dict[str, Any]:
         async with self.lease_lock:
             self.draining = True
+        # A hand-off that began before the drain sends its assignments before drain.ok.
+        await self.no_handoffs.wait()
         self.wake.set()
         return {}
 

@@ -64,6 +64,9 @@ class LeaseOutcome:
     # Seconds until a queue's full start window closes and leasing may resume
     # (None when no queue was held back by its start rate).
     rate_reopens_in: float | None = None
+    # Whether a leasable candidate was left when the lease stopped (at its
+    # limits): False says the worker's queues had nothing more for it.
+    more: bool = False
 
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
@@ -132,8 +135,13 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     if not headroom:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests]
     candidates: list[Task] = []
+    more = False  # a leasable candidate left over
     for queue_id, room in sorted(headroom.items()):
-        candidates.extend(_candidates(worker, queue_id, now, min(want, room)))
+        # One row more than may be taken, to know whether there is more (only
+        # counted: its row stays locked until the commit, and nothing else).
+        found = _candidates(worker, queue_id, now, min(want, room) + 1)
+        more = more or len(found) > min(want, room)
+        candidates.extend(found[: min(want, room)])
     candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
     key_rows = lock_concurrency_keys(worker.namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
     overtakers = overtaking_siblings(
@@ -153,6 +161,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
     for task in candidates:
         if len(chosen) >= want:
+            more = True
             break
         if taken_per_queue.get(task.queue_id, 0) >= headroom[task.queue_id]:
             continue
@@ -210,7 +219,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         assignments[taker].append(assignment(task, attempt))
         taken_per_queue[task.queue_id] = taken_per_queue.get(task.queue_id, 0) + 1
     if not chosen:
-        return [LeaseOutcome([], rate_reopens_in) for _ in requests]
+        return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
 
     insert_rows([attempt for _, attempt in chosen])
     # Every chosen task was locked WAITING at its epoch: one statement moves them all.
@@ -222,7 +231,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         add_to_row(QueueState, queue_id, {"active_permits": count, "reserved_starts": count})
     _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
     ATTEMPTS_LEASED.inc(len(chosen))
-    return [LeaseOutcome(entries, rate_reopens_in) for entries in assignments]
+    return [LeaseOutcome(entries, rate_reopens_in, more) for entries in assignments]
 
 
 def _emit_moves(tasks: list[Task], state: str, *, previous: str) -> None:

@@ -421,7 +421,7 @@ def _decide_round(
 def _exhausted(leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]) -> set[str]:
     """The queues a lease of the round left with nothing any worker could
     lease: the lease of a worker that takes every handler and keyed tasks
-    came back with fewer than it asked for. It was decided after the round's
+    found no candidate left over (LeaseOutcome.more). It was decided after the round's
     results, releases and submits, so a wake-up they made for those queues
     would only send dispatchers to find nothing (the same connection's
     included, right after its hand-off)."""
@@ -429,12 +429,7 @@ def _exhausted(leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, 
     exhausted: set[str] = set()
     for index, lease in leases:
         outcome, worker = outcomes.get(index), lease.worker
-        if (
-            isinstance(outcome, LeaseOutcome)
-            and not worker.handlers
-            and worker.concurrency_keys
-            and len(outcome.assignments) < min(lease.limit, context.LEASE_BATCH_MAX)
-        ):
+        if isinstance(outcome, LeaseOutcome) and not outcome.more and not worker.handlers and worker.concurrency_keys:
             exhausted.update(worker.queue_ids)
     return exhausted
 
