@@ -31,6 +31,18 @@ def keyed_backlog(tenant: Any) -> dict[str, Any]:
     return queue
 
 
+def one_running_per_key(tenant: Any, connect: Any, worker_id: str) -> tuple[Any, list[dict[str, Any]]]:
+    """A worker with capacity for exactly one task of each key, each started:
+    the next one of a key can only come in the slot its result frees."""
+    queue = keyed_backlog(tenant)
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=KEYS, worker_id=worker_id)
+    running = worker.assignments(KEYS)
+    for assign in running:
+        worker.start_ok(assign)
+    return worker, running
+
+
 def send_result(worker: Any, assign: dict[str, Any]) -> str:
     return worker.send(
         "task.result", attempt_id=assign["attempt_id"], epoch=assign["epoch"], outcome="SUCCEEDED", retryable=False
@@ -50,14 +62,7 @@ def frames_until(worker: Any, done: Any, timeout: float = 10) -> list[dict[str, 
 
 
 def test_each_keyed_result_hands_its_key_on_right_behind_its_answer(tenant, connect):
-    queue = keyed_backlog(tenant)
-    worker = connect()
-    # Capacity for exactly one task of each key: the next one can only come
-    # in the slot a result frees.
-    worker.hello_as([queue["id"]], capacity=KEYS, worker_id="handoff")
-    running = worker.assignments(KEYS)
-    for assign in running:
-        worker.start_ok(assign)
+    worker, running = one_running_per_key(tenant, connect, "handoff")
     tokens = {a["task"]["concurrency_key"]: a["concurrency_token"] for a in running}
     for _ in range(PER_KEY - 1):
         # Every result of the round at once: the hand-offs run side by side.
@@ -93,12 +98,7 @@ def test_each_keyed_result_hands_its_key_on_right_behind_its_answer(tenant, conn
 
 
 def test_no_assignment_follows_drain_ok_even_with_hand_offs_in_flight(tenant, connect):
-    queue = keyed_backlog(tenant)
-    worker = connect()
-    worker.hello_as([queue["id"]], capacity=KEYS, worker_id="draining")
-    running = worker.assignments(KEYS)
-    for assign in running:
-        worker.start_ok(assign)
+    worker, running = one_running_per_key(tenant, connect, "draining")
     for assign in running:
         send_result(worker, assign)
     drain = worker.send("drain")
