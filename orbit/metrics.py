@@ -5,7 +5,9 @@ import this module, so it holds no HTTP and reads no table."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+import os
+
+from prometheus_client import Counter, Gauge
 
 TASKS_SUBMITTED = Counter("orbit_tasks_submitted_total", "Tasks accepted by submit")
 ATTEMPTS_LEASED = Counter("orbit_attempts_leased_total", "Attempts created by dispatch")
@@ -19,6 +21,11 @@ FRAMES_SENT = Counter("orbit_worker_frames_sent_total", "Worker-protocol frames 
 GROUPS_DECIDED = Counter(
     "orbit_groups_decided_total", "Group commits decided (rounds, in one transaction each)", ["lane"]
 )
+
+# Every figure here is this process's: under `orbit serve --processes N` a
+# scrape is answered by one of the N, and this says which.
+SERVER_PROCESS = Gauge("orbit_server_process", "The server process that answered this scrape (1)", ["pid"])
+SERVER_PROCESS.labels(pid=str(os.getpid())).set(1)
 
 _finished_by_state: dict[str, Counter] = {}
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import common
@@ -56,6 +58,31 @@ CONFIG = {
 
 HERE = Path(__file__).resolve().parent
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"}
+METRICS_TOKEN = "bench-metrics-token"
+# /metrics counters summed over the server processes, by the name they get here.
+TRIP_COUNTERS = {
+    "orbit_worker_frames_received_total": "frames_in",
+    "orbit_worker_frames_sent_total": "frames_out",
+    'orbit_groups_decided_total{lane="round"}': "rounds",
+}
+PROCESS_LINE = re.compile(r'^orbit_server_process\{pid="(\d+)"\} 1\.0$', re.MULTILINE)
+
+
+@dataclass
+class Trips:
+    """What the server processes and MariaDB have counted so far; the
+    difference of two is what a phase cost (frames each way and rounds from
+    /metrics, committed transactions from MariaDB's Com_commit)."""
+
+    counts: dict[str, float]
+
+    def per_task(self, since: Trips, tasks: int, prefix: str = "") -> dict[str, float]:
+        spent = {name: self.counts.get(name, 0) - since.counts.get(name, 0) for name in self.counts}
+        return {
+            f"{prefix}frames_per_task": round((spent["frames_in"] + spent["frames_out"]) / tasks, 2),
+            f"{prefix}rounds_per_task": round(spent["rounds"] / tasks, 2),
+            f"{prefix}transactions_per_task": round(spent["commits"] / tasks, 2),
+        }
 
 
 class Server:
@@ -67,6 +94,7 @@ class Server:
             **os.environ,
             "ORBIT_MYSQL_DSN": f"mysql://root:@127.0.0.1:3306/{self.database}",
             "ORBIT_HTTP_ADDR": f"127.0.0.1:{self.port}",
+            "ORBIT_METRICS_TOKEN": METRICS_TOKEN,
         }
         self.work = common.work_dir(f"orbit-{database}")
         subprocess.run(
@@ -180,6 +208,30 @@ class Server:
             )
         return procs
 
+    def trips(self) -> Trips:
+        """The trip counters now, summed over every server process: a scrape
+        is answered by one of them (whichever the kernel hands the connection
+        to), so scrape until each has answered."""
+        by_process: dict[str, dict[str, float]] = {}
+        for _ in range(500):
+            text = httpx.get(
+                f"{self.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=10
+            ).text
+            (pid,) = PROCESS_LINE.findall(text)
+            values = {}
+            for line in text.splitlines():
+                name, _, value = line.rpartition(" ")
+                if name in TRIP_COUNTERS:
+                    values[TRIP_COUNTERS[name]] = float(value)
+            by_process[pid] = values
+            if len(by_process) >= PROCESSES:
+                break
+        else:
+            raise RuntimeError(f"only {len(by_process)} of {PROCESSES} server processes answered /metrics")
+        counts = {name: sum(values.get(name, 0) for values in by_process.values()) for name in TRIP_COUNTERS.values()}
+        ((_, commits),) = self.query("SHOW GLOBAL STATUS LIKE 'Com_commit'")
+        return Trips({**counts, "commits": float(commits)})
+
     def query(self, sql: str, params: tuple = ()) -> list[tuple]:
         db = common.mariadb_connect(self.database)
         try:
@@ -276,12 +328,14 @@ async def w1(scale: dict, deadline: float) -> dict:
         procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
         wait_ready(events, scale["workers"], deadline)
         labels = [f"t{n}" for n in range(scale["tasks"])]
+        trips = server.trips()
         meter = common.CpuMeter([server.proc.pid], ["mariadb"]).start()
         began = common.now()
         sent = await asyncio.to_thread(submit_one_by_one, server, queue_id, labels, scale["submitters"])
         submitted = common.now()
         wait_done(events, labels, deadline)
         meter.stop()
+        time.sleep(0.3)  # the last results' rounds are counted
         finished = max(events.dones[label][0][0] for label in labels)
         result = {
             "server_processes": PROCESSES,
@@ -291,19 +345,23 @@ async def w1(scale: dict, deadline: float) -> dict:
             "submit_per_s": round(len(labels) / (submitted - began), 1),
             **common.latency_metrics([events.starts[label][0][0] - sent[label] for label in labels]),
             **meter.per_1k(len(labels)),
+            **server.trips().per_task(trips, len(labels)),
         }
         stop_all(procs)
         drain_queue = await server.create_queue("w1-drain")
         drain_labels = [f"d{n}" for n in range(scale["tasks"])]
         await server.preload(drain_queue, drain_labels)
+        trips = server.trips()
         drain_events = common.EventLog(common.work_dir(f"orbit-w1-drain-{time.time_ns()}"))
         procs = server.workers([drain_queue], scale["workers"], scale["capacity"], drain_events)
         wait_done(drain_events, drain_labels, deadline)
         seconds = drain_span(drain_events, drain_labels)
+        time.sleep(0.3)
         result.update(
             drain_tasks=len(drain_labels),
             drain_seconds=round(seconds, 3),
             drain_tasks_per_s=round(len(drain_labels) / seconds, 1),
+            **server.trips().per_task(trips, len(drain_labels), prefix="drain_"),
         )
         return result
     finally:
@@ -347,13 +405,17 @@ async def w2(scale: dict, deadline: float) -> dict:
                 lambda label, keys=keys: {"concurrency_key": f"object/{int(label.rsplit('-', 1)[1]) % keys}"},
             )
             events = common.EventLog(common.work_dir(f"orbit-w2-{keys}-{time.time_ns()}"))
+            trips = server.trips()
             procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
             try:
                 wait_done(events, labels, deadline)
+                time.sleep(0.3)
+                spent = server.trips().per_task(trips, len(labels), prefix=f"keys{keys}_")
             finally:
                 stop_all(procs)
             seconds = drain_span(events, labels)
             result[f"tasks_per_s_keys{keys}"] = round(len(labels) / seconds, 1)
+            result.update(spent)
             overlap_ok, overlaps, increasing = key_checks(server, queue_id)
             result["overlap_ok"] = result["overlap_ok"] and overlap_ok
             result["overlaps"] += overlaps
