@@ -64,31 +64,48 @@ def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now:
 
 
 def promote_each(groups: list[KeyGroup], now: datetime) -> None:
-    """promote_next for several (key, queue) groups: the reads of all of them
-    in one round trip, the promotions in one write (sent with the next
-    statement). A lease of N keyed tasks hands N ready roles on."""
+    """promote_next for several (key, queue) groups: whether each still has a
+    ready task, its best available sibling and whether it has any other, for
+    all of them in one round trip; its best later sibling only for a group
+    with siblings but none available (a second one, rarely: that query walks
+    every waiting task of the group). The promotions go in one write, sent
+    with the next statement. A lease of N keyed tasks hands N ready roles on."""
     wanted = sorted({group for group in groups if group[1]})
     if not wanted:
         return
     at = db_value(Task, "available_at", now)
     queries: list[tuple[str, list[Any]]] = []
     for namespace_id, key, queue_id in wanted:
-        group = [namespace_id, key, queue_id, TaskState.WAITING]
+        columns = [namespace_id, key, queue_id, TaskState.WAITING]
         queries += [
-            (f"{_GROUP} AND key_ready = %s LIMIT 1", [*group, True]),
+            (f"{_GROUP} AND key_ready = %s LIMIT 1", [*columns, True]),
             (
                 f"{_GROUP} AND key_ready = %s AND available_at <= %s"
                 " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1",
-                [*group, False, at],
+                [*columns, False, at],
             ),
-            (f"{_GROUP} AND key_ready = %s ORDER BY available_at ASC, priority DESC, id ASC LIMIT 1", [*group, False]),
+            (f"{_GROUP} AND key_ready = %s LIMIT 1", [*columns, False]),
         ]
     found = iter(select_ids_together(Task, queries))
     chosen: list[str] = []
-    for _ in wanted:
-        ready, available, later = next(found), next(found), next(found)
-        if not ready and (available or later):
-            chosen.append((available or later)[0])
+    later: list[KeyGroup] = []
+    for group in wanted:
+        ready, available, other = next(found), next(found), next(found)
+        if ready:
+            continue
+        if available:
+            chosen.append(available[0])
+        elif other:
+            later.append(group)
+    if later:
+        queries = [
+            (
+                f"{_GROUP} AND key_ready = %s ORDER BY available_at ASC, priority DESC, id ASC LIMIT 1",
+                [namespace_id, key, queue_id, TaskState.WAITING, False],
+            )
+            for namespace_id, key, queue_id in later
+        ]
+        chosen += [ids[0] for ids in select_ids_together(Task, queries) if ids]
     if chosen:
         update_by_pk(Task, chosen, {"key_ready": True})
 
