@@ -73,16 +73,20 @@ PACKAGES = [
 ]  # fmt: skip
 PREFERRED_ORDER = [
     # W0
-    "commits_per_s", "transactions_per_task", "ceiling_tasks_per_s", "transactions_per_task_grouped",
+    "commits_per_s", "ceiling_tasks_per_s", "transactions_per_task_grouped",
     "ceiling_tasks_per_s_grouped",
     # W1
-    "tasks", "seconds", "tasks_per_s", "submit_per_s", "latency_p50_ms", "latency_p95_ms",
+    "tasks", "seconds", "tasks_per_s", "frames_per_task", "rounds_per_task", "transactions_per_task",
+    "submit_per_s", "latency_p50_ms", "latency_p95_ms",
     "latency_p99_ms", "server_cpu_s_per_1k", "db_cpu_s_per_1k", "client_cpu_s_per_1k",
     "machine_cpu_s_per_1k", "machine_busy_pct", "cpu_bound_tasks_per_s",
-    "drain_tasks", "drain_seconds", "drain_tasks_per_s",
+    "drain_tasks", "drain_seconds", "drain_tasks_per_s", "drain_frames_per_task", "drain_rounds_per_task",
+    "drain_transactions_per_task",
     # W2
-    "tasks_per_s_keys1", "tasks_per_s_keys10", "tasks_per_s_keys100", "overlap_ok", "overlaps",
-    "tokens_increasing",
+    "tasks_per_s_keys1", "keys1_frames_per_task", "keys1_rounds_per_task", "keys1_transactions_per_task",
+    "tasks_per_s_keys10", "keys10_frames_per_task", "keys10_rounds_per_task", "keys10_transactions_per_task",
+    "tasks_per_s_keys100", "keys100_frames_per_task", "keys100_rounds_per_task",
+    "keys100_transactions_per_task", "overlap_ok", "overlaps", "tokens_increasing",
     # W3
     "target_rate", "achieved_rate", "worst_window", "min_window", "windows_over_limit",
     "rate_error_pct",
