@@ -270,7 +270,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
         self.keyed = {entry["attempt_id"] for entry in held if "concurrency_token" in entry}
-        registry.register(self.wake, asyncio.get_running_loop(), queue_ids)
+        registry.register(self.wake, asyncio.get_running_loop(), queue_ids, idle=lambda: not self.held)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
         return {
