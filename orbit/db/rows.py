@@ -216,18 +216,26 @@ def select_together(
         return [select_rows(model, where, params, lock=lock) for model, where, params in queries]
     shapes = [_shape(model, db) for model, _, _ in queries]
     suffix = " FOR UPDATE" if lock else ""
-    sql = "; ".join(
+    statements = [
         f"SELECT {shape.columns} FROM {shape.table} WHERE {where}{suffix}"
         for shape, (_, where, _) in zip(shapes, queries, strict=True)
-    )
+    ]
+    rows = _rows_together(db, statements, [param for _, _, params in queries for param in params])
+    return [
+        _instances(db, model, shape, found) for shape, (model, _, _), found in zip(shapes, queries, rows, strict=True)
+    ]
+
+
+def _rows_together(db: Any, statements: list[str], params: list[Any]) -> list[list[Any]]:
+    """The rows of each statement, sent as one multi-statement query."""
     found: list[list[Any]] = []
     with db.cursor() as cursor:
-        cursor.execute(sql, [param for _, _, params in queries for param in params])
-        for index, (shape, (model, _, _)) in enumerate(zip(shapes, queries, strict=True)):
+        cursor.execute("; ".join(statements), params)
+        for index in range(len(statements)):
             if index:
                 with db.wrap_database_errors:
                     cursor.cursor.nextset()
-            found.append(_instances(db, model, shape, cursor.fetchall()))
+            found.append(list(cursor.fetchall()))
     return found
 
 
@@ -238,20 +246,15 @@ def select_ids_together(model: type[models.Model], queries: Sequence[tuple[str, 
     db = _db()
     shape = _shape(model, db)
     statements = [f"SELECT {shape.pk} FROM {shape.table} WHERE {where}" for where, _ in queries]
-    found: list[list[Any]] = []
-    with db.cursor() as cursor:
-        if db.vendor != "mysql" or len(queries) < 2:
+    if db.vendor == "mysql" and len(queries) > 1:
+        rows = _rows_together(db, statements, [param for _, params in queries for param in params])
+    else:
+        rows = []
+        with db.cursor() as cursor:
             for sql, (_, params) in zip(statements, queries, strict=True):
                 cursor.execute(sql, params)
-                found.append([row[0] for row in cursor.fetchall()])
-            return found
-        cursor.execute("; ".join(statements), [param for _, params in queries for param in params])
-        for index in range(len(queries)):
-            if index:
-                with db.wrap_database_errors:
-                    cursor.cursor.nextset()
-            found.append([row[0] for row in cursor.fetchall()])
-    return found
+                rows.append(list(cursor.fetchall()))
+    return [[row[0] for row in found] for found in rows]
 
 
 _held = threading.local()

@@ -375,18 +375,10 @@ class Attempts:
             known = self.held.get(attempt_id)
             if known is not None and known.generation >= conn.generation:
                 continue
-            try:
-                assignment = parse_assignment(entry, concurrency_keys=self._worker.concurrency_keys)
-                problem = None if known is None else changes(known.assignment, assignment)
-            except ProtocolError as exc:
-                problem = str(exc)
-            if problem is not None:
-                if known is not None:
-                    self._conflict(known, f"protocol error: held entry: {problem}")
-                else:
-                    self._reject(attempt_id, epoch, f"protocol error: held entry: {problem}")
-                continue
-            to_resume.append((known, assignment))
+            expected = None if known is None else known.assignment
+            assignment = self._checked(entry, expected, known, attempt_id, epoch, "held entry")
+            if assignment is not None:
+                to_resume.append((known, assignment))
 
         replies = await asyncio.gather(
             *(self._link.raw_call(conn, attempt_frame("task.resume", a.attempt_id, a.epoch)) for _, a in to_resume)
@@ -397,16 +389,8 @@ class Attempts:
                     self._lose(known, f"resume answered {error_code(reply)}")
                 continue
             body = reply.get("assignment") if isinstance(reply.get("assignment"), dict) else reply
-            try:
-                confirmed = parse_assignment(body, concurrency_keys=self._worker.concurrency_keys)
-                problem = changes(expected, confirmed)
-            except ProtocolError as exc:
-                problem = str(exc)
-            if problem is not None:
-                if known is not None:
-                    self._conflict(known, f"protocol error: task.resume.ok: {problem}")
-                else:
-                    self._reject(expected.attempt_id, expected.epoch, f"protocol error: task.resume.ok: {problem}")
+            confirmed = self._checked(body, expected, known, expected.attempt_id, expected.epoch, "task.resume.ok")
+            if confirmed is None:
                 continue
             if known is not None:
                 known.generation = conn.generation
@@ -414,6 +398,31 @@ class Attempts:
                 self._adopt_orphan(confirmed, conn.generation)
             else:
                 self._reject(expected.attempt_id, expected.epoch, "not held by this worker process")
+
+    def _checked(
+        self,
+        body: Any,
+        expected: Assignment | None,
+        known: Attempt | None,
+        attempt_id: str,
+        epoch: int,
+        where: str,
+    ) -> Assignment | None:
+        """`body` read as an assignment that must not change `expected` (None:
+        nothing to compare with); on a protocol error, the attempt is given up
+        (`known`) or handed back, and None returned."""
+        try:
+            assignment = parse_assignment(body, concurrency_keys=self._worker.concurrency_keys)
+            problem = None if expected is None else changes(expected, assignment)
+        except ProtocolError as exc:
+            problem = str(exc)
+        if problem is None:
+            return assignment
+        if known is not None:
+            self._conflict(known, f"protocol error: {where}: {problem}")
+        else:
+            self._reject(attempt_id, epoch, f"protocol error: {where}: {problem}")
+        return None
 
     def _adopt_orphan(self, assignment: Assignment, generation: int) -> None:
         """A RUNNING attempt of an earlier process with this worker_id: its effect is unknown."""

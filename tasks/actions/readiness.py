@@ -8,7 +8,7 @@ among available tasks the lease order (priority, available_at, id); among
 later ones the earliest. So the ready task is never waiting out a backoff
 while a sibling could run. Time can change the order (a sibling ranked below
 for being later becomes available with a higher priority): the lease asks
-`overtaking_sibling` before it takes a ready task. Unkeyed tasks are always
+`overtaking_siblings` before it takes a ready task. Unkeyed tasks are always
 ready.
 
 Every caller holds the application_state lock, which serializes all changes
@@ -108,11 +108,6 @@ def promote_each(groups: list[KeyGroup], now: datetime) -> None:
         chosen += [ids[0] for ids in select_ids_together(Task, queries) if ids]
     if chosen:
         update_by_pk(Task, chosen, {"key_ready": True})
-
-
-def overtaking_sibling(task: Task, now: datetime) -> Task | None:
-    """overtaking_siblings for one ready task."""
-    return overtaking_siblings([task], now).get(task.id)
 
 
 def overtaking_siblings(tasks: list[Task], now: datetime) -> dict[str, Task]:
