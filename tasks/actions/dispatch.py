@@ -52,7 +52,7 @@ from tasks.actions.context import (
     window_reopens_at,
     window_used,
 )
-from tasks.actions.readiness import overtaking_siblings, promote_each
+from tasks.actions.readiness import NextInLine, hand_on, next_in_line
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
@@ -144,7 +144,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         candidates.extend(found[: min(want, room)])
     candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
     key_rows = lock_concurrency_keys(worker.namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
-    overtakers = overtaking_siblings(
+    lines = next_in_line(
         [
             task
             for task in candidates
@@ -155,6 +155,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     )
 
     chosen: list[tuple[Task, Attempt]] = []
+    handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
     taken_per_queue: dict[str, int] = {}
     # Which request the next attempt goes to: each is filled up to its limit in turn.
     takers = iter([index for index, limit in enumerate(limits) for _ in range(limit)])
@@ -174,11 +175,13 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
                 # Held (by a twin in this batch or a lease that won the race),
                 # or the token space is spent: refuse rather than wrap.
                 continue
-            sibling = overtakers.get(task.id)
-            if sibling is not None:
+            line = lines.get(task.id)
+            if line is not None and line.overtakes and line.sibling is not None:
+                sibling = line.sibling
                 if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
                     continue  # the key's turn is the sibling's, for a worker that serves it
                 task = sibling
+            handed_on.append((task, line))
             key_row.version += 1
             token = key_row.version
         taker = next(takers)
@@ -224,8 +227,8 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     insert_rows([attempt for _, attempt in chosen])
     # Every chosen task was locked WAITING at its epoch: one statement moves them all.
     update_by_pk(Task, [task.id for task, _ in chosen], {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now})
-    # Each was its key's ready task in its queue: hand the role on.
-    promote_each([(task.namespace_id, task.concurrency_key, task.queue_id) for task, _ in chosen], now)
+    # Each keyed one was its key's ready task in its queue: hand the role on.
+    hand_on(handed_on, now)
     add_to_row(ApplicationState, worker.application_id, {"active_attempts": len(chosen)})
     for queue_id, count in sorted(taken_per_queue.items()):
         add_to_row(QueueState, queue_id, {"active_permits": count, "reserved_starts": count})

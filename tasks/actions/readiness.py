@@ -8,7 +8,7 @@ among available tasks the lease order (priority, available_at, id); among
 later ones the earliest. So the ready task is never waiting out a backoff
 while a sibling could run. Time can change the order (a sibling ranked below
 for being later becomes available with a higher priority): the lease asks
-`overtaking_siblings` before it takes a ready task. Unkeyed tasks are always
+`next_in_line` before it takes a ready task. Unkeyed tasks are always
 ready.
 
 Every caller holds the application_state lock, which serializes all changes
@@ -17,6 +17,7 @@ deadline sweeps), so these checks cannot race each other."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -110,10 +111,23 @@ def promote_each(groups: list[KeyGroup], now: datetime) -> None:
         update_by_pk(Task, chosen, {"key_ready": True})
 
 
-def overtaking_siblings(tasks: list[Task], now: datetime) -> dict[str, Task]:
-    """For ready keyed `tasks` (of distinct (key, queue) groups): the waiting
-    sibling that outranks each now, locked and made ready in its place, by
-    the ready task's id; a task that is still the best of its group is absent.
+@dataclass
+class NextInLine:
+    """What the lease learns of a ready keyed task's group before taking it
+    (`next_in_line`): the best waiting sibling available now, locked."""
+
+    sibling: Task | None
+    # The sibling outranks the ready task: it was made ready in its place.
+    overtakes: bool
+
+
+def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
+    """For ready keyed `tasks` (of distinct (key, queue) groups): the best
+    waiting sibling available now (its deadline not passed), locked, by the
+    ready task's id. A sibling that outranks its ready task is made ready in
+    its place (`overtakes`); one that does not is the task's successor, the
+    one to make ready once the lease takes the task (`hand_on`), with no read
+    more.
 
     Readiness is decided when a task enters WAITING, and tasks available later
     are ranked by when they become available; by the time the key is free, a
@@ -134,16 +148,39 @@ def overtaking_siblings(tasks: list[Task], now: datetime) -> dict[str, Task]:
         (Task, where, [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at])
         for task in keyed
     ]
-    overtaking: dict[str, Task] = {}
+    lines: dict[str, NextInLine] = {}
     for task, best in zip(keyed, select_together(queries, lock=True), strict=True):
-        if not best or rank(task, now) < rank(best[0], now):
-            continue
-        sibling = best[0]
-        update_by_pk(Task, [task.id], {"key_ready": False})
-        update_by_pk(Task, [sibling.id], {"key_ready": True})
-        task.key_ready, sibling.key_ready = False, True
-        overtaking[task.id] = sibling
-    return overtaking
+        sibling = best[0] if best else None
+        overtakes = sibling is not None and rank(sibling, now) < rank(task, now)
+        if sibling is not None and overtakes:
+            update_by_pk(Task, [task.id], {"key_ready": False})
+            update_by_pk(Task, [sibling.id], {"key_ready": True})
+            task.key_ready, sibling.key_ready = False, True
+        lines[task.id] = NextInLine(sibling, overtakes)
+    return lines
+
+
+def hand_on(leased: list[tuple[Task, NextInLine | None]], now: datetime) -> None:
+    """After a lease took these keyed tasks, each its group's ready task:
+    hands each group's ready role on. A task leased with a successor
+    (`next_in_line` found one that it outranked) makes that one ready: it is
+    what promote_each would choose, read already and locked, and no other
+    task of the group is ready (the one ready role was the leased task's).
+    The other groups (the lease took an overtaking sibling, or nothing was
+    available) go through promote_each."""
+    successors = [
+        line.sibling.id for _, line in leased if line is not None and line.sibling is not None and not line.overtakes
+    ]
+    promote_each(
+        [
+            (task.namespace_id, task.concurrency_key, task.queue_id)
+            for task, line in leased
+            if line is None or line.sibling is None or line.overtakes
+        ],
+        now,
+    )
+    if successors:
+        update_by_pk(Task, successors, {"key_ready": True})
 
 
 def admit_readiness(tasks: list[Task], now: datetime) -> list[str]:

@@ -33,6 +33,7 @@ from tasks.actions.batch import Submission
 from tasks.actions.context import WorkerContext
 from tasks.actions.identities import register_worker
 from tasks.actions.rounds import SubmitRequest
+from tasks.models import Task
 from tests.conftest import Tenant
 from tests.support.lock_order import split_statements
 from tests.support.tasks import make_queue, submit_ok, task_body, worker_for
@@ -46,6 +47,7 @@ FIGURES = {
     "a lease of 16": 4,
     "a keyed lease of 1": 9,
     "a keyed lease of 16": 9,
+    "a keyed lease of 16, each key with a waiting sibling": 8,
     "a start": 3,
     "a keyed start": 4,
     "a result": 3,
@@ -98,10 +100,12 @@ def submit_request(tenant: Tenant, queue_id: str) -> SubmitRequest:
     return SubmitRequest(actor, submission, credential_to_confirm=known_credential(tenant.token))
 
 
-def queue_with(tenant: Tenant, tasks: int, *, keyed: bool = False) -> dict[str, Any]:
+def queue_with(tenant: Tenant, tasks: int, *, keyed: bool = False, per_key: int = 1) -> dict[str, Any]:
     queue = make_queue(tenant.client, f"figures-{next(SEQUENCE)}", max_concurrency=64, rate_per_second=1000)
     for n in range(tasks):
-        submit_ok(tenant.client, queue["id"], f"t-{n}", **({"concurrency_key": f"object/{n}"} if keyed else {}))
+        for sibling in range(per_key):
+            key = {"concurrency_key": f"object/{n}"} if keyed else {}
+            submit_ok(tenant.client, queue["id"], f"t-{n}-{sibling}", **key)
     return queue
 
 
@@ -142,6 +146,23 @@ def test_a_keyed_lease(tenant, limit):
 
     assert len(leased) == limit and all("concurrency_token" in entry for entry in leased)
     assert trips == FIGURES[f"a keyed lease of {limit}"]
+
+
+def test_a_keyed_lease_of_keys_with_waiting_siblings(tenant):
+    """Each key's ready task has a sibling waiting behind it: the read of the
+    overtaking siblings finds it, and it is made ready when the lease takes
+    its key's task, without the round trip of the hand-on reads."""
+    queue = queue_with(tenant, 1 + 16, keyed=True, per_key=2)
+    worker = connected(tenant, queue["id"])
+    assert len(rounds.lease_tasks(worker=worker, limit=1)) == 1
+
+    trips, leased = measured(lambda: rounds.lease_tasks(worker=worker, limit=16))
+
+    assert len(leased) == 16 and len({entry["task"]["concurrency_key"] for entry in leased}) == 16
+    assert trips == FIGURES["a keyed lease of 16, each key with a waiting sibling"]
+    # every key, the one leased before included, has its sibling ready now
+    ready = Task.objects.filter(queue_id=queue["id"], state="WAITING", key_ready=True)
+    assert sorted(ready.values_list("concurrency_key", flat=True)) == sorted(f"object/{n}" for n in range(17))
 
 
 def leased_pair(tenant: Tenant, *, keyed: bool) -> tuple[WorkerContext, list[dict[str, Any]]]:

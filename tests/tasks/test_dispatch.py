@@ -149,6 +149,32 @@ def test_a_keyed_sibling_that_became_available_leases_by_priority(tenant, first_
 
 
 @pytest.mark.django_db
+def test_each_lease_of_a_key_makes_its_best_available_sibling_ready(tenant):
+    # given a busy key with waiting tasks of three priorities and a fourth available later
+    queue = make_queue(tenant.client)
+    holder = hold_key(tenant, queue["id"], "printer")
+    low, mid, high = (
+        submit_ok(tenant.client, queue["id"], name, concurrency_key="printer", priority=priority)["id"]
+        for name, priority in (("low", 1), ("mid", 5), ("high", 9))
+    )
+    later = submit_ok(
+        tenant.client, queue["id"], "later", concurrency_key="printer", priority=7, available_at=in_seconds(60)
+    )["id"]
+    worker = worker_for(tenant, queue["id"])
+    # when the key is freed and leased again, three times
+    leased, free = [], holder["id"]
+    for n in range(3):
+        assert cancel(tenant.client, free, f"free-{n}").status_code == 200
+        (free,) = leased_task_ids(rounds.lease_tasks(worker=worker, limit=5))
+        leased.append(free)
+        # then after each lease exactly one waiting task of the key is ready
+        assert_invariants()
+    # in priority order among the available ones; the later one is ready last
+    assert leased == [high, mid, low]
+    assert Task.objects.get(id=later).key_ready
+
+
+@pytest.mark.django_db
 def test_the_overtaking_sibling_goes_to_a_worker_that_serves_its_handler(tenant):
     queue = make_queue(tenant.client)
     holder = hold_key(tenant, queue["id"], "printer")
