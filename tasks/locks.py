@@ -5,7 +5,9 @@ Each queryset reads one table (MariaDB rejects select_for_update(of=...))."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from django.db import connection
 from django.utils import timezone
@@ -22,15 +24,36 @@ def lock_application_state(application_id: str) -> ApplicationState:
     return state
 
 
+_kept = threading.local()
+
+
+@contextmanager
+def keeping_key_rows() -> Iterator[None]:
+    """Inside one transaction (a round): the key rows lock_concurrency_keys
+    locks are kept, and locking one again returns the kept row and sends
+    nothing for it. A round changes a key row only through that object (its
+    results release the key, its leases take it), so the kept row is what the
+    database holds once the round's writes are sent; the row lock is held until
+    the transaction ends."""
+    _kept.rows = {}
+    try:
+        yield
+    finally:
+        _kept.rows = None
+
+
 def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, ConcurrencyKey]:
     """Locks the key rows in ascending key order, creating missing ones first.
 
     A row is never deleted, so once created it is the permanent home of that
     key's token sequence. INSERT IGNORE lets two leases race to create one key:
     the loser waits on the unique index, then finds the row and locks it."""
+    kept: dict[tuple[str, str], ConcurrencyKey] | None = getattr(_kept, "rows", None)
     wanted = sorted(set(keys))
+    rows = {key: kept[(namespace_id, key)] for key in wanted if (namespace_id, key) in kept} if kept else {}
+    wanted = [key for key in wanted if key not in rows]
     if not wanted:
-        return {}
+        return rows
 
     where, params = namespace_keys_in(namespace_id, wanted)
     where += f" ORDER BY {connection.ops.quote_name('key')}"
@@ -38,16 +61,18 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
     def locked() -> dict[str, ConcurrencyKey]:
         return {row.key: row for row in select_rows(ConcurrencyKey, where, params, lock=True)}
 
-    rows = locked()  # the usual case: every row exists, one statement
-    missing = [key for key in wanted if key not in rows]
-    if not missing:
-        return rows
-    now = timezone.now()
-    ConcurrencyKey.objects.bulk_create(
-        [ConcurrencyKey(namespace_id=namespace_id, key=key, version=0, updated_at=now) for key in missing],
-        ignore_conflicts=True,
-    )
-    return locked()
+    found = locked()  # the usual case: every row exists, one statement
+    missing = [key for key in wanted if key not in found]
+    if missing:
+        now = timezone.now()
+        ConcurrencyKey.objects.bulk_create(
+            [ConcurrencyKey(namespace_id=namespace_id, key=key, version=0, updated_at=now) for key in missing],
+            ignore_conflicts=True,
+        )
+        found = locked()
+    if kept is not None:
+        kept.update(((namespace_id, key), row) for key, row in found.items())
+    return {**rows, **found}
 
 
 def lock_task(task_id: str) -> Task | None:

@@ -439,6 +439,29 @@ def _update(model: type[models.Model], pks: list[Any], values: dict[str, Any]) -
     _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
 
 
+def update_each_by_pk(model: type[models.Model], changes: Mapping[Pk, dict[str, Any]]) -> None:
+    """One UPDATE giving each row its own values (pk → field name → value;
+    every row names the same fields): SET column = CASE pk WHEN … THEN … END.
+    A lease gives each key row it takes its own token and holder."""
+    pks = list(changes)
+    if len(pks) <= 1 or _holding(model) is not None:
+        for pk in pks:
+            update_by_pk(model, [pk], changes[pk])
+        return
+    db = _db()
+    quote = db.ops.quote_name
+    shape = _shape(model, db)
+    names = list(changes[pks[0]])
+    sets, params = [], []
+    for name in names:
+        field = _concrete_field(model, name)
+        sets.append(f"{quote(field.column)} = CASE {shape.pk}{' WHEN %s THEN %s' * len(pks)} END")
+        for pk in pks:
+            params += [pk, field.get_db_prep_save(changes[pk][name], db)]
+    where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
+    _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
+
+
 _MISSING = object()
 
 # Field classes whose save path (pre_save, get_db_prep_save, get_db_prep_value,

@@ -17,6 +17,7 @@ from django.utils import timezone
 from orbit.audit import emit_event
 from orbit.db.rows import (
     Add,
+    Pk,
     add_to_row,
     db_value,
     insert_rows,
@@ -25,6 +26,7 @@ from orbit.db.rows import (
     read_by_pk,
     select_rows,
     update_by_pk,
+    update_each_by_pk,
 )
 from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
@@ -156,6 +158,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
 
     chosen: list[tuple[Task, Attempt]] = []
     handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
+    key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
     taken_per_queue: dict[str, int] = {}
     # Which request the next attempt goes to: each is filled up to its limit in turn.
     takers = iter([index for index, limit in enumerate(limits) for _ in range(limit)])
@@ -206,16 +209,12 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
             key_row.holder_attempt_id = attempt.id
             key_row.holder_task_id = task.id
             key_row.updated_at = now
-            update_by_pk(
-                ConcurrencyKey,
-                [key_row.pk],
-                {
-                    "version": key_row.version,
-                    "holder_attempt_id": attempt.id,
-                    "holder_task_id": task.id,
-                    "updated_at": now,
-                },
-            )
+            key_changes[key_row.pk] = {
+                "version": key_row.version,
+                "holder_attempt_id": attempt.id,
+                "holder_task_id": task.id,
+                "updated_at": now,
+            }
         task.state = TaskState.LEASED
         task.updated_at = now
         chosen.append((task, attempt))
@@ -225,6 +224,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
 
     insert_rows([attempt for _, attempt in chosen])
+    update_each_by_pk(ConcurrencyKey, key_changes)
     # Every chosen task was locked WAITING at its epoch: one statement moves them all.
     update_by_pk(Task, [task.id for task, _ in chosen], {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now})
     # Each keyed one was its key's ready task in its queue: hand the role on.

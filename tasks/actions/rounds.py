@@ -22,7 +22,8 @@ Lock order inside a round (orbit.locking.LOCK_ORDER): application_state → the
 union of the round's queue_state rows → its leases' worker identity rows → its
 workers' credential rows → key rows → tasks → attempts. Each part re-locks the
 rows it needs (the counter rows the round holds are kept, with the round's own
-changes, and cost no statement: orbit.db.rows.holding); the rows locked after
+changes, and cost no statement: orbit.db.rows.holding; so are the key rows
+its results locked, for its leases: tasks.locks.keeping_key_rows); the rows locked after
 the union are only ever waited for by transactions that hold the same
 application_state row first, or by a hello's update of its identity row, which
 holds nothing else, so the parts cannot deadlock with other paths.
@@ -62,7 +63,7 @@ from tasks.actions.context import Configuration, WorkerContext
 from tasks.actions.dispatch import DeadlinePassed, LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
-from tasks.locks import lock_application_state
+from tasks.locks import keeping_key_rows, lock_application_state
 from tasks.models import Attempt, Task, WorkerIdentity
 
 
@@ -361,7 +362,7 @@ def _decide_round(
 
     @outermost(sent_together=True)
     def decide() -> list[tuple[int, Any]]:
-        with holding(ApplicationState, QueueState), locked_ahead():
+        with holding(ApplicationState, QueueState), locked_ahead(), keeping_key_rows():
             return decide_holding()
 
     def decide_holding() -> list[tuple[int, Any]]:

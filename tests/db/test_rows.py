@@ -16,6 +16,7 @@ from orbit.db.rows import (
     read_by_pk,
     select_rows,
     update_by_pk,
+    update_each_by_pk,
     writes_sent_together,
 )
 from orbit.fields import new_id
@@ -71,6 +72,25 @@ def test_updates_and_inserts_store_what_the_orm_stores(tenant):
     event = Event.objects.get(type="rows.test")
     assert (event.subject_id, event.data) == (task_id, {"x": 1})
     assert event.created_at is not None
+
+
+@pytest.mark.django_db
+def test_each_row_gets_its_own_values_in_one_update(tenant, django_assert_num_queries):
+    # given three tasks
+    queue = make_queue(tenant.client, "rows")
+    ids = [submit_ok(tenant.client, queue["id"], f"rows-each-{n}")["id"] for n in range(3)]
+    moments = [datetime.datetime(2026, 1, 2, 3, 4, n, 5, tzinfo=datetime.UTC) for n in range(3)]
+
+    # when two of them are given different values in one statement
+    changes = {ids[n]: {"epoch": 10 + n, "updated_at": moments[n], "output": {"n": n}} for n in (0, 2)}
+    with django_assert_num_queries(1):
+        update_each_by_pk(Task, changes)
+
+    # then each has its own, stored as the ORM stores it, and the third is untouched
+    rows = Task.objects.in_bulk(ids)
+    for n in (0, 2):
+        assert (rows[ids[n]].epoch, rows[ids[n]].updated_at, rows[ids[n]].output) == (10 + n, moments[n], {"n": n})
+    assert (rows[ids[1]].epoch, rows[ids[1]].output) == (0, None)
 
 
 @pytest.mark.django_db

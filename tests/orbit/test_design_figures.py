@@ -31,8 +31,9 @@ from orbit.principal import Actor, authenticate_token, known_credential
 from tasks.actions import rounds
 from tasks.actions.batch import Submission
 from tasks.actions.context import WorkerContext
+from tasks.actions.endings import ResultReport
 from tasks.actions.identities import register_worker
-from tasks.actions.rounds import SubmitRequest
+from tasks.actions.rounds import LeaseRequest, SubmitRequest
 from tasks.models import Task
 from tests.conftest import Tenant
 from tests.support.lock_order import split_statements
@@ -52,6 +53,7 @@ FIGURES = {
     "a keyed start": 4,
     "a result": 3,
     "a keyed result": 5,
+    "a keyed result with its hand-off": 7,
 }
 
 SEQUENCE = itertools.count()
@@ -208,6 +210,32 @@ def test_a_result(tenant, keyed):
 
     assert answer["task_state"] == "SUCCEEDED" and answer["duplicate"] is False
     assert trips == FIGURES["a keyed result" if keyed else "a result"]
+
+
+def test_a_keyed_result_with_its_hand_off(tenant):
+    """The round of a keyed result and the lease of one task for the slot it
+    frees (workers.consumers: the hand-off), its key's next task waiting: the
+    result's 5 less its writes' own trip, the lease's candidates, and one read
+    of the next in line; the lease finds the key row the result locked and
+    sends nothing for it."""
+    queue = queue_with(tenant, 2, keyed=True, per_key=3)
+    worker = connected(tenant, queue["id"])
+    leased = rounds.lease_tasks(worker=worker, limit=2)
+    for entry in leased:
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+
+    def result_and_lease(entry: dict[str, Any]) -> list[Any]:
+        report = ResultReport(worker, entry["attempt_id"], entry["epoch"], "SUCCEEDED", False, None, None)
+        return rounds.run_round([report, LeaseRequest(worker, 1)])
+
+    result_and_lease(leased[0])
+    trips, (answer, outcome) = measured(lambda: result_and_lease(leased[1]))
+
+    assert answer["task_state"] == "SUCCEEDED"
+    (handed,) = outcome.assignments
+    assert handed["task"]["concurrency_key"] == leased[1]["task"]["concurrency_key"]
+    assert handed["concurrency_token"] > leased[1]["concurrency_token"]
+    assert trips == FIGURES["a keyed result with its hand-off"]
 
 
 def test_a_commit_sent_on_its_own_counts_and_one_that_rode_does_not():
