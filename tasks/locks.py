@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from django.db import connection
 from django.utils import timezone
 
-from orbit.db.rows import lock_by_pk, namespace_keys_in, select_rows
+from orbit.db.rows import LockedBy, lock_by_pk, namespace_keys_in, select_rows
 from orbit.models import ApplicationState
 from tasks.models import Attempt, ConcurrencyKey, Task
 
@@ -40,6 +40,19 @@ def keeping_key_rows() -> Iterator[None]:
         yield
     finally:
         _kept.rows = None
+
+
+def key_rows_ahead(namespace_id: str, keys: Iterable[str]) -> LockedBy:
+    """The key rows of a namespace (those that exist), locked in ascending key
+    order in an earlier round trip of the round (orbit.db.rows.LockedBy) and
+    kept for lock_concurrency_keys (keeping_key_rows)."""
+    where, params = namespace_keys_in(namespace_id, keys)
+
+    def keep(rows: list[ConcurrencyKey]) -> None:
+        kept: dict[tuple[str, str], ConcurrencyKey] = _kept.rows
+        kept.update(((namespace_id, row.key), row) for row in rows)
+
+    return LockedBy(ConcurrencyKey, f"{where} ORDER BY {connection.ops.quote_name('key')}", params, keep)
 
 
 def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, ConcurrencyKey]:

@@ -323,15 +323,27 @@ def locked_ahead() -> Iterator[None]:
         _ahead.rows = None
 
 
+@dataclass(frozen=True)
+class LockedBy:
+    """A locking read among lock_by_pk_together's `ahead`, for rows not looked
+    up by primary key: SELECT … WHERE `where` FOR UPDATE, its rows handed to
+    `keep` (which keeps them for the part that asks for them later)."""
+
+    model: type[models.Model]
+    where: str
+    params: Sequence[Any]
+    keep: Callable[[list[Any]], None]
+
+
 def lock_by_pk_together(
     wanted: Sequence[tuple[type[models.Model], Iterable[Pk]]],
     *,
-    ahead: Sequence[tuple[type[models.Model], Iterable[Pk]]] = (),
+    ahead: Sequence[tuple[type[models.Model], Iterable[Pk]] | LockedBy] = (),
 ) -> list[dict[str, Any]]:
     """lock_by_pk for several models in one round trip (select_together), the
     locks taken in the order given: the rows of each that exist, by pk. The
-    rows of `ahead` are locked after them, in the same round trip, and kept
-    for later (locked_ahead)."""
+    rows of `ahead` are locked after them, in the same round trip and in the
+    order given, and kept for later (locked_ahead, or a LockedBy's `keep`)."""
     db = _db()
     kept: dict[tuple[type[models.Model], Any], Any] | None = getattr(_ahead, "rows", None)
     plans: list[tuple[type[models.Model], list[Pk], _Holding | None, dict[Pk, Any], bool]] = []
@@ -349,8 +361,13 @@ def lock_by_pk_together(
         if fresh:
             queries.append((model, *_pk_in(_shape(model, db), fresh)))
         plans.append((model, asked, state, given, bool(fresh)))
-    later: list[tuple[type[models.Model], list[Pk]]] = []
-    for model, pks in ahead:
+    later: list[tuple[type[models.Model], list[Pk]] | LockedBy] = []
+    for entry in ahead:
+        if isinstance(entry, LockedBy):
+            queries.append((entry.model, entry.where, entry.params))
+            later.append(entry)
+            continue
+        model, pks = entry
         asked = sorted(set(pks))
         if asked:
             assert kept is not None, "lock ahead only inside locked_ahead()"
@@ -366,7 +383,11 @@ def lock_by_pk_together(
             rows = {pk: state.rows[(model, pk)] for pk in asked if (model, pk) in state.rows}
         rows.update((pk, row) for pk, row in given.items() if row is not None)  # None: asked ahead, not there
         locked.append(rows)
-    for model, asked in later:
+    for entry in later:
+        if isinstance(entry, LockedBy):
+            entry.keep(next(found))
+            continue
+        model, asked = entry
         rows = {row.pk: row for row in next(found)}
         for pk in asked:
             kept[(model, pk)] = rows.get(pk)  # type: ignore[index]

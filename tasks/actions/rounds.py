@@ -27,8 +27,9 @@ its results locked, for its leases: tasks.locks.keeping_key_rows); the rows lock
 the union are only ever waited for by transactions that hold the same
 application_state row first, or by a hello's update of its identity row, which
 holds nothing else, so the parts cannot deadlock with other paths.
-A round with no concurrency key in it locks its results' and starts' tasks and
-attempts in the counters' round trip (orbit.db.rows.locked_ahead)."""
+A round with no keyed submit in it locks its keyed results' key rows and its
+results' and starts' tasks and attempts in the counters' round trip
+(orbit.db.rows.locked_ahead, tasks.locks.key_rows_ahead)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from orbit.audit import gathered_events
 from orbit.db.groupcommit import GroupCommit
 from orbit.db.pool import within_deadline
 from orbit.db.rows import (
+    LockedBy,
     holding,
     lock_by_pk,
     lock_by_pk_together,
@@ -63,7 +65,7 @@ from tasks.actions.context import Configuration, WorkerContext
 from tasks.actions.dispatch import DeadlinePassed, LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
 from tasks.actions.permits import WriteBook
-from tasks.locks import keeping_key_rows, lock_application_state
+from tasks.locks import keeping_key_rows, key_rows_ahead, lock_application_state
 from tasks.models import Attempt, Task, WorkerIdentity
 
 
@@ -344,18 +346,22 @@ def _decide_round(
     # row (a hello of the same worker_id waits for this round, then counts
     # what it leased as held); each worker's credential, read again so a
     # revocation commits before this round (which then refuses its items) or
-    # after it; and, with no concurrency key anywhere in the round, the
-    # results' and starts' tasks and attempts, which nothing but their own
-    # part changes (keyed rows keep the full order: key rows before tasks).
+    # after it; and, with no keyed submit in the round, the key rows of its
+    # keyed results, then the results' and starts' tasks and attempts, which
+    # nothing but their own part changes (key rows before tasks): the results
+    # and starts then lock nothing in round trips of their own.
     workers = [item.worker for _, item in reports + starts + leases]
-    ahead: list[tuple[Any, Any]] = [
+    ahead: list[tuple[Any, Any] | LockedBy] = [
         (WorkerIdentity, _identity_ids(leases)),
         (Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}),
     ]
-    keyed = any(report_peeks[r.attempt_id]["concurrency_key"] for _, r in reports)
-    keyed = keyed or any(start_peeks[s.attempt_id].concurrency_key for _, s in starts)
-    keyed = keyed or bool(submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending))
-    if not keyed:
+    if not (submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending)):
+        result_keys: dict[str, set[str]] = {}
+        for _, report in reports:
+            peek = report_peeks[report.attempt_id]
+            if peek["concurrency_key"]:
+                result_keys.setdefault(peek["namespace_id"], set()).add(peek["concurrency_key"])
+        ahead += [key_rows_ahead(namespace_id, keys) for namespace_id, keys in sorted(result_keys.items())]
         ahead_task_ids = [report_peeks[r.attempt_id]["task_id"] for _, r in reports]
         ahead_task_ids += [start_peeks[s.attempt_id].task_id for _, s in starts]
         ahead += [(Task, ahead_task_ids), (Attempt, [item.attempt_id for _, item in reports + starts])]

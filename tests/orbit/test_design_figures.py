@@ -50,10 +50,10 @@ FIGURES = {
     "a keyed lease of 16": 9,
     "a keyed lease of 16, each key with a waiting sibling": 8,
     "a start": 3,
-    "a keyed start": 4,
+    "a keyed start": 3,
     "a result": 3,
-    "a keyed result": 5,
-    "a keyed result with its hand-off": 7,
+    "a keyed result": 3,
+    "a keyed result with its hand-off": 5,
 }
 
 SEQUENCE = itertools.count()
@@ -215,7 +215,7 @@ def test_a_result(tenant, keyed):
 def test_a_keyed_result_with_its_hand_off(tenant):
     """The round of a keyed result and the lease of one task for the slot it
     frees (workers.consumers: the hand-off), its key's next task waiting: the
-    result's 5 less its writes' own trip, the lease's candidates, and one read
+    result's 3 less its writes' own trip, the lease's candidates, and one read
     of the next in line; the lease finds the key row the result locked and
     sends nothing for it."""
     queue = queue_with(tenant, 2, keyed=True, per_key=3)

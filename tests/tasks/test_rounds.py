@@ -267,7 +267,7 @@ def locking_statements(captured) -> list[str]:
 
 @pytest.mark.mysql_only
 @pytest.mark.parametrize("keyed", [False, True])
-def test_reports_and_starts_lock_their_rows_with_the_counters_unless_a_key_comes_first(
+def test_reports_and_starts_lock_their_rows_with_the_counters_key_rows_before_tasks(
     tenant, keyed, django_assert_max_num_queries
 ):
     queue = make_queue(tenant.client, "ahead", max_concurrency=8, rate_per_second=1000)
@@ -281,12 +281,12 @@ def test_reports_and_starts_lock_their_rows_with_the_counters_unless_a_key_comes
         answers = run_round([report(worker, running), StartRequest(worker, leased["attempt_id"], leased["epoch"])])
 
     assert answers[0]["task_state"] == "SUCCEEDED" and answers[1]["attempt_number"] == 1
+    # one round trip for every lock of the round, in the global order (a keyed
+    # result's key row before the tasks)
     counters, *later = locking_statements(captured)
-    assert "`orbit_application_state`" in counters
-    if keyed:  # the key rows are locked before any task
-        assert "`orbit_task`" not in counters
-        assert "`orbit_concurrency_key`" in later[0]
-    else:  # one round trip for every lock of the round
-        assert "`orbit_task`" in counters and "`orbit_attempt`" in counters
-        assert later == []
+    assert later == []
+    tables = ["orbit_application_state", *(["orbit_concurrency_key"] if keyed else []), "orbit_task", "orbit_attempt"]
+    positions = [counters.index(f"FROM `{table}`") for table in tables]
+    assert positions == sorted(positions)
+    assert ("FROM `orbit_concurrency_key`" in counters) is keyed
     assert_invariants()
