@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from orbit.db.rows import db_value, select_ids_together, select_together, update_by_pk
+from django.db import connection
+
+from orbit.db.rows import db_value, select_ids_together, select_rows, update_by_pk
 from tasks.models import Task, TaskState
 
 
@@ -140,17 +142,30 @@ def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
     if not keyed:
         return {}
     at = db_value(Task, "available_at", now)
-    where = (
-        f"{_GROUP} AND key_ready = %s AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
-        " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1"
+    # One statement for all the groups: each group's best, a scalar subquery
+    # (an index range of its group, LIMIT 1), and the rows it names locked.
+    # The subqueries read without a lock: under the application_state lock
+    # no other transaction changes the application's WAITING rows.
+    quote = connection.ops.quote_name
+    best = (
+        f"(SELECT {quote('id')} FROM {quote(Task._meta.db_table)} WHERE {_GROUP} AND key_ready = %s"
+        " AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
+        " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1)"
     )
-    queries: list[tuple[type[Task], str, list[Any]]] = [
-        (Task, where, [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at])
-        for task in keyed
-    ]
+    params: list[Any] = []
+    for task in keyed:
+        params += [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at]
+    # `id IN ((SELECT …))` with one would be an IN subquery, which may not have a LIMIT.
+    where = f"{quote('id')} = {best}" if len(keyed) == 1 else f"{quote('id')} IN ({', '.join([best] * len(keyed))})"
+    found = select_rows(Task, where, params, lock=True)
+    by_group = {
+        (row.namespace_id, row.concurrency_key, row.queue_id): row
+        for row in found
+        if row.state == TaskState.WAITING and not row.key_ready
+    }
     lines: dict[str, NextInLine] = {}
-    for task, best in zip(keyed, select_together(queries, lock=True), strict=True):
-        sibling = best[0] if best else None
+    for task in keyed:
+        sibling = by_group.get((task.namespace_id, task.concurrency_key, task.queue_id))
         overtakes = sibling is not None and rank(sibling, now) < rank(task, now)
         if sibling is not None and overtakes:
             update_by_pk(Task, [task.id], {"key_ready": False})

@@ -175,6 +175,32 @@ def test_each_lease_of_a_key_makes_its_best_available_sibling_ready(tenant):
 
 
 @pytest.mark.django_db
+def test_one_lease_of_several_keys_hands_each_key_on_by_its_own_siblings(tenant):
+    # given three busy keys: one whose later high-priority task is available
+    # now, one with a plain successor, one with a single waiting task
+    queue = make_queue(tenant.client)
+    holders = [submit_ok(tenant.client, queue["id"], f"holder-{key}", concurrency_key=key)["id"] for key in "abc"]
+    worker = worker_for(tenant, queue["id"])
+    assert sorted(leased_task_ids(rounds.lease_tasks(worker=worker, limit=5))) == sorted(holders)
+    a_low = submit_ok(tenant.client, queue["id"], "a-low", concurrency_key="a")["id"]
+    a_high = submit_ok(
+        tenant.client, queue["id"], "a-high", concurrency_key="a", priority=9, available_at=in_seconds(3)
+    )["id"]
+    b_first, b_second = (submit_ok(tenant.client, queue["id"], f"b-{n}", concurrency_key="b")["id"] for n in (1, 2))
+    c_only = submit_ok(tenant.client, queue["id"], "c-only", concurrency_key="c")["id"]
+    pass_time(a_high, seconds=10)
+    for n, holder in enumerate(holders):
+        assert cancel(tenant.client, holder, f"free-{n}").status_code == 200
+    # when one lease takes all three keys
+    leased = leased_task_ids(rounds.lease_tasks(worker=worker, limit=5))
+    # then each key's best task went, and each key's next one is ready
+    assert sorted(leased) == sorted([a_high, b_first, c_only])
+    ready = set(Task.objects.filter(queue_id=queue["id"], state="WAITING", key_ready=True).values_list("id", flat=True))
+    assert ready == {a_low, b_second}
+    assert_invariants()
+
+
+@pytest.mark.django_db
 def test_the_overtaking_sibling_goes_to_a_worker_that_serves_its_handler(tenant):
     queue = make_queue(tenant.client)
     holder = hold_key(tenant, queue["id"], "printer")
