@@ -46,13 +46,18 @@ def key_rows_ahead(namespace_id: str, keys: Iterable[str]) -> LockedBy:
     """The key rows of a namespace (those that exist), locked in ascending key
     order in an earlier round trip of the round (orbit.db.rows.LockedBy) and
     kept for lock_concurrency_keys (keeping_key_rows)."""
-    where, params = namespace_keys_in(namespace_id, keys)
 
     def keep(rows: list[ConcurrencyKey]) -> None:
         kept: dict[tuple[str, str], ConcurrencyKey] = _kept.rows
         kept.update(((namespace_id, row.key), row) for row in rows)
 
-    return LockedBy(ConcurrencyKey, f"{where} ORDER BY {connection.ops.quote_name('key')}", params, keep)
+    return LockedBy(ConcurrencyKey, *_in_key_order(namespace_id, keys), keep)
+
+
+def _in_key_order(namespace_id: str, keys: Iterable[str]) -> tuple[str, list[str]]:
+    """The WHERE of a namespace's key rows, ascending by key (the lock order), and its parameters."""
+    where, params = namespace_keys_in(namespace_id, keys)
+    return f"{where} ORDER BY {connection.ops.quote_name('key')}", params
 
 
 def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, ConcurrencyKey]:
@@ -68,8 +73,7 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
     if not wanted:
         return rows
 
-    where, params = namespace_keys_in(namespace_id, wanted)
-    where += f" ORDER BY {connection.ops.quote_name('key')}"
+    where, params = _in_key_order(namespace_id, wanted)
 
     def locked() -> dict[str, ConcurrencyKey]:
         return {row.key: row for row in select_rows(ConcurrencyKey, where, params, lock=True)}

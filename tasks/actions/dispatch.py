@@ -54,7 +54,7 @@ from tasks.actions.context import (
     window_reopens_at,
     window_used,
 )
-from tasks.actions.readiness import NextInLine, hand_on, next_in_line
+from tasks.actions.readiness import LEASE_ORDER, NextInLine, hand_on, next_in_line
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
@@ -97,7 +97,7 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
     if worker.handlers:
         where.append(f"({' OR '.join(['(handler = %s AND handler_version = %s)'] * len(worker.handlers))})")
         params += [part for pair in worker.handlers for part in pair]
-    order = "ORDER BY priority DESC, available_at ASC, id ASC LIMIT %s"
+    order = f"{LEASE_ORDER} LIMIT %s"
     return select_rows(Task, f"{' AND '.join(where)} {order}", [*params, count], lock=True, skip_locked=True)
 
 
@@ -179,8 +179,8 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
                 # or the token space is spent: refuse rather than wrap.
                 continue
             line = lines.get(task.id)
-            if line is not None and line.overtakes and line.sibling is not None:
-                sibling = line.sibling
+            sibling = line.overtaker if line is not None else None
+            if sibling is not None:
                 if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
                     continue  # the key's turn is the sibling's, for a worker that serves it
                 task = sibling

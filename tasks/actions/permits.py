@@ -59,6 +59,15 @@ def peek_attempt(attempt_id: str, *extra: str) -> dict[str, Any] | None:
     return peek_attempts([attempt_id], *extra).get(attempt_id)
 
 
+def keys_by_namespace(peeks: Iterable[Mapping[str, Any]]) -> dict[str, set[str]]:
+    """The concurrency keys of these peeked attempts or tasks, by namespace."""
+    keys: dict[str, set[str]] = {}
+    for peek in peeks:
+        if peek["concurrency_key"]:
+            keys.setdefault(peek["namespace_id"], set()).add(peek["concurrency_key"])
+    return keys
+
+
 def _lock_parents(
     peeks: Iterable[Mapping[str, Any]], *, counters_held: bool = False
 ) -> dict[tuple[str, str], ConcurrencyKey]:
@@ -70,10 +79,7 @@ def _lock_parents(
         for application_id in sorted({peek["application_id"] for peek in peeks}):
             lock_application_state(application_id)
         lock_queue_states(peek["queue_id"] for peek in peeks)
-    keys: dict[str, set[str]] = {}
-    for peek in peeks:
-        if peek["concurrency_key"]:
-            keys.setdefault(peek["namespace_id"], set()).add(peek["concurrency_key"])
+    keys = keys_by_namespace(peeks)
     key_rows: dict[tuple[str, str], ConcurrencyKey] = {}
     for namespace_id in sorted(keys):
         for key, row in lock_concurrency_keys(namespace_id, keys[namespace_id]).items():

@@ -59,6 +59,8 @@ def enter_waiting(task: Task, now: datetime) -> bool:
 KeyGroup = tuple[str, str, str]  # (namespace_id, concurrency_key, queue_id)
 
 _GROUP = "namespace_id = %s AND concurrency_key = %s AND queue_id = %s AND state = %s"
+# The lease order (SPEC §7), as idx_task_dispatch and idx_task_ns_ckey hold it.
+LEASE_ORDER = "ORDER BY priority DESC, available_at ASC, id ASC"
 
 
 def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now: datetime) -> None:
@@ -83,8 +85,7 @@ def promote_each(groups: list[KeyGroup], now: datetime) -> None:
         queries += [
             (f"{_GROUP} AND key_ready = %s LIMIT 1", [*columns, True]),
             (
-                f"{_GROUP} AND key_ready = %s AND available_at <= %s"
-                " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1",
+                f"{_GROUP} AND key_ready = %s AND available_at <= %s {LEASE_ORDER} LIMIT 1",
                 [*columns, False, at],
             ),
             (f"{_GROUP} AND key_ready = %s LIMIT 1", [*columns, False]),
@@ -122,6 +123,16 @@ class NextInLine:
     # The sibling outranks the ready task: it was made ready in its place.
     overtakes: bool
 
+    @property
+    def overtaker(self) -> Task | None:
+        """The sibling that takes the ready task's turn."""
+        return self.sibling if self.overtakes else None
+
+    @property
+    def successor(self) -> Task | None:
+        """The sibling to make ready once the lease takes the ready task."""
+        return None if self.overtakes else self.sibling
+
 
 def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
     """For ready keyed `tasks` (of distinct (key, queue) groups): the best
@@ -150,7 +161,7 @@ def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
     best = (
         f"(SELECT {quote('id')} FROM {quote(Task._meta.db_table)} WHERE {_GROUP} AND key_ready = %s"
         " AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
-        " ORDER BY priority DESC, available_at ASC, id ASC LIMIT 1)"
+        f" {LEASE_ORDER} LIMIT 1)"
     )
     params: list[Any] = []
     for task in keyed:
@@ -183,19 +194,18 @@ def hand_on(leased: list[tuple[Task, NextInLine | None]], now: datetime) -> None
     task of the group is ready (the one ready role was the leased task's).
     The other groups (the lease took an overtaking sibling, or nothing was
     available) go through promote_each."""
-    successors = [
-        line.sibling.id for _, line in leased if line is not None and line.sibling is not None and not line.overtakes
-    ]
+    successors = [(task, line.successor if line is not None else None) for task, line in leased]
     promote_each(
         [
             (task.namespace_id, task.concurrency_key, task.queue_id)
-            for task, line in leased
-            if line is None or line.sibling is None or line.overtakes
+            for task, successor in successors
+            if successor is None
         ],
         now,
     )
-    if successors:
-        update_by_pk(Task, successors, {"key_ready": True})
+    chosen = [successor.id for _, successor in successors if successor is not None]
+    if chosen:
+        update_by_pk(Task, chosen, {"key_ready": True})
 
 
 def admit_readiness(tasks: list[Task], now: datetime) -> list[str]:

@@ -64,7 +64,7 @@ from tasks.actions.batch import Submission
 from tasks.actions.context import Configuration, WorkerContext
 from tasks.actions.dispatch import DeadlinePassed, LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
-from tasks.actions.permits import WriteBook
+from tasks.actions.permits import WriteBook, keys_by_namespace
 from tasks.locks import keeping_key_rows, key_rows_ahead, lock_application_state
 from tasks.models import Attempt, Task, WorkerIdentity
 
@@ -356,11 +356,7 @@ def _decide_round(
         (Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}),
     ]
     if not (submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending)):
-        result_keys: dict[str, set[str]] = {}
-        for _, report in reports:
-            peek = report_peeks[report.attempt_id]
-            if peek["concurrency_key"]:
-                result_keys.setdefault(peek["namespace_id"], set()).add(peek["concurrency_key"])
+        result_keys = keys_by_namespace(report_peeks[report.attempt_id] for _, report in reports)
         ahead += [key_rows_ahead(namespace_id, keys) for namespace_id, keys in sorted(result_keys.items())]
         ahead_task_ids = [report_peeks[r.attempt_id]["task_id"] for _, r in reports]
         ahead_task_ids += [start_peeks[s.attempt_id].task_id for _, s in starts]
