@@ -11,8 +11,13 @@ FOLLOW_SECONDS of its end) wait up to GATHER_SECONDS for the rest of it.
 Workers answer a group's replies one by one; without the wait, the first
 answer goes alone, the crowd splits into two groups, and the split keeps
 itself up cycle after cycle (W2 at 10 keys: four rounds per cycle of ten
-keyed tasks instead of two). The callers waiting on one event loop get a group's
-outcomes in one hand-off to that loop, not one wake-up each.
+keyed tasks instead of two). A lane whose owner tells the phases of its
+entries apart (`phase`: results that hand their key on with the worker's next
+assignment, and the Starts that answer assignments) also keeps such a crowd in
+step: the Starts of a group with hand-ons wait one group for the hand-ons' own
+Starts, a worker's trip later, instead of the two parts taking turns in mixed
+groups. The callers waiting on one event loop get a group's outcomes in one
+hand-off to that loop, not one wake-up each.
 
 The group function returns one outcome per item (a value or the exception that
 refused that item), so one item's refusal never fails its neighbours. Should a
@@ -29,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from queue import Empty, SimpleQueue
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 
@@ -41,14 +46,24 @@ from orbit.metrics import GROUPS_DECIDED
 logger = logging.getLogger("orbit.groupcommit")
 
 # A group smaller than the lane's previous one, arriving within FOLLOW_SECONDS
-# of its end, waits up to GATHER_SECONDS for the rest of that crowd.
+# of its end, waits up to GATHER_SECONDS for the rest of that crowd; the next
+# requests of a group's hand-ons, up to FOLLOW_HOP_SECONDS from its end for
+# the first of them (a worker's trip).
 FOLLOW_SECONDS = 0.05
 GATHER_SECONDS = 0.002
+FOLLOW_HOP_SECONDS = 0.005
 
 I = TypeVar("I")  # noqa: E741 - the item type of a group
 R = TypeVar("R")
 
 GroupFunction = Callable[[list[I]], list["R | BaseException"]]
+# Where a caller's entry (the items it put together) stands in its cycle
+# (GroupCommit's `phase`): a HAND_ON's answer makes its caller send a NEXT
+# request at once (a result whose group also leased the worker's next task,
+# and the Start that answers the assignment); None is neither.
+Phase = Literal["hand_on", "next"] | None
+HAND_ON: Phase = "hand_on"
+NEXT: Phase = "next"
 
 
 def unwrap(outcome: R | BaseException) -> R:
@@ -99,6 +114,8 @@ class _Lane(Generic[I, R]):
         self.lane_id = lane_id
         # Requests put together arrive together (GroupCommit.call_together_async).
         self.inbox: SimpleQueue[list[_Request[I, R]]] = SimpleQueue()
+        # Entries held back from the previous group (_keep_in_step), decided first in the next.
+        self.held: list[list[_Request[I, R]]] = []
         # When the group now deciding began (time.monotonic()), None between groups.
         self.busy_since: float | None = None
         name = f"orbit-{owner.name}-{lane_id[:8]}"
@@ -107,30 +124,30 @@ class _Lane(Generic[I, R]):
     def _run(self) -> None:
         decided = GROUPS_DECIDED.labels(lane=self.owner.name)
         # The callers of the lane's previous group (one call_together_async
-        # counts once), and when it ended.
-        last_callers, last_end = 0, 0.0
+        # counts once), when it ended, its hand-ons, and how many entries were
+        # waiting when it ended (queued while it decided, or held back: not
+        # the next requests of its hand-ons' callers).
+        last_callers, last_end, hand_ons, waiting = 0, 0.0, 0, 0
         try:
             while True:
-                try:
-                    entries = [self.inbox.get(timeout=self.owner.idle_seconds)]
-                except Empty:
-                    if self.owner._retire(self):
-                        return
-                    continue
+                entries, self.held = self.held, []
+                held = len(entries)
+                if not entries:
+                    try:
+                        entries = [self.inbox.get(timeout=self.owner.idle_seconds)]
+                    except Empty:
+                        if self.owner._retire(self):
+                            return
+                        continue
                 self._gather(entries)
-                if len(entries) < last_callers and time.monotonic() - last_end < FOLLOW_SECONDS:
-                    # The first of a crowd that just went through in one group:
-                    # the rest of it is a moment behind (its workers answer the
-                    # group's replies one by one). Deciding these alone would
-                    # split the crowd into two groups for good, one round more
-                    # per cycle; wait that moment for the others instead.
-                    until = time.monotonic() + GATHER_SECONDS
-                    while len(entries) < last_callers and (left := until - time.monotonic()) > 0:
-                        try:
-                            entries.append(self.inbox.get(timeout=left))
-                        except Empty:
-                            break
-                    self._gather(entries)
+                if time.monotonic() - last_end < FOLLOW_SECONDS:
+                    if hand_ons:
+                        # The hand-ons' callers answer their assignments a hop
+                        # after the group's end; what waited already is not them.
+                        self._wait_for_crowd(entries, hand_ons, already=waiting, hop_from=last_end)
+                    elif len(entries) < last_callers:
+                        self._wait_for_crowd(entries, last_callers)
+                entries, hand_ons = self._keep_in_step(entries, held)
                 # A caller that went away (its connection closed) cancelled its
                 # future: its item is skipped; the others are now bound to run.
                 group = [request for entry in entries for request in entry if request.claim()]
@@ -146,9 +163,51 @@ class _Lane(Generic[I, R]):
                 finally:
                     self.busy_since = None
                 last_callers, last_end = len(entries), time.monotonic()
+                waiting = self.inbox.qsize() + len(self.held)
                 _answer(group, outcomes, self.owner.answer_first)
         finally:
             connection.close()  # an idle lane gives its database connection back
+
+    def _wait_for_crowd(
+        self, entries: list[list[_Request[I, R]]], crowd: int, *, already: int = 0, hop_from: float | None = None
+    ) -> None:
+        """The first of a crowd that just went through in one group: the rest
+        of it is a moment behind (its workers answer the group's replies one by
+        one). Deciding these alone would split the crowd into two groups for
+        good, one round more per cycle; waits up to GATHER_SECONDS for the
+        others instead (`crowd` entries beyond the first `already`). With
+        `hop_from` and none of the crowd here yet, its first may take a hop
+        from that time: the wait lasts until FOLLOW_HOP_SECONDS after it."""
+        arrived = len(entries) - already
+        until = time.monotonic() + GATHER_SECONDS
+        if hop_from is not None and arrived <= 0:
+            until = max(until, hop_from + FOLLOW_HOP_SECONDS)
+        while arrived < crowd and (left := until - time.monotonic()) > 0:
+            try:
+                entries.append(self.inbox.get(timeout=left))
+            except Empty:
+                break
+            arrived += 1
+            if arrived == 1:
+                until = max(until, time.monotonic() + GATHER_SECONDS)
+        self._gather(entries)
+
+    def _keep_in_step(self, entries: list[list[_Request[I, R]]], held: int) -> tuple[list[list[_Request[I, R]]], int]:
+        """The entries to decide now and how many of them are hand-ons. Hand-
+        ons (results whose group also leases their caller's next task) and next
+        requests (Starts) in one group are two parts of a crowd a phase apart,
+        which would take turns in mixed groups for good, each group paying the
+        fixed costs of both phases. The next requests are held back one group:
+        the hand-ons' own next requests join them there, and from then on each
+        phase of the crowd is one group. The first `held` entries were held
+        back already and are decided now."""
+        phases = [self.owner.phase([request.item for request in entry]) for entry in entries]
+        hand_ons = phases.count(HAND_ON)
+        if not hand_ons:
+            return entries, 0
+        hold = {index for index, phase in enumerate(phases) if phase == NEXT and index >= held}
+        self.held = [entries[index] for index in sorted(hold)]
+        return [entry for index, entry in enumerate(entries) if index not in hold], hand_ons
 
     def _gather(self, entries: list[list[_Request[I, R]]]) -> None:
         """Adds what waits in the inbox, up to max_group items."""
@@ -216,10 +275,12 @@ class GroupCommit(Generic[I, R]):
         max_group: int = 200,
         idle_seconds: float = 60,
         answer_first: Callable[[I], bool] = lambda item: False,
+        phase: Callable[[list[I]], Phase] = lambda items: None,
     ) -> None:
         self.name = name
         self.run_group = run_group
         self.answer_first = answer_first
+        self.phase = phase
         self.max_group = max_group
         self.idle_seconds = idle_seconds
         self._lanes: dict[str, _Lane[I, R]] = {}

@@ -40,7 +40,7 @@ from typing import Any, TypeVar, cast
 from django.db import IntegrityError
 
 from orbit.audit import gathered_events
-from orbit.db.groupcommit import GroupCommit
+from orbit.db.groupcommit import HAND_ON, NEXT, GroupCommit, Phase
 from orbit.db.pool import within_deadline
 from orbit.db.rows import (
     LockedBy,
@@ -453,11 +453,20 @@ def _finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | Deadline
 # item doors below are all the consumer, views, commands and tests call. A
 # lone request is a round of one.
 
+
 # A round's submits are answered before its worker frames: a submit's caller
 # sends nothing more until it hears back, while a worker keeps its other
 # slots busy meanwhile.
+def _phase(items: list[RoundItem]) -> Phase:
+    """A keyed result with its hand-off (record_result_and_lease_async) is
+    answered with the worker's next assignment, whose Start follows at once."""
+    if len(items) == 2 and isinstance(items[0], ResultReport) and isinstance(items[1], LeaseRequest):
+        return HAND_ON
+    return NEXT if isinstance(items[0], StartRequest) else None
+
+
 ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit(
-    "round", run_round, answer_first=lambda item: isinstance(item, SubmitRequest)
+    "round", run_round, answer_first=lambda item: isinstance(item, SubmitRequest), phase=_phase
 )
 
 

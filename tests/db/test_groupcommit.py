@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent.futures import Future
 
 from orbit.db import groupcommit
 from orbit.db.groupcommit import GroupCommit
@@ -223,3 +224,64 @@ def test_a_caller_long_after_the_crowd_does_not_wait(settings, monkeypatch):
     assert commit.enqueue("lane", "late").result(5) == "done late"
     assert time.monotonic() - began < 4
     assert seen[2:] == [["late"]]
+
+
+def stepped_lane(settings, monkeypatch, seen: list[list[str]], gate: threading.Event) -> GroupCommit:
+    """A lane whose entries named h-… are hand-ons and n-… next requests; a
+    wait for a hand-on's next request lasts up to 5 s here, so whether one
+    happened is plain (and a slow machine's scheduling cannot end it)."""
+    monkeypatch.setattr(groupcommit, "FOLLOW_HOP_SECONDS", 5.0)
+    monkeypatch.setattr(groupcommit, "FOLLOW_SECONDS", 5.0)
+    settings.ORBIT_INLINE_DB = False
+
+    def phase(items: list[str]) -> groupcommit.Phase:
+        return {"h": groupcommit.HAND_ON, "n": groupcommit.NEXT}.get(items[0][0])
+
+    return GroupCommit("stepped", gated(seen, gate), phase=phase)
+
+
+def queued_behind_a_group(commit: GroupCommit, gate: threading.Event, names: list[str]) -> list[Future]:
+    """Futures of `names`, put into the lane while it decides a first group
+    (held there by `gate`, then let go)."""
+    first = commit.enqueue("lane", "first")
+    time.sleep(0.1)  # the lane is inside the first group now
+    queued = [commit.enqueue("lane", name) for name in names]
+    gate.set()
+    assert first.result(5) == "done first"
+    return queued
+
+
+def test_next_requests_beside_a_hand_on_wait_one_group_for_its_own(settings, monkeypatch):
+    """Two parts of a crowd a phase apart (a result with its hand-off, the Start
+    of another key) are decided in step again: the Start is held back one
+    group, and the hand-on's own Start joins it there, before the wait's end."""
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = stepped_lane(settings, monkeypatch, seen, gate)
+    hand_on, other_start = queued_behind_a_group(commit, gate, ["h-a", "n-b"])
+    assert hand_on.result(5) == "done h-a"
+    began = time.monotonic()
+    own_start = commit.enqueue("lane", "n-a")  # the hand-on's caller answers its assignment
+    assert other_start.result(5) == "done n-b" and own_start.result(5) == "done n-a"
+    assert seen == [["first"], ["h-a"], ["n-b", "n-a"]]
+    assert time.monotonic() - began < 4  # decided once the hand-on's Start came, not at the end of the wait
+
+
+def test_a_next_request_is_held_back_once_only(settings, monkeypatch):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = stepped_lane(settings, monkeypatch, seen, gate)
+    hand_on, held = queued_behind_a_group(commit, gate, ["h-a", "n-b"])
+    assert hand_on.result(5) == "done h-a"
+    later_hand_on = commit.enqueue("lane", "h-c")  # another hand-on, before h-a's Start
+    assert held.result(5) == "done n-b" and later_hand_on.result(5) == "done h-c"
+    assert seen == [["first"], ["h-a"], ["n-b", "h-c"]]
+
+
+def test_a_lane_without_phases_decides_what_gathered_together(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    queued = queued_behind_a_group(commit, gate, ["h-a", "n-b"])
+    assert [f.result(5) for f in queued] == ["done h-a", "done n-b"]
+    assert seen == [["first"], ["h-a", "n-b"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from orbit.db import groupcommit
 from orbit.errors import IdempotencyConflict, InvalidArgument, LeaseLost, NotFound, QueueFull, StateConflict
 from orbit.fields import new_id
 from orbit.models import Credential, IdempotencyRecord
@@ -290,3 +291,18 @@ def test_reports_and_starts_lock_their_rows_with_the_counters_key_rows_before_ta
     assert positions == sorted(positions)
     assert ("FROM `orbit_concurrency_key`" in counters) is keyed
     assert_invariants()
+
+
+def test_the_lane_knows_a_hand_off_and_the_start_that_follows_it(tenant):
+    """A result put in the lane with its worker's lease (the hand-off) is
+    answered with the next assignment, whose Start the worker sends at once
+    (orbit.db.groupcommit keeps such a crowd's phases in step); a result or a
+    lease alone is neither."""
+    queue = make_queue(tenant.client, "phases")
+    worker = worker_for(tenant, queue["id"])
+    assignment = {"attempt_id": new_id(), "epoch": 1}
+    phase = rounds.ROUNDS.phase
+    assert phase([report(worker, assignment), LeaseRequest(worker, 1)]) == groupcommit.HAND_ON
+    assert phase([StartRequest(worker, assignment["attempt_id"], 1)]) == groupcommit.NEXT
+    assert phase([report(worker, assignment)]) is None
+    assert phase([LeaseRequest(worker, 4)]) is None
