@@ -193,9 +193,9 @@ class _Lane(Generic[I, R]):
         self._gather(entries)
 
     def _keep_in_step(self, entries: list[list[_Request[I, R]]], held: int) -> tuple[list[list[_Request[I, R]]], int]:
-        """The entries to decide now and how many of them are hand-ons. Hand-
-        ons (results whose group also leases their caller's next task) and next
-        requests (Starts) in one group are two parts of a crowd a phase apart,
+        """The entries to decide now and how many of them are hand-ons.
+        Hand-ons (results whose group also leases their caller's next task) and
+        next requests (Starts) in one group are two parts of a crowd a phase apart,
         which would take turns in mixed groups for good, each group paying the
         fixed costs of both phases. The next requests are held back one group:
         the hand-ons' own next requests join them there, and from then on each

@@ -454,9 +454,6 @@ def _finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | Deadline
 # lone request is a round of one.
 
 
-# A round's submits are answered before its worker frames: a submit's caller
-# sends nothing more until it hears back, while a worker keeps its other
-# slots busy meanwhile.
 def _phase(items: list[RoundItem]) -> Phase:
     """A keyed result with its hand-off (record_result_and_lease_async) is
     answered with the worker's next assignment, whose Start follows at once."""
@@ -465,6 +462,9 @@ def _phase(items: list[RoundItem]) -> Phase:
     return NEXT if isinstance(items[0], StartRequest) else None
 
 
+# A round's submits are answered before its worker frames: a submit's caller
+# sends nothing more until it hears back, while a worker keeps its other
+# slots busy meanwhile.
 ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit(
     "round", run_round, answer_first=lambda item: isinstance(item, SubmitRequest), phase=_phase
 )
