@@ -180,7 +180,9 @@ class _Lane(Generic[I, R]):
         from that time: the wait lasts until FOLLOW_HOP_SECONDS after it."""
         arrived = len(entries) - already
         until = time.monotonic() + GATHER_SECONDS
+        awaiting_first = False
         if hop_from is not None and arrived <= 0:
+            awaiting_first = True
             until = max(until, hop_from + FOLLOW_HOP_SECONDS)
         while arrived < crowd and (left := until - time.monotonic()) > 0:
             try:
@@ -188,7 +190,8 @@ class _Lane(Generic[I, R]):
             except Empty:
                 break
             arrived += 1
-            if arrived == 1:
+            if awaiting_first:  # the crowd's first is here: the rest is a moment behind it
+                awaiting_first = False
                 until = max(until, time.monotonic() + GATHER_SECONDS)
         self._gather(entries)
 
