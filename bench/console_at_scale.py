@@ -120,7 +120,7 @@ def load(total: int, queue_count: int) -> dict:
 
     now = datetime.now(UTC)
     rng = random.Random(7)
-    task_columns = [f.column for f in Task._meta.concrete_fields]
+    task_columns = [f.column for f in Task._meta.concrete_fields if not f.generated]
     attempt_columns = [f.column for f in Attempt._meta.concrete_fields]
     hot_key = "acct/hot"
     counters = {q: {"unfinished": 0, "active": 0, "reserved": 0} for q in queues}

@@ -58,7 +58,8 @@ class TaskAdmin(ReadOnlyAdmin):
 
     # A list of field names is one of the layouts Django takes (the stubs' list is invariant).
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]
-        return [f.name for f in Task._meta.fields if f.name not in TASK_JSON_FIELDS]
+        # The generated sweep columns repeat the deadlines shown; the JSON fields have their own panel.
+        return [f.name for f in Task._meta.fields if f.name not in TASK_JSON_FIELDS and not f.generated]
 
     def decorate_results(self, request: HttpRequest, tasks: list[Task]) -> None:
         names = dict(Queue.objects.filter(id__in={t.queue_id for t in tasks}).values_list("id", "name"))

@@ -18,6 +18,8 @@ class TaskState(models.TextChoices):
 
 
 FINAL_TASK_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+# The states in which a task fails when its deadline passes (endings.sweep_deadlines).
+SWEPT_STATES = [TaskState.WAITING, TaskState.LEASED]
 
 
 class AttemptState(models.TextChoices):
@@ -71,6 +73,22 @@ class Task(models.Model):
     created_at = models.DateTimeField(db_comment="受理时间（UTC）")
     updated_at = models.DateTimeField(db_comment="最后状态变化时间（UTC）")
     finished_at = models.DateTimeField(null=True, blank=True, db_comment="进入 SUCCEEDED/FAILED/CANCELLED 的时间")
+    # What the deadline sweep looks for, computed by the database: a deadline
+    # only while the task can still miss it, NULL otherwise. Indexed instead of
+    # (state, deadline), whose entries every state change of every task
+    # rewrote; these change only when a task with a deadline leaves WAITING/LEASED.
+    deadline_due_at = models.GeneratedField(
+        expression=models.Case(models.When(state__in=SWEPT_STATES, then=models.F("deadline_at"))),
+        output_field=models.DateTimeField(null=True),
+        db_persist=False,
+        db_comment="总截止时间（仅 WAITING/LEASED 时，供截止扫描索引；其余为空）",
+    )
+    start_deadline_due_at = models.GeneratedField(
+        expression=models.Case(models.When(state__in=SWEPT_STATES, attempts=0, then=models.F("start_deadline_at"))),
+        output_field=models.DateTimeField(null=True),
+        db_persist=False,
+        db_comment="开始截止时间（仅未开始过的 WAITING/LEASED 任务，供截止扫描索引；其余为空）",
+    )
 
     class Meta:
         db_table = "orbit_task"
@@ -87,8 +105,8 @@ class Task(models.Model):
                 name="idx_task_ns_ckey",
             ),
             models.Index(fields=["namespace_id", "business_key"], name="idx_task_ns_bkey"),
-            models.Index(fields=["state", "start_deadline_at"], name="idx_task_start_deadline"),
-            models.Index(fields=["state", "deadline_at"], name="idx_task_deadline"),
+            models.Index(fields=["start_deadline_due_at"], name="idx_task_start_deadline_due"),
+            models.Index(fields=["deadline_due_at"], name="idx_task_deadline_due"),
         ]
 
     def __str__(self) -> str:

@@ -138,6 +138,8 @@ def _new_row_defaults(model: type[models.Model]) -> _Defaults:
     template: dict[str, Any] = {}
     made = []
     for field in model._meta.concrete_fields:
+        if field.generated:  # the database's to compute, never inserted
+            continue
         per_row = callable(field.default) if field.has_default() else field.db_default is not models.NOT_PROVIDED
         # get_default gives a non-callable default itself, and None or "" for a field without one
         template[field.attname] = None if per_row else field.get_default()
@@ -515,7 +517,7 @@ def _insert_columns(model: type[models.Model], vendor: str) -> tuple[_Column, ..
     field's own pre_save and get_db_prep_save.)"""
     columns = []
     for field in model._meta.concrete_fields:
-        if field.primary_key and isinstance(field, models.AutoField):
+        if field.generated or (field.primary_key and isinstance(field, models.AutoField)):
             continue
         as_is = next((types for base, types in _PASSED_AS_IS if _saves_as(field, base)), ())
         if isinstance(field, models.IntegerField) and as_is:

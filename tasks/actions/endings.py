@@ -392,12 +392,7 @@ def fail_for_deadline(task_id: str) -> bool:
 
 def sweep_deadlines(*, limit: int = RECOVERY_BATCH) -> int:
     now = timezone.now()
-    waiting = [TaskState.WAITING, TaskState.LEASED]
-    due = list(
-        Task.objects.filter(state__in=waiting, deadline_at__lte=now).values_list("id", flat=True)[:limit]
-    ) + list(
-        Task.objects.filter(state__in=waiting, start_deadline_at__lte=now, attempts=0).values_list("id", flat=True)[
-            :limit
-        ]
+    due = list(Task.objects.filter(deadline_due_at__lte=now).values_list("id", flat=True)[:limit]) + list(
+        Task.objects.filter(start_deadline_due_at__lte=now).values_list("id", flat=True)[:limit]
     )
     return sum(fail_for_deadline(task_id) for task_id in dict.fromkeys(due))

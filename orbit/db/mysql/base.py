@@ -25,11 +25,12 @@ driver's DateTime_or_None (Python, slicing and int() per part), which took
 fromisoformat does not take (a zero date, say) still goes to the driver's.
 """
 
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError
-from django.db.backends.mysql import base, features
+from django.db.backends.mysql import base, features, schema
 from MySQLdb import OperationalError
 from MySQLdb.constants import CLIENT, FIELD_TYPE
 from MySQLdb.times import DateTime_or_None
@@ -50,6 +51,24 @@ conversions = {**base.django_conversions, FIELD_TYPE.DATETIME: datetime_or_none}
 
 class DatabaseFeatures(features.DatabaseFeatures):
     supports_foreign_keys = False
+
+
+class DatabaseSchemaEditor(schema.DatabaseSchemaEditor):
+    def _iter_column_sql(
+        self, column_db_type: Any, params: Any, model: Any, field: Any, field_db_params: Any, include_default: Any
+    ) -> Iterator[str]:
+        """A generated column's COMMENT after its GENERATED clause, where MySQL
+        and MariaDB take it; Django 5.2 puts it before (its ticket #35839)."""
+        # Private to Django's schema editors, so not in its stubs.
+        parts = super()._iter_column_sql(  # type: ignore[misc]
+            column_db_type, params, model, field, field_db_params, include_default
+        )
+        if not (field.generated and field.db_comment):
+            yield from parts
+            return
+        comment = self._comment_sql(field.db_comment)  # type: ignore[attr-defined]
+        yield from (part for part in list(parts) if part != comment)
+        yield comment
 
 
 class CursorWrapper(base.CursorWrapper):
@@ -95,6 +114,7 @@ serving = False
 
 class DatabaseWrapper(base.DatabaseWrapper):
     features_class = DatabaseFeatures
+    SchemaEditorClass = DatabaseSchemaEditor
     # Set by orbit.db.rows.atomic_sent_together when a transaction's last writes
     # carried its COMMIT: the commit Django asks for next is already done.
     commit_sent = False
