@@ -18,7 +18,8 @@ class TaskState(models.TextChoices):
 
 
 FINAL_TASK_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
-# The states in which a task fails when its deadline passes (endings.sweep_deadlines).
+# The states in which a task fails when its deadline passes: the sweep's computed
+# columns and its check under lock (endings.fail_for_deadline) both read these.
 SWEPT_STATES = [TaskState.WAITING, TaskState.LEASED]
 
 

@@ -30,7 +30,7 @@ from tasks.actions.permits import (
     settle,
 )
 from tasks.actions.serialize import task_detail
-from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, Task, TaskState
+from tasks.models import ACTIVE_ATTEMPT_STATES, SWEPT_STATES, Attempt, AttemptState, Task, TaskState
 from tasks.wakeups import wake_after_commit
 
 OUTCOMES = ("SUCCEEDED", "FAILED", "UNKNOWN")
@@ -371,7 +371,7 @@ def fail_for_deadline(task_id: str) -> bool:
             return False
         task, held = chain
         failure = deadline_failure(task, now)
-        if failure is None or task.state not in (TaskState.WAITING, TaskState.LEASED):
+        if failure is None or task.state not in SWEPT_STATES:
             return False
         if held is not None and held.attempt.state != AttemptState.LEASED:
             return False
