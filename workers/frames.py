@@ -26,6 +26,10 @@ SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 MAX_REQUEST_ID_LENGTH = 128
 MAX_EPOCH = UINT32_MAX  # attempts' epoch column (INT UNSIGNED)
 MAX_RELEASE_REASON = 1024  # kept, not refused: a release must not fail on its note
+# A worker's handler filter becomes one OR term per pair in every lease's
+# candidate scan: past a few hundred, SQLite refuses the expression (its
+# depth limit is 1,000) and MySQL plans a long chain for each lease.
+MAX_HANDLERS = 256
 
 UNANSWERED = frozenset({"task.assign.ack"})  # no reply, so no id to answer to
 
@@ -88,7 +92,9 @@ class HelloInput(StrictSerializer):
     worker_id = StrictCharField(min_length=1, max_length=128)
     queues = serializers.ListField(child=StrictCharField(max_length=32), allow_empty=False)
     capacity = uint32_field(1, 1000)
-    handlers = HandlerInput(many=True, required=False)
+    handlers: serializers.ListSerializer[Any] = serializers.ListSerializer(
+        child=HandlerInput(), required=False, max_length=MAX_HANDLERS
+    )
     concurrency_keys = StrictBooleanField(required=False, default=False)
     version = StrictCharField(required=False, allow_blank=True, max_length=128)
 

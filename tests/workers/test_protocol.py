@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from tasks.models import Attempt, Task
@@ -38,6 +38,7 @@ from tests.support.tasks import (
     task_body,
     wait_until,
 )
+from workers.frames import MAX_HANDLERS
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("invariants")]
 
@@ -82,6 +83,18 @@ def test_bad_or_missing_token_gets_an_error_frame_and_close(orbit_server, connec
         assert closed.value.rcvd.code == 4401
 
 
+@pytest.mark.parametrize("path", ["/v1/nope", "/", "/healthz", "/v1/workers/connect/", "/v1/workers/connectx"])
+def test_a_handshake_on_another_path_is_refused(orbit_server, tenant, path):
+    # given a valid credential, on a path that is not the worker endpoint
+    url = orbit_server.url.replace("http://", "ws://") + path
+    # when it asks for a WebSocket: the handshake is refused (403), not failed (500)
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(url, additional_headers={"Authorization": f"Bearer {tenant.token}"})
+    assert refused.value.response.status_code == 403
+    # and plain HTTP on the same server still answers
+    assert httpx.get(orbit_server.url + "/healthz").status_code == 200
+
+
 def test_credential_without_workers_connect_is_refused(tenant, connect):
     token = make_credential(tenant.namespace, scopes=["tasks:read", "workers:consume"]).token
     worker = connect(token)
@@ -120,6 +133,20 @@ def test_hello_validation_errors(queue, connect, fields, code):
     assert_error_frame(worker.hello_raw(**hello), code)
     # then the connection stays open and a correct hello still works
     assert worker.hello_raw(worker_id="w1", queues=[queue["id"]], capacity=1000)["type"] == "hello.ok"
+
+
+def test_hello_names_its_handlers_when_it_lists_too_many(tenant, queue, connect):
+    # given a worker whose handler filter is one pair over the limit
+    worker = connect()
+    many = [{"handler": f"h{n}", "handler_version": "v1"} for n in range(MAX_HANDLERS + 1)]
+    # when it says hello: refused, naming the field
+    reply = worker.hello_raw(worker_id="w1", queues=[queue["id"]], capacity=1, handlers=many)
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["message"].startswith("handlers: "), reply
+    # then the limit itself is accepted, and its worker is served
+    assert worker.hello_raw(worker_id="w1", queues=[queue["id"]], capacity=1, handlers=many[:-1])["type"] == "hello.ok"
+    task = submit_ok(tenant.client, queue["id"], "last", handler=f"h{MAX_HANDLERS - 1}", handler_version="v1")
+    assert worker.assignment()["task"]["id"] == task["id"]
 
 
 def test_hello_accepts_capacity_bounds(queue, connect):
