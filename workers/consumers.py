@@ -74,6 +74,11 @@ class Unacknowledged:
     size: int  # bytes of the task.assign frame
 
 
+def handler_of(entry: dict[str, Any]) -> tuple[str, str]:
+    """An assignment's handler and version."""
+    return entry["task"]["handler"], entry["task"]["handler_version"]
+
+
 def seconds_until(rfc3339: str) -> float:
     return (datetime.fromisoformat(rfc3339.replace("Z", "+00:00")) - datetime.now(UTC)).total_seconds()
 
@@ -110,6 +115,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.running: set[str] = set()
         # Held attempts of keyed tasks: their result releases a key to hand on.
         self.keyed: set[str] = set()
+        # Held attempts' handler and version: a result's start_next starts
+        # ahead a task its worker serves for sure (dispatch.lease's `starting`).
+        self.handler_of: dict[str, tuple[str, str]] = {}
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -270,6 +278,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
         self.keyed = {entry["attempt_id"] for entry in held if "concurrency_token" in entry}
+        self.handler_of = {entry["attempt_id"]: handler_of(entry) for entry in held}
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids, idle=lambda: not self.held)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
@@ -335,11 +344,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.running.add(ref["attempt_id"])
         if "concurrency_token" in entry:
             self.keyed.add(ref["attempt_id"])
+        self.handler_of[ref["attempt_id"]] = handler_of(entry)
         return {"assignment": entry}
 
     async def on_result(self, message: dict[str, Any]) -> dict[str, Any] | None:
         ref = self.attempt_ref(message)
         fields = frames.result(message)
+        start_ahead_for = self.handler_of.get(ref["attempt_id"]) if frames.start_next(message) else None
         assert self.worker is not None
         report = endings.ResultReport(worker=self.worker, **fields, **ref)
         # Unkeyed slots refill through the dispatcher, which waits a moment to
@@ -358,7 +369,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.handoffs += 1
         self.no_handoffs.clear()
         try:
-            recorded, leased = await rounds.record_result_and_lease_async(report, limit=1)
+            recorded, leased = await rounds.record_result_and_lease_async(
+                report, limit=1, start_ahead_for=start_ahead_for
+            )
             assignments = leased.assignments if isinstance(leased, LeaseOutcome) else []
             if isinstance(recorded, BaseException):
                 # The result was refused: its attempt may still hold the slot.
@@ -455,6 +468,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held.discard(attempt_id)
         self.running.discard(attempt_id)
         self.keyed.discard(attempt_id)
+        self.handler_of.pop(attempt_id, None)
         if wake:
             self.wake.set()
 
@@ -510,12 +524,20 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     async def send_assignment(self, entry: dict[str, Any]) -> None:
         frame = json.dumps({"type": "task.assign", "id": entry["attempt_id"], **entry}, separators=(",", ":"))
-        bound = min(ACK_TIMEOUT_SECONDS, seconds_until(entry["lease_expires_at"]))
-        self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))
-        self.unacked_bytes += len(frame)
+        if entry.get("state") == "RUNNING":
+            # Started with its lease, at the worker's word (a result's
+            # start_next): there is no unstarted lease to release should the
+            # worker stop reading, and it asked for this one in a frame of its
+            # own, so it is not counted as unacknowledged.
+            self.running.add(entry["attempt_id"])
+        else:
+            bound = min(ACK_TIMEOUT_SECONDS, seconds_until(entry["lease_expires_at"]))
+            self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))
+            self.unacked_bytes += len(frame)
         self.held.add(entry["attempt_id"])
         if "concurrency_token" in entry:
             self.keyed.add(entry["attempt_id"])
+        self.handler_of[entry["attempt_id"]] = handler_of(entry)
         await self.send(text_data=frame)
 
     async def close_if_not_reading(self) -> bool:
@@ -556,6 +578,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
         self.running &= self.held
         self.keyed &= self.held
+        self.handler_of = {attempt_id: pair for attempt_id, pair in self.handler_of.items() if attempt_id in self.held}
 
     async def heartbeat_loop(self) -> None:
         """Marks the session alive (workers.actions: a live session is not

@@ -160,6 +160,12 @@ def result(message: dict[str, Any]) -> ResultFields:
     return {"outcome": outcome, "retryable": retryable, "output": message.get("output"), "error": message.get("error")}
 
 
+def start_next(message: dict[str, Any]) -> bool:
+    """A task.result's `start_next`: whether its worker sends ahead the Start
+    of the assignment the answer may hand on (docs/protocol.md)."""
+    return field(message, "start_next", bool, optional=True) or False
+
+
 def release_reason(message: dict[str, Any]) -> str:
     reason = field(message, "reason", str, optional=True) or ""
     return reason[:MAX_RELEASE_REASON]

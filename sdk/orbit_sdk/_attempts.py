@@ -3,14 +3,20 @@
 Life of an attempt inside :class:`Attempts`::
 
     task.assign ──ack──▶ leased ──task.start──▶ running ──handler──▶ reporting ──task.result.ok──▶ gone
-                           │  RATE_LIMITED: wait retry_after_ms, ask again (same attempt, epoch)
-                           │  QUEUE_PAUSED: back off and ask again for up to one lease, then release
-                           │  LEASE_LOST / TASK_CANCELLED: dropped, the server already ended it
-                           └─ draining, or a protocol error: task.release
+         │                 │  RATE_LIMITED: wait retry_after_ms, ask again (same attempt, epoch)
+         │                 │  QUEUE_PAUSED: back off and ask again for up to one lease, then release
+         │                 │  LEASE_LOST / TASK_CANCELLED: dropped, the server already ended it
+         │                 └─ draining, or a protocol error: task.release
+         └─ state RUNNING (its Start went ahead with a result): ──▶ running
+
+Every result asks the server to start what its answer hands on (``start_next``) unless the
+worker drains or stops: such an assignment arrives already started (``state`` RUNNING,
+``attempt_number``), and runs at once, one request and one reply fewer per task.
 
 Invariants the code relies on:
 
-* Business code runs only after ``task.start.ok`` for that attempt and epoch.
+* Business code runs only after the server approved that attempt's Start: ``task.start.ok``, or
+  an assignment that arrives started.
 * A result is re-sent, same content, until ``task.result.ok`` (or a definite refusal), across
   reconnects; the server answers replays from its record.
 * Every held attempt (leased, running or reporting) is renewed once a third of its remaining
@@ -258,11 +264,14 @@ class Attempts:
         # No task.assign.ack: the task.start (or task.release) this assignment
         # gets at once acknowledges it (docs/protocol.md), one frame fewer a task.
         known = self.held.get(attempt_id)
+        started = frame.get("state") == "RUNNING"
         try:
             assignment = parse_assignment(frame, concurrency_keys=self._worker.concurrency_keys)
         except ProtocolError as exc:
             if known is not None:
                 self._conflict(known, f"protocol error: {exc}")
+            elif started:
+                self._not_run(attempt_id, epoch, f"protocol error: {exc}")
             else:
                 self._reject(attempt_id, epoch, f"protocol error: {exc}")
             return
@@ -274,6 +283,9 @@ class Attempts:
                 known.generation = conn.generation  # a repeated delivery: same attempt, same token
                 # Its start already went out: acknowledge this delivery on its own.
                 self._link.send_nowait(conn, {"type": "task.assign.ack", "attempt_id": attempt_id})
+            return
+        if started:
+            self._run_started(conn, assignment)
             return
         if attempt_id in self.rejected:
             self._reject(attempt_id, epoch, self.rejected[attempt_id][1])
@@ -298,6 +310,28 @@ class Attempts:
         attempt = Attempt(assignment, handler, conn.generation, self._link.renew_seconds)
         self.held[attempt_id] = attempt
         self._spawn(self._drive(attempt))
+
+    def _run_started(self, conn: Connection, assignment: Assignment) -> None:
+        """An assignment started ahead, at a result's ``start_next``: it runs now, even while
+        draining (a drain lets running work finish); it cannot be handed back."""
+        if self.stopping:
+            return  # stopping leaves every running attempt to its lease
+        handler = self._handler_for(assignment.task)
+        if handler is None or assignment.attempt_number is None:
+            why = "no handler" if handler is None else "protocol error: started assignment without attempt_number"
+            self._not_run(assignment.attempt_id, assignment.epoch, why)
+            return
+        attempt = Attempt(assignment, handler, conn.generation, self._link.renew_seconds)
+        attempt.phase = "running"
+        self.held[attempt.id] = attempt
+        self._spawn(self._drive(attempt))
+
+    def _not_run(self, attempt_id: str, epoch: int, reason: str) -> None:
+        """A started assignment that will not run here: it is reported FAILED, retryable, as
+        never run (its Start is approved, so it cannot be released)."""
+        logger.error("orbit worker %s: %s; attempt %s started but not run", self._worker_id, reason, attempt_id)
+        result = {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": reason}}
+        self._spawn(self._send_result(attempt_id, epoch, result))
 
     def _reject(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
         """Hand an attempt back without running anything (after `hold` seconds)."""
@@ -456,7 +490,7 @@ class Attempts:
 
     async def _drive(self, attempt: Attempt) -> None:
         async def work() -> None:
-            if not await self._start(attempt):
+            if attempt.phase == "leased" and not await self._start(attempt):
                 return
             attempt.phase = "reporting" if attempt.release_reason or attempt.lost else "running"
             if attempt.phase == "reporting":
@@ -561,8 +595,15 @@ class Attempts:
         return success(value)
 
     async def _report(self, attempt: Attempt, result: dict[str, Any]) -> None:
-        """Send the result until acknowledged; the same content every time."""
-        frame = attempt_frame("task.result", attempt.id, attempt.epoch, **result)
+        """Send the result until acknowledged; the same content every time. Its slot is free
+        from then on: unless the worker drains or stops, it asks for the assignment the answer
+        may hand on to arrive started (``start_next``), which it then runs at once."""
+        if not (self.draining or self.stopping):
+            result = {**result, "start_next": True}
+        await self._send_result(attempt.id, attempt.epoch, result)
+
+    async def _send_result(self, attempt_id: str, epoch: int, result: dict[str, Any]) -> None:
+        frame = attempt_frame("task.result", attempt_id, epoch, **result)
         delay = TRANSIENT_BACKOFF
         while True:
             try:
@@ -573,7 +614,7 @@ class Attempts:
                 logger.info(
                     "orbit worker %s: result for %s acknowledged (task_state=%s duplicate=%s late=%s)",
                     self._worker_id,
-                    attempt.id,
+                    attempt_id,
                     reply.get("task_state"),
                     reply.get("duplicate"),
                     reply.get("late"),
@@ -584,7 +625,7 @@ class Attempts:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._link.renew_seconds)
                 continue
-            logger.error("orbit worker %s: result for %s refused: %s %s", self._worker_id, attempt.id, code, reply)
+            logger.error("orbit worker %s: result for %s refused: %s %s", self._worker_id, attempt_id, code, reply)
             return
 
     # ------------------------------------------------------------------ renewals

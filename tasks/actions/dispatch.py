@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -101,11 +102,25 @@ def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int)
     return select_rows(Task, f"{' AND '.join(where)} {order}", [*params, count], lock=True, skip_locked=True)
 
 
-def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuration) -> list[LeaseOutcome]:
+def lease(
+    requests: list[tuple[WorkerContext, int]],
+    configuration: Configuration,
+    *,
+    starting: Sequence[tuple[str, str] | None] = (),
+) -> list[LeaseOutcome]:
     """Leases for several workers of one kind (same namespace, queues, handlers
     and key opt-in) at once: up to its limit (at most LEASE_BATCH_MAX) for each,
     filled in request order. Caller holds the transaction. One candidate scan,
-    one set of counter writes, however many workers asked."""
+    one set of counter writes, however many workers asked.
+
+    `starting[i]`: request i's worker sent its Start ahead (task.result's
+    start_next), from a task of this handler and version: each attempt it
+    leases that its worker serves for sure (a task of that same pair, or any,
+    for a worker that listed its handlers) is also started here, under every
+    check of a Start, and its assignment says so (`state` RUNNING and
+    `attempt_number`, as a held entry). Any other, and one a Start would
+    refuse now (its queue's rate window full, a deadline passed), goes out
+    unstarted, for the worker's own task.start."""
     worker = requests[0][0]  # what the kind shares
     limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
     if sum(limits) <= 0:
@@ -120,6 +135,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         return [LeaseOutcome([]) for _ in requests]
     states = lock_queue_states(worker.queue_ids)
     queues = [queue for queue in configuration.queues_of(states) if queue.namespace_id == worker.namespace_id]
+    queues_by_id = {queue.id: queue for queue in queues}
     headroom: dict[str, int] = {}
     rate_reopens_in: float | None = None
     for queue in queues:
@@ -157,6 +173,7 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
     )
 
     chosen: list[tuple[Task, Attempt]] = []
+    started: list[tuple[Task, Attempt]] = []  # of those chosen, the ones started ahead
     handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
     key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
     taken_per_queue: dict[str, int] = {}
@@ -218,23 +235,62 @@ def lease(requests: list[tuple[WorkerContext, int]], configuration: Configuratio
         task.state = TaskState.LEASED
         task.updated_at = now
         chosen.append((task, attempt))
-        assignments[taker].append(assignment(task, attempt))
+        served = starting[taker] if taker < len(starting) else None
+        if (
+            served is not None
+            and (holder.handlers or (task.handler, task.handler_version) == served)
+            and _start_ahead(task, attempt, states, queues_by_id, now)
+        ):
+            started.append((task, attempt))
+            assignments[taker].append(held_entry(task, attempt))
+        else:
+            assignments[taker].append(assignment(task, attempt))
         taken_per_queue[task.queue_id] = taken_per_queue.get(task.queue_id, 0) + 1
     if not chosen:
         return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
 
     insert_rows([attempt for _, attempt in chosen])
     update_each_by_pk(ConcurrencyKey, key_changes)
-    # Every chosen task was locked WAITING at its epoch: one statement moves them all.
-    update_by_pk(Task, [task.id for task, _ in chosen], {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now})
+    # Every chosen task was locked WAITING at its epoch: one statement moves
+    # those leased, one those also started.
+    started_ids = {task.id for task, _ in started}
+    update_by_pk(
+        Task,
+        [task.id for task, _ in chosen if task.id not in started_ids],
+        {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now},
+    )
+    update_by_pk(
+        Task, sorted(started_ids), {"state": TaskState.RUNNING, "epoch": Add(1), "attempts": Add(1), "updated_at": now}
+    )
     # Each keyed one was its key's ready task in its queue: hand the role on.
     hand_on(handed_on, now)
     add_to_row(ApplicationState, worker.application_id, {"active_attempts": len(chosen)})
+    started_per_queue = Counter(task.queue_id for task, _ in started)
     for queue_id, count in sorted(taken_per_queue.items()):
-        add_to_row(QueueState, queue_id, {"active_permits": count, "reserved_starts": count})
+        add_to_row(
+            QueueState, queue_id, {"active_permits": count, "reserved_starts": count - started_per_queue[queue_id]}
+        )
     _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
     ATTEMPTS_LEASED.inc(len(chosen))
+    if started:
+        _count_starts(started, started_per_queue, states, now)
     return [LeaseOutcome(entries, rate_reopens_in, more) for entries in assignments]
+
+
+def _start_ahead(
+    task: Task, attempt: Attempt, states: dict[str, QueueState], queues: dict[str, Queue], now: datetime
+) -> bool:
+    """Starts an attempt the lease just made, for a worker that sent its Start
+    ahead: what _start_one decides for a Start of a LEASED attempt within its
+    lease (the lease has checked the queue is open). False, changing nothing,
+    where that Start would be refused; the worker then sends its own."""
+    if deadline_failure(task, now) is not None:
+        return False
+    try:
+        _approve_start(task, attempt, states[task.queue_id], queues[task.queue_id], now)
+    except RateLimited:
+        return False
+    return True
 
 
 def _emit_moves(tasks: list[Task], state: str, *, previous: str) -> None:
@@ -322,19 +378,8 @@ def apply_starts(
     if not started:
         return outcomes
     per_queue = Counter(task.queue_id for task, _ in started)
-    for queue_id, count in per_queue.items():
-        rollup.count("starts", queue_id, now, count)
     for queue_id, count in sorted(per_queue.items()):
-        state = states[queue_id]
-        update_by_pk(
-            QueueState,
-            [queue_id],
-            {
-                "window_started_at": state.window_started_at,
-                "window_count": state.window_count,
-                "reserved_starts": Add(-count),
-            },
-        )
+        update_by_pk(QueueState, [queue_id], {"reserved_starts": Add(-count)})
     # Started tasks were locked LEASED: one statement moves them all; attempts
     # differ only in number and lease end, so one statement per distinct pair.
     update_by_pk(
@@ -354,9 +399,26 @@ def apply_starts(
                 "lease_expires_at": lease_expires_at,
             },
         )
+    _count_starts(started, per_queue, states, now)
+    return outcomes
+
+
+def _count_starts(
+    started: list[tuple[Task, Attempt]], per_queue: Counter[str], states: dict[str, QueueState], now: datetime
+) -> None:
+    """What every approved Start leaves besides its task and attempt: its
+    queue's rate window (as _approve_start moved it), the per-minute count,
+    the LEASED → RUNNING event, the metric."""
+    for queue_id, count in sorted(per_queue.items()):
+        state = states[queue_id]
+        update_by_pk(
+            QueueState,
+            [queue_id],
+            {"window_started_at": state.window_started_at, "window_count": state.window_count},
+        )
+        rollup.count("starts", queue_id, now, count)
     _emit_moves([task for task, _ in started], TaskState.RUNNING, previous=TaskState.LEASED)
     ATTEMPTS_STARTED.inc(len(started))
-    return outcomes
 
 
 def _start_one(
@@ -384,6 +446,17 @@ def _start_one(
         raise DeadlinePassed()
     if queue.paused or queue.retired_at is not None:
         raise QueuePaused("queue is paused")
+    _approve_start(task, attempt, state, queue, now)
+    started.append((task, attempt))
+    return _start_receipt(attempt)
+
+
+def _approve_start(task: Task, attempt: Attempt, state: QueueState, queue: Queue, now: datetime) -> None:
+    """Counts a Start in its queue's rate window (a new window when the last
+    one is over) and moves the task and attempt to RUNNING, in memory, under
+    the locks of all three; RateLimited, with nothing changed, when the window
+    is full. The queue state is shared by a group's Starts: each approval
+    counts in the window the next one sees."""
     if not window_open(state, now):
         state.window_started_at = now
         state.window_count = 0
@@ -399,8 +472,6 @@ def _start_one(
     attempt.number = task.attempts
     attempt.started_at = now
     attempt.lease_expires_at = max(attempt.lease_expires_at, lease_expiry(task, now))
-    started.append((task, attempt))
-    return _start_receipt(attempt)
 
 
 @outermost

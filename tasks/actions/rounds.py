@@ -70,9 +70,26 @@ from tasks.models import Attempt, Task, WorkerIdentity
 
 
 @dataclass(frozen=True)
+class StartAhead:
+    """A Start sent ahead in a result's frame (task.result's start_next) for
+    what the lease decided with that result takes. `handler`: the handler and
+    version of the task the result ends, which its worker evidently serves."""
+
+    result: ResultReport
+    handler: tuple[str, str]
+
+
+@dataclass(frozen=True)
 class LeaseRequest:
+    """A lease for a worker's connection. `start_ahead`: decided in the same
+    round as its result, and only if that result is recorded there, the lease
+    starts what it takes (dispatch.lease's `starting`). A refused result
+    leaves its worker's slot taken: what the lease takes then goes out
+    unstarted, for the connection to hand back."""
+
     worker: WorkerContext
     limit: int
+    start_ahead: StartAhead | None = None
 
 
 @dataclass(frozen=True)
@@ -387,10 +404,16 @@ def _decide_round(
                 # Admitted first: the round's leases can hand out what it accepts.
                 admitted = batch.admit_submissions(submitting.actor, submitting.items, written)
                 decided.extend((submitting.indexes[index], outcome) for index, outcome in admitted.items())
+            recorded: set[int] = set()  # the results recorded, by id()
             if decide_reports:
                 book = WriteBook()
                 outcomes = endings.apply_reports([r for _, r in decide_reports], report_peeks, book)
                 decided.extend(zip([i for i, _ in decide_reports], outcomes, strict=True))
+                recorded = {
+                    id(report)
+                    for (_, report), outcome in zip(decide_reports, outcomes, strict=True)
+                    if not isinstance(outcome, OrbitError)
+                }
                 book.write()  # before the starts and leases read those rows
             if decide_starts:
                 started = dispatch.apply_starts([s for _, s in decide_starts], start_peeks, configuration)
@@ -404,7 +427,9 @@ def _decide_round(
             for group in kinds.values():
                 try:
                     leased: list[Any] = dispatch.lease(
-                        [(lease.worker, lease.limit) for _, lease in group], configuration
+                        [(lease.worker, lease.limit) for _, lease in group],
+                        configuration,
+                        starting=[_start_ahead_for(lease, recorded) for _, lease in group],
                     )
                 except OrbitError as error:
                     leased = [error] * len(group)
@@ -419,6 +444,11 @@ def _decide_round(
         if isinstance(item, StartRequest):
             outcome = _finish_start(start_peeks[item.attempt_id], outcome)
         answers[index] = outcome
+
+
+def _start_ahead_for(lease: LeaseRequest, recorded: set[int]) -> tuple[str, str] | None:
+    ahead = lease.start_ahead
+    return ahead.handler if ahead is not None and id(ahead.result) in recorded else None
 
 
 def _exhausted(leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]) -> set[str]:
@@ -456,7 +486,8 @@ def _finish_start(peek: Attempt, outcome: dict[str, Any] | OrbitError | Deadline
 
 def _phase(items: list[RoundItem]) -> Phase:
     """A keyed result with its hand-off (record_result_and_lease_async) is
-    answered with the worker's next assignment, whose Start follows at once."""
+    answered with the worker's next assignment, whose Start follows at once
+    (or, sent ahead, was decided with it: then the next result follows)."""
     if len(items) == 2 and isinstance(items[0], ResultReport) and isinstance(items[1], LeaseRequest):
         return HAND_ON
     return NEXT if isinstance(items[0], StartRequest) else None
@@ -514,13 +545,17 @@ async def record_result_async(report: ResultReport) -> dict[str, Any]:
 
 
 async def record_result_and_lease_async(
-    report: ResultReport, *, limit: int
+    report: ResultReport, *, limit: int, start_ahead_for: tuple[str, str] | None = None
 ) -> tuple[dict[str, Any] | BaseException, LeaseOutcome | BaseException]:
     """The result and a lease for its worker, decided in one round: the round
     applies results before leases, so the slot (and a keyed attempt's key) the
-    result frees can go to the worker's next task in the same transaction."""
+    result frees can go to the worker's next task in the same transaction.
+    `start_ahead_for`: the result's frame sent the Start of that task ahead,
+    and its own task has this handler and version (StartAhead)."""
     worker = report.worker
-    reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, LeaseRequest(worker, limit)])
+    ahead = StartAhead(report, start_ahead_for) if start_ahead_for is not None else None
+    lease = LeaseRequest(worker, limit, ahead)
+    reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, lease])
     return reply, leased  # type: ignore[return-value]
 
 

@@ -77,6 +77,8 @@ def test_hello_then_start_before_handler_then_result():
                 "outcome": "SUCCEEDED",
                 "retryable": False,
                 "output": {"echo": {"x": 1}, "number": 1},
+                # its slot is free again: what the answer hands on may arrive started
+                "start_next": True,
             }
             ids = [frame["id"] for direction, frame in server.log if direction == "recv"]
             assert len(ids) == len(set(ids))
@@ -449,6 +451,70 @@ def test_lease_lost_on_renew_signals_an_async_handler_and_the_result_still_goes(
                 await server.wait_for(lambda: server.attempts["a1"].result is not None)
             assert seen == {"lease_lost": True, "cancel_requested": False}
             assert server.attempts["a1"].result["output"] == "late"
+
+    run(scenario)
+
+
+# --------------------------------------------------------------------------- start ahead
+
+
+def test_a_started_assignment_runs_at_once_without_a_start():
+    def handler(execution):
+        return {"number": execution.attempt_number, "token": execution.concurrency_token}
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1", key="object/1", token="41", started=True)
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            # no task.start and no acknowledgement: the Start went ahead with the result before
+            assert recv_types(server) == ["hello", "task.result"]
+            result = without_id(server.received("task.result")[0])
+            assert result["output"] == {"number": 1, "token": 41}
+            assert result["start_next"] is True
+
+    run(scenario)
+
+
+def test_a_draining_worker_asks_no_start_ahead_but_runs_a_started_assignment():
+    gate = threading.Event()
+
+    def handler(execution):
+        assert gate.wait(2.0)
+        return execution.attempt_id
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): handler}, capacity=2)
+            server.assign("a1")
+            async with running(worker) as task:
+                await server.wait_for(lambda: server.attempts["a1"].state == "RUNNING")
+                worker.drain()
+                await server.wait_for(lambda: server.received("drain"))
+                # handed on with an earlier result's answer, before drain.ok: it is running work
+                server.assign("a2", started=True)
+                gate.set()
+                await asyncio.wait_for(task, 1.5)
+            assert server.attempts["a2"].result["output"] == "a2"
+            assert server.attempts["a2"].release_reason is None
+            assert all("start_next" not in frame for frame in server.received("task.result"))
+
+    run(scenario)
+
+
+def test_a_started_assignment_it_cannot_run_is_reported_not_run():
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): lambda execution: "ran"})
+            server.assign("a1", handler="other", started=True)
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            # approved already, so not released: reported as never run, retryable
+            assert not server.received("task.release")
+            result = without_id(server.received("task.result", "a1")[0])
+            assert result["outcome"] == "FAILED" and result["retryable"] is True
+            assert result["error"]["type"] == "NotRun" and "start_next" not in result
 
     run(scenario)
 

@@ -97,10 +97,12 @@ class FakeServer:
         token: Any = None,
         business_key: str | None = None,
         extra: dict[str, Any] | None = None,
+        started: bool = False,
     ) -> dict[str, Any]:
         """Queue a task.assign for the next hello (or send it now on a live connection).
 
         ``token`` goes into the frame as given (so tests can send ints, "017", …); None omits it.
+        ``started``: the assignment arrives started (a result's start_next): RUNNING, attempt 1.
         """
         task: dict[str, Any] = {
             "id": f"task-{attempt_id}",
@@ -125,8 +127,13 @@ class FakeServer:
         }
         if token is not None:
             frame["concurrency_token"] = token
+        if started:
+            frame.update(state="RUNNING", attempt_number=1)
         frame.update(extra or {})
-        self.attempts.setdefault(attempt_id, FakeAttempt(frame=frame))
+        self.attempts.setdefault(
+            attempt_id,
+            FakeAttempt(frame=frame, state="RUNNING", attempt_number=1) if started else FakeAttempt(frame=frame),
+        )
         self._queued.append(frame)
         if self._live is not None and self._live_worker is not None:
             asyncio.get_running_loop().create_task(self._flush())

@@ -1,0 +1,167 @@
+"""A Start sent ahead with a result (task.result's start_next, issue 25): the
+round that records the result and hands its key on also starts the task it
+hands on, under every check of a Start, and the assignment arrives started.
+Against the live server, on the rows the round leaves."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from orbit.models import Event
+from queues.models import QueueState
+from tasks.models import Attempt, AttemptState, Task, TaskState
+from tests.support.tasks import (
+    assert_error_frame,
+    connect_fixture,  # noqa: F401 - fixture "connect"
+    invariants_fixture,  # noqa: F401 - fixture "invariants"
+    make_queue,
+    submit_ok,
+)
+from workers import consumers
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("invariants")]
+
+
+def result_frames(worker: Any, assign: dict[str, Any], **fields: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Sends the attempt's result; its answer and the assignment right behind it, if any."""
+    request = worker.send(
+        "task.result",
+        attempt_id=assign["attempt_id"],
+        epoch=assign["epoch"],
+        outcome="SUCCEEDED",
+        retryable=False,
+        **fields,
+    )
+    answer = worker.recv_frame(timeout=10)
+    assert answer is not None and answer.get("reply_to") == request, answer
+    following = worker.recv_frame(timeout=1)
+    if following is not None:
+        assert following["type"] == "task.assign", following
+    return answer, following
+
+
+def running_first(tenant: Any, connect: Any, worker_id: str, **hello: Any) -> tuple[Any, dict[str, Any], str]:
+    """A queue with three tasks of one key, and a worker of capacity 1 that started the first."""
+    queue = make_queue(tenant.client, f"ahead-{worker_id}", max_concurrency=10)
+    for n in range(3):
+        submit_ok(tenant.client, queue["id"], f"{worker_id}-{n}", concurrency_key="object/7")
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1, worker_id=worker_id, **hello)
+    first = worker.assignment()
+    worker.start_ok(first)
+    return worker, first, queue["id"]
+
+
+def test_a_result_with_start_next_hands_its_key_on_started(tenant, connect):
+    worker, first, queue_id = running_first(tenant, connect, "w-ahead")
+    answer, handed = result_frames(worker, first, start_next=True)
+    assert answer["type"] == "task.result.ok" and answer["task_state"] == "SUCCEEDED", answer
+    # the key's next task, already started: the shape of a held entry
+    assert handed is not None
+    assert handed["state"] == "RUNNING" and handed["attempt_number"] == 1, handed
+    assert handed["task"]["concurrency_key"] == "object/7"
+    assert int(handed["concurrency_token"]) > int(first["concurrency_token"])
+    attempt = Attempt.objects.get(id=handed["attempt_id"])
+    task = Task.objects.get(id=handed["task"]["id"])
+    assert (attempt.state, attempt.number, attempt.epoch) == (AttemptState.RUNNING, 1, handed["epoch"])
+    assert attempt.started_at is not None and attempt.started_at == attempt.leased_at
+    assert (task.state, task.attempts) == (TaskState.RUNNING, 1)
+    # counted in the start window like any Start, reserving nothing
+    state = QueueState.objects.get(queue_id=queue_id)
+    assert state.reserved_starts == 0 and state.active_permits == 1
+    assert state.window_count >= 1
+    moves = [
+        (event.data.get("previous"), event.data["state"])
+        for event in Event.objects.filter(subject_id=task.id, type="task.state_changed").order_by("seq")
+    ]
+    assert moves == [(None, "WAITING"), ("WAITING", "LEASED"), ("LEASED", "RUNNING")]
+    # a task.start sent anyway is answered from the record
+    again = worker.start_ok(handed)
+    assert again["attempt_number"] == 1
+    assert Task.objects.get(id=task.id).attempts == 1
+    # and its own result, asking again, hands on the last one started
+    _, last = result_frames(worker, handed, start_next=True)
+    assert last is not None and last["state"] == "RUNNING", last
+    assert worker.result(last)["task_state"] == "SUCCEEDED"
+
+
+def test_without_start_next_the_hand_off_arrives_unstarted(tenant, connect):
+    worker, first, _ = running_first(tenant, connect, "w-plain")
+    _, handed = result_frames(worker, first)
+    assert handed is not None and "state" not in handed and "attempt_number" not in handed, handed
+    task = Task.objects.get(id=handed["task"]["id"])
+    assert (task.state, task.attempts) == (TaskState.LEASED, 0)
+    assert worker.start_ok(handed)["attempt_number"] == 1
+
+
+def test_only_a_task_the_worker_surely_serves_is_started(tenant, connect):
+    # given a key whose tasks alternate between two handlers
+    queue = make_queue(tenant.client, "ahead-handlers", max_concurrency=10)
+    for n, handler in enumerate(["echo", "other", "echo"]):
+        submit_ok(tenant.client, queue["id"], f"mixed-{n}", concurrency_key="object/8", handler=handler)
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1, worker_id="w-any")
+    first = worker.assignment()
+    worker.start_ok(first)
+    # a worker that takes any handler has shown it serves echo/v1, not other/v1
+    _, handed = result_frames(worker, first, start_next=True)
+    assert handed is not None and handed["task"]["handler"] == "other" and "state" not in handed, handed
+    worker.start_ok(handed)
+    worker.close()
+    # a worker that listed its handlers serves whatever it is assigned
+    listed = connect()
+    hello = listed.hello_as(
+        [queue["id"]],
+        capacity=1,
+        worker_id="w-any",
+        handlers=[{"handler": "echo", "handler_version": "v1"}, {"handler": "other", "handler_version": "v1"}],
+    )
+    assert [(entry["attempt_id"], entry["state"]) for entry in hello["held"]] == [(handed["attempt_id"], "RUNNING")]
+    _, last = result_frames(listed, handed, start_next=True)
+    assert last is not None and last["task"]["handler"] == "echo" and last["state"] == "RUNNING", last
+    assert listed.result(last)["task_state"] == "SUCCEEDED"
+
+
+def test_a_refused_result_starts_nothing(tenant, connect):
+    # given a worker of capacity 1 running a task of key A, and key B's task waiting
+    queue = make_queue(tenant.client, "ahead-refused", max_concurrency=10)
+    submit_ok(tenant.client, queue["id"], "refused-a", concurrency_key="object/a")
+    waiting = submit_ok(tenant.client, queue["id"], "refused-b", concurrency_key="object/b")
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1, worker_id="w-refused")
+    first = worker.assignment()
+    worker.start_ok(first)
+    assert first["task"]["id"] != waiting["id"]
+    # when its result names the wrong epoch, asking to start what comes next
+    answer, handed = result_frames(worker, {**first, "epoch": first["epoch"] + 1}, start_next=True)
+    # then the result is refused, and nothing was started in its slot
+    assert_error_frame(answer, "LEASE_LOST")
+    assert handed is None
+    task = Task.objects.get(id=waiting["id"])
+    assert (task.state, task.attempts) == (TaskState.WAITING, 0)
+    assert not Attempt.objects.filter(task_id=waiting["id"], state=AttemptState.RUNNING).exists()
+    assert Attempt.objects.get(id=first["attempt_id"]).state == AttemptState.RUNNING
+
+
+def test_start_next_must_be_a_boolean(tenant, connect):
+    worker, first, _ = running_first(tenant, connect, "w-bool")
+    reply = worker.result(first, start_next="yes")
+    assert_error_frame(reply, "INVALID_ARGUMENT")
+    assert reply["message"] == "start_next: must be bool"
+    # nothing of the result was kept
+    assert Attempt.objects.get(id=first["attempt_id"]).state == AttemptState.RUNNING
+
+
+def test_a_started_assignment_is_not_waited_on_for_acknowledgement(tenant, connect):
+    # given a started assignment its worker never names again (a long handler, no renewal yet)
+    worker, first, _ = running_first(tenant, connect, "w-quiet")
+    _, handed = result_frames(worker, first, start_next=True)
+    assert handed is not None and handed["state"] == "RUNNING"
+    # then past the acknowledgement bound the connection is still open: there is no
+    # unstarted lease to take back from it
+    time.sleep(consumers.ACK_TIMEOUT_SECONDS + 1.5)
+    assert worker.renew(handed)["type"] == "task.renew.ok"
+    assert worker.result(handed)["task_state"] == "SUCCEEDED"
