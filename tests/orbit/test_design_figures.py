@@ -33,7 +33,7 @@ from tasks.actions.batch import Submission
 from tasks.actions.context import WorkerContext
 from tasks.actions.endings import ResultReport
 from tasks.actions.identities import register_worker
-from tasks.actions.rounds import LeaseRequest, SubmitRequest
+from tasks.actions.rounds import LeaseRequest, StartAhead, SubmitRequest
 from tasks.models import Task
 from tests.conftest import Tenant
 from tests.support.lock_order import split_statements
@@ -54,6 +54,7 @@ FIGURES = {
     "a result": 3,
     "a keyed result": 3,
     "a keyed result with its hand-off": 5,
+    "a keyed result with its hand-off, started ahead": 5,
 }
 
 SEQUENCE = itertools.count()
@@ -236,6 +237,30 @@ def test_a_keyed_result_with_its_hand_off(tenant):
     assert handed["task"]["concurrency_key"] == leased[1]["task"]["concurrency_key"]
     assert handed["concurrency_token"] > leased[1]["concurrency_token"]
     assert trips == FIGURES["a keyed result with its hand-off"]
+
+
+def test_a_keyed_result_with_its_hand_off_started_ahead(tenant):
+    """The same round with the result's Start sent ahead (start_next): the
+    lease decides the Start of what it takes on the counter rows the round
+    holds, with no statement of its own."""
+    queue = queue_with(tenant, 2, keyed=True, per_key=3)
+    worker = connected(tenant, queue["id"])
+    leased = rounds.lease_tasks(worker=worker, limit=2)
+    for entry in leased:
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+
+    def result_and_lease(entry: dict[str, Any]) -> list[Any]:
+        report = ResultReport(worker, entry["attempt_id"], entry["epoch"], "SUCCEEDED", False, None, None)
+        return rounds.run_round([report, LeaseRequest(worker, 1, StartAhead(report, ("echo", "v1")))])
+
+    result_and_lease(leased[0])
+    trips, (answer, outcome) = measured(lambda: result_and_lease(leased[1]))
+
+    assert answer["task_state"] == "SUCCEEDED"
+    (handed,) = outcome.assignments
+    assert handed["state"] == "RUNNING" and handed["attempt_number"] == 1
+    assert Task.objects.get(id=handed["task"]["id"]).state == "RUNNING"
+    assert trips == FIGURES["a keyed result with its hand-off, started ahead"]
 
 
 def test_a_commit_sent_on_its_own_counts_and_one_that_rode_does_not():
