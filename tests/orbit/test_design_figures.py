@@ -213,34 +213,13 @@ def test_a_result(tenant, keyed):
     assert trips == FIGURES["a keyed result" if keyed else "a result"]
 
 
-def test_a_keyed_result_with_its_hand_off(tenant):
+@pytest.mark.parametrize("ahead", [False, True], ids=["started-by-worker", "started-ahead"])
+def test_a_keyed_result_with_its_hand_off(tenant, ahead):
     """The round of a keyed result and the lease of one task for the slot it
     frees (workers.consumers: the hand-off), its key's next task waiting: the
     result's 3 less its writes' own trip, the lease's candidates, and one read
     of the next in line; the lease finds the key row the result locked and
-    sends nothing for it."""
-    queue = queue_with(tenant, 2, keyed=True, per_key=3)
-    worker = connected(tenant, queue["id"])
-    leased = rounds.lease_tasks(worker=worker, limit=2)
-    for entry in leased:
-        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
-
-    def result_and_lease(entry: dict[str, Any]) -> list[Any]:
-        report = ResultReport(worker, entry["attempt_id"], entry["epoch"], "SUCCEEDED", False, None, None)
-        return rounds.run_round([report, LeaseRequest(worker, 1)])
-
-    result_and_lease(leased[0])
-    trips, (answer, outcome) = measured(lambda: result_and_lease(leased[1]))
-
-    assert answer["task_state"] == "SUCCEEDED"
-    (handed,) = outcome.assignments
-    assert handed["task"]["concurrency_key"] == leased[1]["task"]["concurrency_key"]
-    assert handed["concurrency_token"] > leased[1]["concurrency_token"]
-    assert trips == FIGURES["a keyed result with its hand-off"]
-
-
-def test_a_keyed_result_with_its_hand_off_started_ahead(tenant):
-    """The same round with the result's Start sent ahead (start_next): the
+    sends nothing for it. With the result's Start sent ahead (start_next), the
     lease decides the Start of what it takes on the counter rows the round
     holds, with no statement of its own."""
     queue = queue_with(tenant, 2, keyed=True, per_key=3)
@@ -251,16 +230,21 @@ def test_a_keyed_result_with_its_hand_off_started_ahead(tenant):
 
     def result_and_lease(entry: dict[str, Any]) -> list[Any]:
         report = ResultReport(worker, entry["attempt_id"], entry["epoch"], "SUCCEEDED", False, None, None)
-        return rounds.run_round([report, LeaseRequest(worker, 1, StartAhead(report, ("echo", "v1")))])
+        return rounds.run_round(
+            [report, LeaseRequest(worker, 1, StartAhead(report, ("echo", "v1")) if ahead else None)]
+        )
 
     result_and_lease(leased[0])
     trips, (answer, outcome) = measured(lambda: result_and_lease(leased[1]))
 
     assert answer["task_state"] == "SUCCEEDED"
     (handed,) = outcome.assignments
-    assert handed["state"] == "RUNNING" and handed["attempt_number"] == 1
-    assert Task.objects.get(id=handed["task"]["id"]).state == "RUNNING"
-    assert trips == FIGURES["a keyed result with its hand-off, started ahead"]
+    assert handed["task"]["concurrency_key"] == leased[1]["task"]["concurrency_key"]
+    assert handed["concurrency_token"] > leased[1]["concurrency_token"]
+    assert handed.get("state") == ("RUNNING" if ahead else None)
+    assert Task.objects.get(id=handed["task"]["id"]).state == ("RUNNING" if ahead else "LEASED")
+    figure = "a keyed result with its hand-off, started ahead" if ahead else "a keyed result with its hand-off"
+    assert trips == FIGURES[figure]
 
 
 def test_a_commit_sent_on_its_own_counts_and_one_that_rode_does_not():
