@@ -237,6 +237,7 @@ class Attempts:
         self._check_finished = check_finished
         self.held: dict[str, Attempt] = {}
         self.rejected: dict[str, tuple[int, str]] = {}  # releases not yet acknowledged
+        self.not_run: set[str] = set()  # started ahead, not run here: results not yet acknowledged
         self._unserved: set[tuple[str, str]] = set()  # (handler, version) pairs warned about once
         self.draining = False
         self.stopping = False
@@ -331,7 +332,16 @@ class Attempts:
         never run (its Start is approved, so it cannot be released)."""
         logger.error("orbit worker %s: %s; attempt %s started but not run", self._worker_id, reason, attempt_id)
         result = {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": reason}}
-        self._spawn(self._send_result(attempt_id, epoch, result))
+        self.not_run.add(attempt_id)
+
+        async def report() -> None:
+            try:
+                await self._send_result(attempt_id, epoch, result)
+            finally:
+                self.not_run.discard(attempt_id)
+                self._check_finished()
+
+        self._spawn(report())
 
     def _reject(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
         """Hand an attempt back without running anything (after `hold` seconds)."""

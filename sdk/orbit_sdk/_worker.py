@@ -390,7 +390,8 @@ class Worker:
         self._check_finished()
 
     def _check_finished(self) -> None:
-        if not self._attempts.draining or self._attempts.held or self._attempts.rejected:
+        attempts = self._attempts
+        if not attempts.draining or attempts.held or attempts.rejected or attempts.not_run:
             return
         conn = self._link.conn
         if conn is None or conn.drain_acked:

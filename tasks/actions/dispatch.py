@@ -177,8 +177,12 @@ def lease(
     handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
     key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
     taken_per_queue: dict[str, int] = {}
-    # Which request the next attempt goes to: each is filled up to its limit in turn.
-    takers = iter([index for index, limit in enumerate(limits) for _ in range(limit)])
+    # Which request the next attempt goes to: each is filled up to its limit in
+    # turn, those that start what they take first (a hand-off, whose result
+    # asked for its next Start: the released key goes on with it; another
+    # request would take it unstarted, to be started in a round of its own).
+    order = sorted(range(len(requests)), key=lambda index: index >= len(starting) or starting[index] is None)
+    takers = iter([index for index in order for _ in range(limits[index])])
     assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
     for task in candidates:
         if len(chosen) >= want:

@@ -519,6 +519,21 @@ def test_a_started_assignment_it_cannot_run_is_reported_not_run():
     run(scenario)
 
 
+def test_a_draining_worker_waits_until_a_not_run_result_is_acknowledged():
+    async def scenario():
+        async with FakeServer() as server:
+            server.result_actions = ["drop"]  # recorded, not answered: the worker sends it again
+            worker = make_worker(server, {("echo", "v1"): lambda execution: "ran"})
+            server.assign("a1", handler="other", started=True)
+            async with running(worker) as task:
+                await server.wait_for(lambda: server.received("task.result", "a1"))
+                worker.drain()
+                await asyncio.wait_for(task, 2.0)
+            assert len(server.received("task.result", "a1")) == 2
+
+    run(scenario)
+
+
 # --------------------------------------------------------------------------- drain
 
 

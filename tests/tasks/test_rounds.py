@@ -15,7 +15,7 @@ from tasks.actions import batch, rounds
 from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
-from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, SubmitRequest, run_round
+from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, StartAhead, SubmitRequest, run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.support.factories import make_credential
 from tests.support.tasks import assert_invariants, make_queue, submit_ok, task_body, worker_for
@@ -41,6 +41,24 @@ def test_one_round_leases_for_several_workers_each_within_its_limit(tenant):
     for worker, answer in zip(workers, answers, strict=True):
         attempt_ids = [entry["attempt_id"] for entry in answer.assignments]
         assert set(Attempt.objects.filter(id__in=attempt_ids).values_list("worker_id", flat=True)) == {worker.worker_id}
+    assert_invariants()
+
+
+def test_a_hand_off_that_starts_ahead_is_served_before_the_leases_beside_it(tenant):
+    # given a key with two tasks, the first running on one worker, and another worker of that kind
+    queue = make_queue(tenant.client, "ahead-first", max_concurrency=50, rate_per_second=1000)
+    for n in range(2):
+        submit_ok(tenant.client, queue["id"], f"a{n}", concurrency_key="object/1")
+    holder, other = (worker_for(tenant, queue["id"], worker_id=name) for name in ("holder", "other"))
+    (first,) = rounds.lease_tasks(worker=holder, limit=1)
+    rounds.approve_start(worker=holder, attempt_id=first["attempt_id"], epoch=first["epoch"])
+    # when one round holds the other's lease, then the holder's result with its hand-off
+    result = report(holder, first)
+    answers = run_round([LeaseRequest(other, 16), result, LeaseRequest(holder, 1, StartAhead(result, ("echo", "v1")))])
+    # then the released key goes on with the result that asked for its next Start, started
+    assert answers[0].assignments == []
+    (handed,) = answers[2].assignments
+    assert handed["task"]["concurrency_key"] == "object/1" and handed["state"] == "RUNNING"
     assert_invariants()
 
 
