@@ -153,21 +153,25 @@ def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
     if not keyed:
         return {}
     at = db_value(Task, "available_at", now)
-    # One statement for all the groups: each group's best, a scalar subquery
-    # (an index range of its group, LIMIT 1), and the rows it names locked.
-    # The subqueries read without a lock: under the application_state lock
-    # no other transaction changes the application's WAITING rows.
+    # One statement for all the groups: each candidate's group's best, one
+    # correlated scalar subquery (an index range of its group, LIMIT 1), and
+    # the rows it names locked. The subquery reads without a lock: under the
+    # application_state lock no other transaction changes the application's
+    # WAITING rows. A correlated subquery is planned once for all the groups
+    # (one scalar subquery per group was planned once each: most of the
+    # statement's time), and MariaDB is told its index: it would scan the
+    # dispatch index for it.
     quote = connection.ops.quote_name
+    table = quote(Task._meta.db_table)
+    hint = " FORCE INDEX (idx_task_ns_ckey)" if connection.vendor == "mysql" else ""
     best = (
-        f"(SELECT {quote('id')} FROM {quote(Task._meta.db_table)} WHERE {_GROUP} AND key_ready = %s"
-        " AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s)"
-        f" {LEASE_ORDER} LIMIT 1)"
+        f"SELECT (SELECT {quote('id')} FROM {table} s{hint} WHERE namespace_id = c.namespace_id"
+        " AND concurrency_key = c.concurrency_key AND queue_id = c.queue_id AND state = %s AND key_ready = %s"
+        f" AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s) {LEASE_ORDER} LIMIT 1)"
+        f" FROM {table} c WHERE c.{quote('id')} IN ({', '.join(['%s'] * len(keyed))})"
     )
-    params: list[Any] = []
-    for task in keyed:
-        params += [task.namespace_id, task.concurrency_key, task.queue_id, TaskState.WAITING, False, at, at]
-    # `id IN ((SELECT …))` with one would be an IN subquery, which may not have a LIMIT.
-    where = f"{quote('id')} = {best}" if len(keyed) == 1 else f"{quote('id')} IN ({', '.join([best] * len(keyed))})"
+    params: list[Any] = [TaskState.WAITING, False, at, at, *(task.id for task in keyed)]
+    where = f"{quote('id')} IN ({best})"
     found = select_rows(Task, where, params, lock=True)
     by_group = {
         (row.namespace_id, row.concurrency_key, row.queue_id): row
