@@ -110,7 +110,8 @@ def lease(
 ) -> list[LeaseOutcome]:
     """Leases for several workers of one kind (same namespace, queues, handlers
     and key opt-in) at once: up to its limit (at most LEASE_BATCH_MAX) for each,
-    filled in request order. Caller holds the transaction. One candidate scan,
+    filled in request order, those that start ahead first. Caller holds the
+    transaction. One candidate scan,
     one set of counter writes, however many workers asked.
 
     `starting[i]`: request i's worker sent its Start ahead (task.result's
