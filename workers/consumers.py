@@ -113,11 +113,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # Held attempts known to be RUNNING: a result for one of them frees its
         # slot, so its round may lease into that slot (on_result's hand-off).
         self.running: set[str] = set()
-        # Held attempts of keyed tasks: their result releases a key to hand on.
-        self.keyed: set[str] = set()
-        # Held attempts' handler and version: a result's start_next starts
-        # ahead a task its worker serves for sure (dispatch.lease's `starting`).
-        self.handler_of: dict[str, tuple[str, str]] = {}
+        # Held attempts of keyed tasks, each with its handler and version: their
+        # result releases a key to hand on, and with start_next starts ahead a
+        # task its worker serves for sure (dispatch.lease's `starting`).
+        self.keyed: dict[str, tuple[str, str]] = {}
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -277,8 +276,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
-        self.keyed = {entry["attempt_id"] for entry in held if "concurrency_token" in entry}
-        self.handler_of = {entry["attempt_id"]: handler_of(entry) for entry in held}
+        self.keyed = {entry["attempt_id"]: handler_of(entry) for entry in held if "concurrency_token" in entry}
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids, idle=lambda: not self.held)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
@@ -343,14 +341,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         if entry["state"] == "RUNNING":
             self.running.add(ref["attempt_id"])
         if "concurrency_token" in entry:
-            self.keyed.add(ref["attempt_id"])
-        self.handler_of[ref["attempt_id"]] = handler_of(entry)
+            self.keyed[ref["attempt_id"]] = handler_of(entry)
         return {"assignment": entry}
 
     async def on_result(self, message: dict[str, Any]) -> dict[str, Any] | None:
         ref = self.attempt_ref(message)
         fields = frames.result(message)
-        start_ahead_for = self.handler_of.get(ref["attempt_id"]) if frames.start_next(message) else None
+        start_ahead_for = self.keyed.get(ref["attempt_id"]) if frames.start_next(message) else None
         assert self.worker is not None
         report = endings.ResultReport(worker=self.worker, **fields, **ref)
         # Unkeyed slots refill through the dispatcher, which waits a moment to
@@ -467,8 +464,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     def forget(self, attempt_id: str, *, wake: bool = True) -> None:
         self.held.discard(attempt_id)
         self.running.discard(attempt_id)
-        self.keyed.discard(attempt_id)
-        self.handler_of.pop(attempt_id, None)
+        self.keyed.pop(attempt_id, None)
         if wake:
             self.wake.set()
 
@@ -536,8 +532,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.unacked_bytes += len(frame)
         self.held.add(entry["attempt_id"])
         if "concurrency_token" in entry:
-            self.keyed.add(entry["attempt_id"])
-        self.handler_of[entry["attempt_id"]] = handler_of(entry)
+            self.keyed[entry["attempt_id"]] = handler_of(entry)
         await self.send(text_data=frame)
 
     async def close_if_not_reading(self) -> bool:
@@ -577,8 +572,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert self.worker is not None
         self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
         self.running &= self.held
-        self.keyed &= self.held
-        self.handler_of = {attempt_id: pair for attempt_id, pair in self.handler_of.items() if attempt_id in self.held}
+        self.keyed = {attempt_id: pair for attempt_id, pair in self.keyed.items() if attempt_id in self.held}
 
     async def heartbeat_loop(self) -> None:
         """Marks the session alive (workers.actions: a live session is not

@@ -106,7 +106,7 @@ def lease(
     requests: list[tuple[WorkerContext, int]],
     configuration: Configuration,
     *,
-    starting: Sequence[tuple[str, str] | None] = (),
+    starting: Sequence[tuple[str, str] | None] | None = None,
 ) -> list[LeaseOutcome]:
     """Leases for several workers of one kind (same namespace, queues, handlers
     and key opt-in) at once: up to its limit (at most LEASE_BATCH_MAX) for each,
@@ -123,6 +123,7 @@ def lease(
     refuse now (its queue's rate window full, a deadline passed), goes out
     unstarted, for the worker's own task.start."""
     worker = requests[0][0]  # what the kind shares
+    starting = starting or [None] * len(requests)
     limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
     if sum(limits) <= 0:
         return [LeaseOutcome([]) for _ in requests]
@@ -182,7 +183,7 @@ def lease(
     # turn, those that start what they take first (a hand-off, whose result
     # asked for its next Start: the released key goes on with it; another
     # request would take it unstarted, to be started in a round of its own).
-    order = sorted(range(len(requests)), key=lambda index: index >= len(starting) or starting[index] is None)
+    order = sorted(range(len(requests)), key=lambda index: starting[index] is None)
     takers = iter([index for index in order for _ in range(limits[index])])
     assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
     for task in candidates:
@@ -240,7 +241,7 @@ def lease(
         task.state = TaskState.LEASED
         task.updated_at = now
         chosen.append((task, attempt))
-        served = starting[taker] if taker < len(starting) else None
+        served = starting[taker]
         if (
             served is not None
             and (holder.handlers or (task.handler, task.handler_version) == served)
