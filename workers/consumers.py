@@ -117,6 +117,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # result releases a key to hand on, and with start_next starts ahead a
         # task its worker serves for sure (dispatch.lease's `starting`).
         self.keyed: dict[str, tuple[str, str]] = {}
+        # Held attempts whose result's hand-off is in flight (on_result).
+        self.ending: set[str] = set()
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -353,11 +355,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # Unkeyed slots refill through the dispatcher, which waits a moment to
         # lease for several at once; a released key is handed on at once,
         # into the slot the result frees.
-        leaving = ref["attempt_id"] in self.running
+        # A copy of a result already on its way (a replay) frees no second
+        # slot: it is only answered, from the record.
+        leaving = ref["attempt_id"] in self.running and ref["attempt_id"] not in self.ending
         if ref["attempt_id"] not in self.keyed or not leaving or self.free_slots(leaving=1) <= 0 or self.draining:
             reply = await rounds.record_result_async(report)
-            self.forget(ref["attempt_id"])
+            if ref["attempt_id"] not in self.ending:
+                # (the hand-off in flight frees that slot once its lease is in)
+                self.forget(ref["attempt_id"])
             return reply
+        self.ending.add(ref["attempt_id"])
         # Hand-off: the result's round also leases one task for this
         # connection, so the key the result releases goes on to its next task
         # in the same transaction, and the assignment leaves right behind the
@@ -398,6 +405,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             # A refused lease (superseded, revoked, database down) is the
             # dispatcher's to find out and act on at its next lease.
         finally:
+            self.ending.discard(ref["attempt_id"])
             self.handoffs -= 1
             if not self.handoffs:
                 self.no_handoffs.set()

@@ -81,15 +81,17 @@ class StartAhead:
 
 @dataclass(frozen=True)
 class LeaseRequest:
-    """A lease for a worker's connection. `start_ahead`: decided in the same
-    round as its result, and only if that result is recorded there, the lease
-    starts what it takes (dispatch.lease's `starting`). A refused result
-    leaves its worker's slot taken: what the lease takes then goes out
-    unstarted, for the connection to hand back."""
+    """A lease for a worker's connection. `after`: a hand-off, leasing into
+    the slot that result frees, so it leases only if the same round records
+    that result now; a refused result, or a replay of one recorded before,
+    frees nothing and the lease takes nothing (a replay must never add work
+    to a connection: SPEC §6). `start_ahead`: the result's frame also sent
+    the Start of what the lease takes (dispatch.lease's `starting`)."""
 
     worker: WorkerContext
     limit: int
     start_ahead: StartAhead | None = None
+    after: ResultReport | None = None
 
 
 @dataclass(frozen=True)
@@ -404,15 +406,15 @@ def _decide_round(
                 # Admitted first: the round's leases can hand out what it accepts.
                 admitted = batch.admit_submissions(submitting.actor, submitting.items, written)
                 decided.extend((submitting.indexes[index], outcome) for index, outcome in admitted.items())
-            recorded: set[int] = set()  # the results recorded, by id()
+            freed: set[int] = set()  # the results that ended their attempt in this round, by id()
             if decide_reports:
                 book = WriteBook()
                 outcomes = endings.apply_reports([r for _, r in decide_reports], report_peeks, book)
                 decided.extend(zip([i for i, _ in decide_reports], outcomes, strict=True))
-                recorded = {
+                freed = {
                     id(report)
                     for (_, report), outcome in zip(decide_reports, outcomes, strict=True)
-                    if not isinstance(outcome, OrbitError)
+                    if not isinstance(outcome, OrbitError) and not outcome["duplicate"]
                 }
                 book.write()  # before the starts and leases read those rows
             if decide_starts:
@@ -421,6 +423,10 @@ def _decide_round(
             # Workers of one kind lease together: one candidate scan for all.
             kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
             for index, lease in _current_sessions(decide_leases, decided):
+                if lease.after is not None and id(lease.after) not in freed:
+                    # `more`: the worker's queues may well hold work for its dispatcher.
+                    decided.append((index, LeaseOutcome([], more=True)))
+                    continue
                 worker = lease.worker
                 kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
                 kinds.setdefault(kind, []).append((index, lease))
@@ -429,7 +435,7 @@ def _decide_round(
                     leased: list[Any] = dispatch.lease(
                         [(lease.worker, lease.limit) for _, lease in group],
                         configuration,
-                        starting=[_start_ahead_for(lease, recorded) for _, lease in group],
+                        starting=[_start_ahead_for(lease, freed) for _, lease in group],
                     )
                 except OrbitError as error:
                     leased = [error] * len(group)
@@ -446,9 +452,9 @@ def _decide_round(
         answers[index] = outcome
 
 
-def _start_ahead_for(lease: LeaseRequest, recorded: set[int]) -> tuple[str, str] | None:
+def _start_ahead_for(lease: LeaseRequest, freed: set[int]) -> tuple[str, str] | None:
     ahead = lease.start_ahead
-    return ahead.handler if ahead is not None and id(ahead.result) in recorded else None
+    return ahead.handler if ahead is not None and id(ahead.result) in freed else None
 
 
 def _exhausted(leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]) -> set[str]:
@@ -554,7 +560,7 @@ async def record_result_and_lease_async(
     and its own task has this handler and version (StartAhead)."""
     worker = report.worker
     ahead = StartAhead(report, start_ahead_for) if start_ahead_for is not None else None
-    lease = LeaseRequest(worker, limit, ahead)
+    lease = LeaseRequest(worker, limit, ahead, after=report)
     reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, lease])
     return reply, leased  # type: ignore[return-value]
 

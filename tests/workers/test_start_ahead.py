@@ -165,3 +165,39 @@ def test_a_started_assignment_is_not_waited_on_for_acknowledgement(tenant, conne
     time.sleep(consumers.ACK_TIMEOUT_SECONDS + 1.5)
     assert worker.renew(handed)["type"] == "task.renew.ok"
     assert worker.result(handed)["task_state"] == "SUCCEEDED"
+
+
+def test_replays_of_a_result_start_nothing_more(tenant, connect):
+    # given a worker of capacity 1 running the first of ten tasks, each of its own key
+    queue = make_queue(tenant.client, "ahead-replayed", max_concurrency=20)
+    for n in range(10):
+        submit_ok(tenant.client, queue["id"], f"replayed-{n}", concurrency_key=f"object/{n}")
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1, worker_id="w-replayed")
+    first = worker.assignment()
+    worker.start_ok(first)
+    # when the same result, asking to start what comes next, is sent 8 times back to back
+    for _ in range(8):
+        worker.send(
+            "task.result",
+            attempt_id=first["attempt_id"],
+            epoch=first["epoch"],
+            outcome="SUCCEEDED",
+            retryable=False,
+            start_next=True,
+        )
+    frames: list[dict[str, Any]] = []
+    while (frame := worker.recv_frame(timeout=2)) is not None:
+        frames.append(frame)
+    # then one copy is recorded, the others answered as replays, and one task handed on
+    answers = [frame for frame in frames if frame["type"] == "task.result.ok"]
+    assert sorted(answer["duplicate"] for answer in answers) == [False] + [True] * 7, frames
+    handed = [frame for frame in frames if frame["type"] == "task.assign"]
+    assert len(handed) == 1, handed
+    # and the worker holds no more than its capacity
+    held = Attempt.objects.filter(
+        task_id__in=Task.objects.filter(queue_id=queue["id"]).values("id"),
+        state__in=[AttemptState.LEASED, AttemptState.RUNNING],
+    ).count()
+    assert held == 1
+    assert Task.objects.filter(queue_id=queue["id"], state=TaskState.RUNNING).count() == 1
