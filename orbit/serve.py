@@ -79,15 +79,24 @@ def run(argv: list[str], on_listening: Callable[[list[tuple[str, int]]], None] |
 
 
 def die_with_parent(parent: int) -> None:
-    """SIGTERM when the supervisor dies (Linux), so that no child outlives it."""
+    """SIGKILL when the supervisor dies (Linux), so that no child outlives it.
+
+    SIGKILL, not SIGTERM: a child frozen by SIGSTOP (a debugger, a hung host)
+    cannot act on SIGTERM, which stays pending until it is continued, so it
+    would keep the supervisor's socket and the port, accepting connections it
+    never answers. A supervisor that is stopped, not killed, still stops its
+    children gracefully with SIGTERM (orbit/supervisor.py); this signal only
+    comes when the supervisor is gone without doing so. Elsewhere than Linux
+    there is no parent-death signal: a new supervisor reclaims the port from
+    leftovers where it can (supervisor.reclaim_port)."""
     if not sys.platform.startswith("linux"):
         return
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() != parent:  # it died before the prctl
-        os.kill(os.getpid(), signal.SIGTERM)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the prctl: the signal will never come
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_child(argv: list[str], ready_fd: int, parent: int) -> int:

@@ -21,8 +21,13 @@ The supervisor:
 - restarts a child that dies while serving, after a backoff (`FIRST_BACKOFF`,
   doubled after each quick death up to `MAX_BACKOFF`), with one line on stderr;
 - exits 1 when a child dies before the first announcement (it cannot serve).
-The children get SIGTERM when the supervisor dies (Linux: PR_SET_PDEATHSIG),
-so a supervisor killed on its own leaves no server behind.
+The children get SIGKILL when the supervisor dies (Linux: PR_SET_PDEATHSIG;
+SIGKILL as a SIGSTOPped child cannot act on SIGTERM), so a supervisor killed
+on its own leaves no server behind. A supervisor whose port is taken
+(EADDRINUSE) by nothing but server children whose supervisor is gone (left by
+an Orbit before that signal, or where there is none) SIGKILLs them and binds
+again for up to `RECLAIM_SECONDS` (`reclaim_port`, Linux's /proc); a port held
+by anything else fails as before, with daphne's "Listen failure" line.
 
 `python -m orbit.supervisor --processes N -b HOST -p PORT [daphne's arguments]
 APPLICATION` is the same without `orbit serve`'s checks (the database, the
@@ -31,6 +36,7 @@ migrations), as `python -m orbit.serve` is daphne without them."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import selectors
 import shutil
@@ -42,6 +48,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 APPLICATION = "orbit.asgi:application"
 # Where the children find each other's wake-up sockets (tasks.wakeups reads it;
@@ -54,6 +61,11 @@ STOP_SECONDS = 30.0
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 10.0
 STEADY_SECONDS = 30.0  # a child that served this long is restarted after FIRST_BACKOFF again
+# After killing leftover children on the port, the bind is tried again this long
+# (a SIGKILLed process's sockets close once the kernel has reaped its files).
+RECLAIM_SECONDS = 5.0
+RECLAIM_RETRY_SECONDS = 0.05
+TCP_LISTEN = "0A"  # the state column of /proc/net/tcp for a listening socket
 # daphne's own ways of choosing where to listen: the supervisor chose already.
 ENDPOINT_OPTIONS = ("-u", "--unix-socket", "--fd", "-e", "--endpoint")
 
@@ -82,24 +94,123 @@ def endpoint_problem(daphne_args: Sequence[str]) -> str | None:
     return None
 
 
-def listen(host: str, port: int, backlog: int = BACKLOG) -> socket.socket:
-    """The one listening socket, non-blocking (Twisted adopts it as it is)."""
+def say_on_stderr(line: str) -> None:
+    print(f"orbit serve: {line}", file=sys.stderr, flush=True)
+
+
+def listen(host: str, port: int, backlog: int = BACKLOG, say: Callable[[str], None] = say_on_stderr) -> socket.socket:
+    """The one listening socket, non-blocking (Twisted adopts it as it is). A port
+    taken by server children of a supervisor that is gone is reclaimed (`reclaim_port`)."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except OSError as exc:
         raise ListenError(f"Listen failure: Couldn't listen on {host}:{port}: {exc}.") from None
+    try:
+        return _bound(family, kind, proto, address, backlog)
+    except OSError as exc:
+        refused = exc
+    if refused.errno == errno.EADDRINUSE:
+        killed = reclaim_port(port)
+        if killed:
+            say(
+                f"port {port} was held by server processes of a supervisor that is gone; killed "
+                + ", ".join(f"pid {pid}" for pid in killed)
+            )
+            deadline = time.monotonic() + RECLAIM_SECONDS
+            while True:
+                try:
+                    return _bound(family, kind, proto, address, backlog)
+                except OSError as exc:
+                    refused = exc
+                if refused.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                    break
+                time.sleep(RECLAIM_RETRY_SECONDS)
+    raise ListenError(f"Listen failure: Couldn't listen on {host}:{port}: {refused}.") from None
+
+
+def _bound(family: int, kind: int, proto: int, address: tuple, backlog: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
         sock.listen(backlog)
         sock.setblocking(False)
-    except OSError as exc:
+    except OSError:
         sock.close()
-        raise ListenError(f"Listen failure: Couldn't listen on {host}:{port}: {exc}.") from None
+        raise
     return sock
+
+
+def reclaim_port(port: int, proc: Path = Path("/proc")) -> list[int]:
+    """SIGKILLs the processes listening on `port` if every one is a leftover server
+    child (`leftover_child`), and returns their pids; else kills nothing and returns [].
+
+    Only where /proc lists sockets and their owners (Linux); elsewhere []. A listening
+    socket whose owner cannot be seen (another user's process) counts as someone
+    else's: nothing is killed then."""
+    listening = _listening_inodes(port, proc)
+    if not listening:
+        return []
+    holders: dict[int, set[str]] = {}
+    for entry in _pids(proc):
+        try:
+            links = {os.readlink(fd) for fd in (proc / str(entry) / "fd").iterdir()}
+        except OSError:  # gone, or not ours to read
+            continue
+        held = links & listening
+        if held:
+            holders[entry] = held
+    seen = set().union(*holders.values()) if holders else set()
+    if seen != listening or not all(leftover_child(pid, proc) for pid in holders):
+        return []
+    killed = []
+    for pid in sorted(holders):
+        try:
+            os.kill(pid, signal.SIGKILL)  # SIGKILL: a SIGSTOPped leftover acts on nothing else
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
+
+
+def leftover_child(pid: int, proc: Path = Path("/proc")) -> bool:
+    """`python -m orbit.serve --fd N ...` started by a supervisor (its pid in the
+    child's environment, `PARENT_ENV`) that is no longer its parent: the
+    supervisor died and the child was adopted by init."""
+    try:
+        argv = (proc / str(pid) / "cmdline").read_bytes().split(b"\0")
+        environ = (proc / str(pid) / "environ").read_bytes().split(b"\0")
+        parent = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return False
+    is_server_child = any(argv[i : i + 2] == [b"-m", b"orbit.serve"] for i in range(len(argv))) and b"--fd" in argv
+    prefix = PARENT_ENV.encode() + b"="
+    supervisors = [entry[len(prefix) :] for entry in environ if entry.startswith(prefix)]
+    return is_server_child and len(supervisors) == 1 and supervisors[0].isdigit() and int(supervisors[0]) != parent
+
+
+def _listening_inodes(port: int, proc: Path) -> set[str]:
+    """The listening TCP sockets on `port`, as their /proc/PID/fd link texts."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = (proc / "net" / table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    return inodes
+
+
+def _pids(proc: Path) -> list[int]:
+    try:
+        return [int(entry.name) for entry in proc.iterdir() if entry.name.isdigit()]
+    except OSError:
+        return []
 
 
 def describe_status(code: int) -> str:

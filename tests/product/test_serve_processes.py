@@ -80,8 +80,8 @@ def _readlink(path: Path) -> str:
 
 
 class Served:
-    def __init__(self, env: dict[str, str], tmp_path: Path, processes: int = 2) -> None:
-        self.port = free_port()
+    def __init__(self, env: dict[str, str], tmp_path: Path, processes: int = 2, port: int | None = None) -> None:
+        self.port = free_port() if port is None else port
         self.stdout, self.stderr = tmp_path / "stdout", tmp_path / "stderr"
         with self.stdout.open("w") as out, self.stderr.open("w") as err:
             self.process = subprocess.Popen(
@@ -209,3 +209,120 @@ def test_daphne_endpoint_options_are_refused_with_more_than_one_process(env: dic
     assert result.stderr.splitlines() == [
         "orbit serve: -u cannot be combined with --processes above 1 (the processes share -b HOST -p PORT)"
     ]
+
+
+def state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_children_of_a_killed_supervisor_die_with_it_even_stopped_and_a_new_one_serves(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """A frozen child (SIGSTOP: it cannot act on SIGTERM) must not outlive a
+    supervisor killed with SIGKILL and keep the port from the next one."""
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    first = Served(env, tmp_path / "first", processes=2)
+    kids = children(first.process.pid)
+    try:
+        assert len(kids) == 2 and first.get() == 200
+        os.kill(kids[0], signal.SIGSTOP)
+        wait_for(lambda: state(kids[0]) == "T", 5, "the child stopped")
+        first.process.kill()
+        first.process.wait(timeout=10)
+        wait_for(lambda: not any(alive(pid) for pid in kids), 5, "both children gone with their supervisor")
+        second = Served(env, tmp_path / "second", processes=2, port=first.port)
+        try:
+            assert second.get() == 200
+        finally:
+            assert second.stop() == 0, second.stderr.read_text()
+    finally:
+        kill_all(kids)
+
+
+# A server child left behind by a supervisor that is gone (as one of an Orbit
+# before the parent-death signal was SIGKILL left it): `python -m orbit.serve
+# --fd N` on the port, its supervisor's pid in its environment, that supervisor
+# gone. The launcher binds as the supervisor does and exits at once.
+LEFTOVER_LAUNCHER = """
+import os, socket, subprocess, sys
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", int(sys.argv[1])))
+sock.listen(16)
+env = {**os.environ, "ORBIT_SERVE_SUPERVISOR": str(os.getpid())}
+child = subprocess.Popen(
+    [sys.executable, "-m", "orbit.serve", "--fd", str(sock.fileno()), "orbit.asgi:application"],
+    env=env, pass_fds=(sock.fileno(),), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+print(child.pid, flush=True)
+"""
+
+
+def test_a_new_supervisor_reclaims_the_port_from_a_frozen_leftover_child(env: dict[str, str], tmp_path: Path) -> None:
+    port = free_port()
+    launched = subprocess.run(
+        [sys.executable, "-c", LEFTOVER_LAUNCHER, str(port)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    leftover = int(launched.stdout)
+    try:
+        wait_for(lambda: _answers(port), 30, "the leftover child serving")
+        os.kill(leftover, signal.SIGSTOP)
+        wait_for(lambda: state(leftover) == "T", 5, "the leftover stopped")
+        assert not _answers(port)  # it accepts and never answers
+        served = Served(env, tmp_path, processes=2, port=port)
+        try:
+            assert served.get() == 200
+            assert not alive(leftover)
+            assert f"pid {leftover}" in served.stderr.read_text()  # the supervisor says whom it killed
+        finally:
+            assert served.stop() == 0, served.stderr.read_text()
+    finally:
+        kill_all([leftover])
+
+
+def _answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_a_port_held_by_another_program_still_fails_with_the_clear_message(env: dict[str, str]) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "manage.py", "serve", "-p", str(port), "--processes", "2"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 1 and result.stdout == "", result
+        assert result.stderr.splitlines()[-1] == (
+            f"orbit serve: Listen failure: Couldn't listen on 127.0.0.1:{port}: [Errno 98] Address already in use."
+        ), result.stderr
+        assert time.monotonic() - started < 20  # refused at once, not after a reclaim's retries
+        holder.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            holder.accept()  # untouched, still listening
