@@ -6,6 +6,8 @@ test. Read-only."""
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, Max, Q
@@ -13,7 +15,15 @@ from django.db.models import Count, Max, Q
 from orbit.models import Application, ApplicationState, Event, EventSequence
 from plans.models import Plan, PlanTrigger, TriggerOutcome
 from queues.models import Queue, QueueState
-from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
+from tasks.models import (
+    ACTIVE_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    ConcurrencyKey,
+    Task,
+    TaskState,
+    WorkerIdentity,
+)
 
 UNFINISHED_STATES = [TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
 
@@ -45,7 +55,16 @@ def find_violations() -> list[str]:
         unfinished_by_app[application_id] += count
     active = list(
         Attempt.objects.filter(state__in=list(ACTIVE_ATTEMPT_STATES)).values(
-            "id", "task_id", "queue_id", "application_id", "state", "concurrency_key", "namespace_id", "epoch"
+            "id",
+            "task_id",
+            "queue_id",
+            "application_id",
+            "state",
+            "concurrency_key",
+            "namespace_id",
+            "epoch",
+            "worker_id",
+            "session_id",
         )
     )
     active_by_queue = Counter(a["queue_id"] for a in active)
@@ -124,6 +143,7 @@ def find_violations() -> list[str]:
         elif highest is not None and highest > row.version:
             problems.append(f"key {(namespace_id, key)}: token {highest} issued beyond row version {row.version}")
     problems.extend(state_row_violations())
+    problems.extend(capacity_violations(active))
     problems.extend(attempt_count_violations())
     problems.extend(token_order_violations())
     problems.extend(readiness_violations())
@@ -176,6 +196,24 @@ def plan_trigger_violations() -> list[str]:
     for task_id, count in Counter(t for _, _, t in made).items():
         if count > 1:
             problems.append(f"task {task_id}: made by {count} triggers")
+    return problems
+
+
+def capacity_violations(active: Sequence[Mapping[str, Any]]) -> list[str]:
+    """No worker session holds more active attempts than the capacity its hello declared
+    (whatever path gave them: a lease, a hand-off, a Start ahead, a replay)."""
+    problems = []
+    by_session = Counter((a["namespace_id"], a["worker_id"], a["session_id"]) for a in active)
+    sessions = {
+        (identity.namespace_id, identity.worker_id, identity.session_id): identity.capacity
+        for identity in WorkerIdentity.objects.filter(capacity__gt=0).only(
+            "namespace_id", "worker_id", "session_id", "capacity"
+        )
+    }
+    for session, held in sorted(by_session.items()):
+        capacity = sessions.get(session)
+        if capacity is not None and held > capacity:
+            problems.append(f"worker {session[1]!r} session {session[2]}: {held} active attempts, capacity {capacity}")
     return problems
 
 

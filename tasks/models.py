@@ -202,6 +202,9 @@ class WorkerIdentity(models.Model):
         default=list, db_comment="当前会话 hello 声明的处理器列表 [[handler, handler_version], ...]；空表示任意"
     )
     seen_at = models.DateTimeField(null=True, db_comment="当前会话连接最近一次心跳时间（UTC）；连接关闭后为空")
+    capacity = models.PositiveIntegerField(
+        default=0, db_comment="当前会话 hello 声明的容量；0 表示未记录（升级前的会话）"
+    )
 
     class Meta:
         db_table = "orbit_worker_identity"

@@ -61,6 +61,9 @@ UNACKED_MAX_BYTES = 1024 * 1024
 # are released at once, so none of them expires into a new lease for it.
 ACK_TIMEOUT_SECONDS = 10.0
 
+# The release reason of what a closed connection never acknowledged.
+TAKEN_BACK_ON_CLOSE = "connection closed before the assignment was acknowledged"
+
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
@@ -119,6 +122,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.keyed: dict[str, tuple[str, str]] = {}
         # Held attempts whose result's hand-off is in flight (on_result).
         self.ending: set[str] = set()
+        # Started ahead and sent, not yet acknowledged, by epoch: their handler
+        # has not run here, so their Start is taken back if the worker hands
+        # them back or the connection goes first (take_back_undelivered).
+        self.undelivered: dict[str, int] = {}
+        self.closed = False
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -166,8 +174,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         await handler(message)
 
     async def disconnect(self, code: int) -> None:
-        # Disconnecting releases nothing: leases run out or results arrive as usual.
+        # Disconnecting releases nothing delivered: leases run out or results
+        # arrive as usual. What was started ahead and never acknowledged was
+        # never run: it goes back to its queue now, not to review at expiry.
+        self.closed = True
         registry.unregister(self.wake)
+        await self.take_back_undelivered(dict(self.undelivered))
         for task in (self.dispatcher, self.heartbeat):
             if task is not None:
                 task.cancel()
@@ -261,6 +273,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             concurrency_keys=hello["concurrency_keys"],
             queue_ids=queue_ids,
             handlers=handlers,
+            capacity=hello["capacity"],
         )
         self.worker = WorkerContext(
             namespace_id=principal.namespace_id,
@@ -294,6 +307,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return None
 
     def acknowledged(self, attempt_id: str) -> None:
+        self.undelivered.pop(attempt_id, None)
         entry = self.unacked.pop(attempt_id, None)
         if entry is None:
             return
@@ -372,6 +386,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # hand-offs run side by side, each into its own result's slot.
         self.handoffs += 1
         self.no_handoffs.clear()
+        assignments: list[dict[str, Any]] = []
+        sent: set[str] = set()
         try:
             recorded, leased = await rounds.record_result_and_lease_async(
                 report, limit=1, start_ahead_for=start_ahead_for
@@ -395,9 +411,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 try:
                     await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **recorded})
                     for entry in assignments:
+                        if self.closed:
+                            break
                         self.reserved -= 1
                         unsent -= 1
                         await self.send_assignment(entry)
+                        sent.add(entry["attempt_id"])
                 finally:
                     self.reserved -= unsent
             if isinstance(leased, BaseException) and not isinstance(leased, Exception):
@@ -405,6 +424,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             # A refused lease (superseded, revoked, database down) is the
             # dispatcher's to find out and act on at its next lease.
         finally:
+            if self.closed:
+                # The connection went while this hand-off decided or sent:
+                # what it never delivered goes back (a Start included).
+                await self.hand_back(
+                    [e for e in assignments if e["attempt_id"] not in sent or e["attempt_id"] in self.undelivered],
+                    reason=TAKEN_BACK_ON_CLOSE,
+                )
             self.ending.discard(ref["attempt_id"])
             self.handoffs -= 1
             if not self.handoffs:
@@ -412,9 +438,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return None
 
     async def hand_back(self, assignments: list[dict[str, Any]], reason: str) -> None:
-        """Releases leases this connection will not be sent."""
+        """Releases leases this connection will not deliver, taking back the
+        Start of those started ahead."""
         assert self.worker is not None
         for entry in assignments:
+            self.undelivered.pop(entry["attempt_id"], None)
             with contextlib.suppress(Exception):  # ended meanwhile: nothing to hand back
                 await run_db(
                     endings.release_attempt,
@@ -422,7 +450,15 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                     attempt_id=entry["attempt_id"],
                     epoch=entry["epoch"],
                     reason=reason,
+                    undelivered_start=entry.get("state") == "RUNNING",
                 )
+
+    async def take_back_undelivered(self, undelivered: dict[str, int]) -> None:
+        """Starts ahead the worker never acknowledged: no handler ran them here."""
+        await self.hand_back(
+            [{"attempt_id": attempt, "epoch": epoch, "state": "RUNNING"} for attempt, epoch in undelivered.items()],
+            reason=TAKEN_BACK_ON_CLOSE,
+        )
 
     def free_slots(self, leaving: int = 0) -> int:
         """Assignments this connection may be sent now (`leaving`: held
@@ -437,9 +473,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         )
 
     async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
+        # Read before attempt_ref counts this frame as the acknowledgement.
+        undelivered = message.get("attempt_id") in self.undelivered
         ref = self.attempt_ref(message)
         reason = frames.release_reason(message)
-        reply = await run_db(endings.release_attempt, worker=self.worker, reason=reason, **ref)
+        reply = await run_db(
+            endings.release_attempt, worker=self.worker, reason=reason, undelivered_start=undelivered, **ref
+        )
         self.forget(ref["attempt_id"])
         return reply
 
@@ -530,10 +570,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         frame = json.dumps({"type": "task.assign", "id": entry["attempt_id"], **entry}, separators=(",", ":"))
         if entry.get("state") == "RUNNING":
             # Started with its lease, at the worker's word (a result's
-            # start_next): there is no unstarted lease to release should the
-            # worker stop reading, and it asked for this one in a frame of its
-            # own, so it is not counted as unacknowledged.
+            # start_next): it asked for this one in a frame of its own, so it
+            # is not counted as unacknowledged; but until it is acknowledged,
+            # no handler has run it (disconnect takes it back).
             self.running.add(entry["attempt_id"])
+            self.undelivered[entry["attempt_id"]] = entry["epoch"]
         else:
             bound = min(ACK_TIMEOUT_SECONDS, seconds_until(entry["lease_expires_at"]))
             self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))

@@ -237,7 +237,6 @@ class Attempts:
         self._check_finished = check_finished
         self.held: dict[str, Attempt] = {}
         self.rejected: dict[str, tuple[int, str]] = {}  # releases not yet acknowledged
-        self.not_run: set[str] = set()  # started ahead, not run here: results not yet acknowledged
         self._unserved: set[tuple[str, str]] = set()  # (handler, version) pairs warned about once
         self.draining = False
         self.stopping = False
@@ -262,8 +261,8 @@ class Attempts:
             logger.error("orbit worker %s: protocol error: task.assign without attempt_id/epoch", self._worker_id)
             return
         attempt_id, epoch = ids
-        # No task.assign.ack: the task.start (or task.release) this assignment
-        # gets at once acknowledges it (docs/protocol.md), one frame fewer a task.
+        # No task.assign.ack for an unstarted one: the task.start (or
+        # task.release) it gets at once acknowledges it (docs/protocol.md).
         known = self.held.get(attempt_id)
         started = frame.get("state") == "RUNNING"
         try:
@@ -271,8 +270,6 @@ class Attempts:
         except ProtocolError as exc:
             if known is not None:
                 self._conflict(known, f"protocol error: {exc}")
-            elif started:
-                self._not_run(attempt_id, epoch, f"protocol error: {exc}")
             else:
                 self._reject(attempt_id, epoch, f"protocol error: {exc}")
             return
@@ -314,34 +311,31 @@ class Attempts:
 
     def _run_started(self, conn: Connection, assignment: Assignment) -> None:
         """An assignment started ahead, at a result's ``start_next``: it runs now, even while
-        draining (a drain lets running work finish); it cannot be handed back."""
+        draining (a drain lets running work finish). Acknowledged before its handler runs:
+        until then the server takes its Start back, should this process die or hand it back."""
         if self.stopping:
-            return  # stopping leaves every running attempt to its lease
+            return  # left unacknowledged: the connection's close takes its Start back
         handler = self._handler_for(assignment.task)
         if handler is None or assignment.attempt_number is None:
             why = "no handler" if handler is None else "protocol error: started assignment without attempt_number"
-            self._not_run(assignment.attempt_id, assignment.epoch, why)
+            self._reject(assignment.attempt_id, assignment.epoch, why)
             return
         attempt = Attempt(assignment, handler, conn.generation, self._link.renew_seconds)
         attempt.phase = "running"
         self.held[attempt.id] = attempt
-        self._spawn(self._drive(attempt))
 
-    def _not_run(self, attempt_id: str, epoch: int, reason: str) -> None:
-        """A started assignment that will not run here: it is reported FAILED, retryable, as
-        never run (its Start is approved, so it cannot be released)."""
-        logger.error("orbit worker %s: %s; attempt %s started but not run", self._worker_id, reason, attempt_id)
-        result = {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": reason}}
-        self.not_run.add(attempt_id)
+        async def acknowledged_then_run() -> None:
+            # Written before the handler starts: once the server has read it, a crash here
+            # leaves the attempt to its lease (effect unknown), never back in the queue.
+            if await self._link.send(conn, {"type": "task.assign.ack", "attempt_id": attempt.id}):
+                await self._drive(attempt)
+                return
+            # Gone before the server read it: it takes the Start back; nothing ran.
+            if self.held.get(attempt.id) is attempt:
+                del self.held[attempt.id]
+            self._check_finished()
 
-        async def report() -> None:
-            try:
-                await self._send_result(attempt_id, epoch, result)
-            finally:
-                self.not_run.discard(attempt_id)
-                self._check_finished()
-
-        self._spawn(report())
+        self._spawn(acknowledged_then_run())
 
     def _reject(self, attempt_id: str, epoch: int, reason: str, hold: float = 0.0) -> None:
         """Hand an attempt back without running anything (after `hold` seconds)."""

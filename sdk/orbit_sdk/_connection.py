@@ -301,13 +301,14 @@ class Link:
             raise Abandoned
         return await self.raw_call(conn, frame)
 
+    async def send(self, conn: Connection, frame: dict[str, Any]) -> bool:
+        """Send a frame that has no reply (task.assign.ack); False if the connection is gone."""
+        try:
+            await conn.ws.send(encoded(frame, str(next(self._ids))))
+        except ConnectionClosed:
+            return False
+        return True
+
     def send_nowait(self, conn: Connection, frame: dict[str, Any]) -> None:
-        """Send a frame that has no reply (task.assign.ack), without waiting."""
-
-        async def send() -> None:
-            try:
-                await conn.ws.send(encoded(frame, str(next(self._ids))))
-            except ConnectionClosed:
-                pass
-
-        self._events.spawn(send())
+        """`send`, without waiting."""
+        self._events.spawn(self.send(conn, frame))

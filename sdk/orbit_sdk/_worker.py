@@ -391,7 +391,7 @@ class Worker:
 
     def _check_finished(self) -> None:
         attempts = self._attempts
-        if not attempts.draining or attempts.held or attempts.rejected or attempts.not_run:
+        if not attempts.draining or attempts.held or attempts.rejected:
             return
         conn = self._link.conn
         if conn is None or conn.drain_acked:

@@ -219,8 +219,16 @@ def _apply_report(held: Held, report: ResultReport, now: datetime, book: WriteBo
     return {"task_state": held.task.state, "duplicate": False, "late": True}
 
 
-def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reason: str) -> dict[str, Any]:
-    """A worker hands back an attempt it has not started; no attempt is consumed."""
+def release_attempt(
+    *, worker: WorkerContext, attempt_id: str, epoch: int, reason: str, undelivered_start: bool = False
+) -> dict[str, Any]:
+    """A worker hands back an attempt it has not started; no attempt is consumed.
+
+    `undelivered_start`: the connection knows this attempt was started ahead
+    (a result's start_next) and never acknowledged, so its handler never ran
+    here: the Start is taken back with the lease (SPEC §6, nothing started
+    that was never delivered). An attempt started by a task.start of its own
+    is never taken back."""
     peek = _peek_held(worker, attempt_id, epoch)
 
     @outermost
@@ -234,17 +242,25 @@ def release_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int, reaso
         attempt = held.attempt
         if attempt.state == AttemptState.RELEASED:
             return {"task_state": held.task.state}
-        if attempt.state == AttemptState.RUNNING:
+        started_ahead = attempt.state == AttemptState.RUNNING and attempt.started_at == attempt.leased_at
+        if attempt.state == AttemptState.RUNNING and not (undelivered_start and started_ahead):
             raise StateConflict("attempt already started; report a result instead")
-        if attempt.state != AttemptState.LEASED:
+        if attempt.state not in (AttemptState.LEASED, AttemptState.RUNNING):
             raise LeaseLost("lease is no longer valid")
+        attempt_fields: dict[str, Any] = {"error": {"code": "RELEASED", "message": reason}}
+        task_fields: dict[str, Any] = {}
+        if attempt.state == AttemptState.RUNNING:
+            # Its Start never reached a handler: the attempt was not consumed.
+            attempt_fields.update(number=None, started_at=None)
+            task_fields["attempts"] = held.task.attempts - 1
         settle(
             held.task,
             held,
             now=now,
             task_state=TaskState.WAITING,
             attempt_state=AttemptState.RELEASED,
-            attempt_fields={"error": {"code": "RELEASED", "message": reason}},
+            attempt_fields=attempt_fields,
+            **task_fields,
         )
         wake_after_commit([held.task.queue_id])
         return {"task_state": held.task.state}

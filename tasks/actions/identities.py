@@ -40,6 +40,7 @@ def register_worker(
     concurrency_keys: bool,
     queue_ids: list[str],
     handlers: Sequence[tuple[str, str]] = (),
+    capacity: int = 0,
 ) -> int:
     """Checks the queues and fixes `concurrency_keys` for this worker identity,
     which from now on leases only for `session_id`; returns the identity's row id.
@@ -61,6 +62,7 @@ def register_worker(
         "credential_id": principal.credential_id,
         "queue_ids": queue_ids,
         "handlers": [list(pair) for pair in handlers],
+        "capacity": capacity,  # orbit_check holds the session's attempts to it
     }
 
     @outermost

@@ -468,8 +468,9 @@ def test_a_started_assignment_runs_at_once_without_a_start():
             server.assign("a1", key="object/1", token="41", started=True)
             async with running(worker):
                 await server.wait_for(lambda: server.attempts["a1"].result is not None)
-            # no task.start and no acknowledgement: the Start went ahead with the result before
-            assert recv_types(server) == ["hello", "task.result"]
+            # no task.start: the Start went ahead with the result before; acknowledged before
+            # the handler ran, so the server never takes back a Start whose handler runs
+            assert recv_types(server) == ["hello", "task.assign.ack", "task.result"]
             result = without_id(server.received("task.result")[0])
             assert result["output"] == {"number": 1, "token": 41}
             assert result["start_next"] is True
@@ -503,33 +504,16 @@ def test_a_draining_worker_asks_no_start_ahead_but_runs_a_started_assignment():
     run(scenario)
 
 
-def test_a_started_assignment_it_cannot_run_is_reported_not_run():
+def test_a_started_assignment_it_cannot_run_is_handed_back_unacknowledged():
     async def scenario():
         async with FakeServer() as server:
             worker = make_worker(server, {("echo", "v1"): lambda execution: "ran"})
             server.assign("a1", handler="other", started=True)
             async with running(worker):
-                await server.wait_for(lambda: server.attempts["a1"].result is not None)
-            # approved already, so not released: reported as never run, retryable
-            assert not server.received("task.release")
-            result = without_id(server.received("task.result", "a1")[0])
-            assert result["outcome"] == "FAILED" and result["retryable"] is True
-            assert result["error"]["type"] == "NotRun" and "start_next" not in result
-
-    run(scenario)
-
-
-def test_a_draining_worker_waits_until_a_not_run_result_is_acknowledged():
-    async def scenario():
-        async with FakeServer() as server:
-            server.result_actions = ["drop"]  # recorded, not answered: the worker sends it again
-            worker = make_worker(server, {("echo", "v1"): lambda execution: "ran"})
-            server.assign("a1", handler="other", started=True)
-            async with running(worker) as task:
-                await server.wait_for(lambda: server.received("task.result", "a1"))
-                worker.drain()
-                await asyncio.wait_for(task, 2.0)
-            assert len(server.received("task.result", "a1")) == 2
+                await server.wait_for(lambda: server.attempts["a1"].release_reason is not None)
+            # never acknowledged, so its Start is the server's to take back: no result, no run
+            assert server.attempts["a1"].release_reason == "no handler"
+            assert not server.received("task.assign.ack") and not server.received("task.result")
 
     run(scenario)
 

@@ -5,6 +5,7 @@ Against the live server, on the rows the round leaves."""
 
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any
 
@@ -19,6 +20,7 @@ from tests.support.tasks import (
     invariants_fixture,  # noqa: F401 - fixture "invariants"
     make_queue,
     submit_ok,
+    wait_until,
 )
 from workers import consumers
 
@@ -201,3 +203,76 @@ def test_replays_of_a_result_start_nothing_more(tenant, connect):
     ).count()
     assert held == 1
     assert Task.objects.filter(queue_id=queue["id"], state=TaskState.RUNNING).count() == 1
+
+
+def drop_connection(worker: Any) -> None:
+    """Ends the TCP connection without a close handshake, as a killed process does."""
+    worker.ws.socket.shutdown(socket.SHUT_RDWR)
+    worker.ws.socket.close()
+
+
+def test_a_start_ahead_never_acknowledged_is_taken_back_when_the_worker_dies(tenant, connect):
+    # given a worker of capacity 1 running the first of three tasks of one key
+    worker, first, queue_id = running_first(tenant, connect, "w-killed")
+    second = Task.objects.filter(queue_id=queue_id).exclude(id=first["task"]["id"]).order_by("created_at").first()
+    # when it sends its result asking to start what comes next, and dies right after
+    worker.send(
+        "task.result",
+        attempt_id=first["attempt_id"],
+        epoch=first["epoch"],
+        outcome="SUCCEEDED",
+        retryable=False,
+        start_next=True,
+    )
+    drop_connection(worker)
+    # then the result is kept, and the task started ahead goes back to its queue unconsumed
+    wait_until(lambda: Task.objects.get(id=first["task"]["id"]).state == TaskState.SUCCEEDED, timeout=10)
+    wait_until(
+        lambda: (
+            not Attempt.objects.filter(
+                queue_id=queue_id, state__in=[AttemptState.LEASED, AttemptState.RUNNING]
+            ).exists()
+        ),
+        timeout=10,
+    )
+    assert not Task.objects.filter(queue_id=queue_id, state=TaskState.NEEDS_REVIEW).exists()
+    taken_back = Attempt.objects.filter(queue_id=queue_id, state=AttemptState.RELEASED).get()
+    assert taken_back.number is None and taken_back.started_at is None
+    assert taken_back.error == {"code": "RELEASED", "message": consumers.TAKEN_BACK_ON_CLOSE}
+    task = Task.objects.get(id=taken_back.task_id)
+    assert (task.state, task.attempts) == (TaskState.WAITING, 0)
+    assert second is not None and task.id == second.id
+    state = QueueState.objects.get(queue_id=queue_id)
+    assert state.active_permits == 0 and state.reserved_starts == 0
+    # and the next worker runs it as attempt 1, with a newer token than the one taken back
+    again = connect()
+    again.hello_as([queue_id], capacity=1, worker_id="w-next")
+    assign = again.assignment()
+    assert assign["task"]["id"] == task.id
+    assert int(assign["concurrency_token"]) > int(taken_back.concurrency_token)
+    assert again.start_ok(assign)["attempt_number"] == 1
+
+
+def test_a_start_ahead_acknowledged_is_left_to_its_lease(tenant, connect):
+    # given a task started ahead whose assignment the worker acknowledged (its handler may run)
+    worker, first, _ = running_first(tenant, connect, "w-acked")
+    _, handed = result_frames(worker, first, start_next=True)
+    assert handed is not None and handed["state"] == "RUNNING"
+    worker.send("task.assign.ack", attempt_id=handed["attempt_id"])
+    # then it can no longer be handed back
+    assert_error_frame(worker.release(handed), "STATE_CONFLICT")
+    # and the worker's death leaves it running, to its result or its lease
+    drop_connection(worker)
+    time.sleep(1)
+    assert Attempt.objects.get(id=handed["attempt_id"]).state == AttemptState.RUNNING
+
+
+def test_a_start_ahead_not_yet_acknowledged_can_be_handed_back(tenant, connect):
+    worker, first, _ = running_first(tenant, connect, "w-hands-back")
+    _, handed = result_frames(worker, first, start_next=True)
+    assert handed is not None
+    reply = worker.release(handed, reason="no handler")
+    assert reply["type"] == "task.release.ok" and reply["task_state"] == "WAITING", reply
+    attempt = Attempt.objects.get(id=handed["attempt_id"])
+    assert attempt.state == AttemptState.RELEASED and attempt.number is None
+    assert Task.objects.get(id=handed["task"]["id"]).attempts == 0
