@@ -25,11 +25,21 @@ Oversized input: Twisted closes a connection whose request line or header
 line is over 16 KiB without a word, answers a bare 400 to headers over 16 KiB
 in all, and autobahn drops (close code 1006) a WebSocket whose frame is over
 daphne's 1 MiB. Here the first two answer 431 with the API's error envelope,
-and the third gets an error frame naming the limit, then close code 1009."""
+and the third gets an error frame naming the limit, then close code 1009.
+
+Slow headers: Twisted's idle timeout starts again at every byte received, so
+a connection sending a header line a minute was kept for good. A request's
+line and headers must now be complete within `HEADER_DEADLINE_SECONDS` of the
+connection's start (the first request) or of the first byte of the request
+(a later one on a kept-alive connection, which may idle between requests as
+before); else the connection gets a bare 408 and is closed. The body is not
+timed (it is read at the sender's pace), nor a WebSocket after its upgrade,
+nor the response."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +51,11 @@ from orbit.fields import new_id
 # bound, stated); and the most header lines.
 MAX_HEADER_BYTES = 16 * 1024
 MAX_HEADER_LINES = 500
+# The time from a connection's start (or a later request's first byte) to the
+# end of that request's headers: more than any client on a slow link needs for
+# a few KiB, short enough that a slow sender holds a connection only briefly.
+HEADER_DEADLINE_SECONDS = 10.0
+HEADER_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 def without_form_decoding(init: Callable[..., None]) -> Callable[..., None]:
@@ -109,6 +124,97 @@ def bounded_headers(line_received: Callable[[Any, bytes], None]) -> Callable[[An
     return received
 
 
+# The header deadline's state on a channel: when the awaited request head began
+# (None: no head is awaited, or its first byte has not come), and its timer.
+_HEAD_STARTED = "_orbit_head_started"
+_HEAD_TIMER = "_orbit_head_timer"
+
+
+def _awaiting_head(channel: Any) -> bool:
+    """Reading a request line or headers: not a body, not a request being answered."""
+    return bool(channel.line_mode) and not channel._handlingRequest
+
+
+def _arm_head_deadline(channel: Any) -> None:
+    started = channel.__dict__.get(_HEAD_STARTED)
+    if started is None or channel.__dict__.get(_HEAD_TIMER) is not None:
+        return
+    remaining = max(0.0, started + HEADER_DEADLINE_SECONDS - time.monotonic())
+    # TimeoutMixin's callLater (the reactor's, set by the factory) passes no arguments on.
+    setattr(channel, _HEAD_TIMER, channel.callLater(remaining, lambda: _head_deadline_passed(channel)))
+
+
+def _disarm_head_deadline(channel: Any) -> None:
+    setattr(channel, _HEAD_STARTED, None)
+    timer = channel.__dict__.get(_HEAD_TIMER)
+    setattr(channel, _HEAD_TIMER, None)
+    if timer is not None and timer.active():
+        timer.cancel()
+
+
+def _head_deadline_passed(channel: Any) -> None:
+    setattr(channel, _HEAD_TIMER, None)
+    if channel.__dict__.get(_HEAD_STARTED) is None or channel.transport is None:
+        return
+    setattr(channel, _HEAD_STARTED, None)
+    channel.transport.write(HEADER_TIMEOUT_RESPONSE)
+    channel.dataReceived = channel.lineReceived = lambda *args: None
+    channel.loseConnection()
+    if channel.abortTimeout is not None and channel._abortingCall is None:
+        # A peer that does not read keeps even a closing connection: abort it then,
+        # as Twisted's own idle timeout does (connectionLost cancels the call).
+        channel._abortingCall = channel.callLater(channel.abortTimeout, channel.forceAbortClient)
+
+
+def head_deadline_on_connect(connection_made: Callable[[Any], None]) -> Callable[[Any], None]:
+    """HTTPChannel.connectionMade (`connection_made`) starting the first request's header deadline."""
+
+    def made(channel: Any) -> None:
+        connection_made(channel)
+        setattr(channel, _HEAD_STARTED, time.monotonic())
+        _arm_head_deadline(channel)
+
+    made.__wrapped__ = connection_made  # type: ignore[attr-defined]
+    return made
+
+
+def head_deadline_on_data(data_received: Callable[[Any, bytes], None]) -> Callable[[Any, bytes], None]:
+    """HTTPChannel.dataReceived (`data_received`) starting a later request's header
+    deadline at its first byte. A head that arrives whole costs no timer."""
+
+    def received(channel: Any, data: bytes) -> None:
+        if data and channel.__dict__.get(_HEAD_STARTED) is None and _awaiting_head(channel):
+            setattr(channel, _HEAD_STARTED, time.monotonic())
+        data_received(channel, data)
+        if channel.__dict__.get(_HEAD_STARTED) is not None:
+            _arm_head_deadline(channel)
+
+    received.__wrapped__ = data_received  # type: ignore[attr-defined]
+    return received
+
+
+def head_deadline_met(all_headers_received: Callable[[Any], None]) -> Callable[[Any], None]:
+    """HTTPChannel.allHeadersReceived (`all_headers_received`) ending the header deadline."""
+
+    def received(channel: Any) -> None:
+        _disarm_head_deadline(channel)
+        all_headers_received(channel)
+
+    received.__wrapped__ = all_headers_received  # type: ignore[attr-defined]
+    return received
+
+
+def head_deadline_on_close(connection_lost: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+    """HTTPChannel.connectionLost (`connection_lost`) cancelling a pending header deadline."""
+
+    def lost(channel: Any, reason: Any) -> None:
+        _disarm_head_deadline(channel)
+        connection_lost(channel, reason)
+
+    lost.__wrapped__ = connection_lost  # type: ignore[attr-defined]
+    return lost
+
+
 def frame_too_big(protocol: Any, size: int, limit: int, reason: str) -> None:
     """autobahn's hook for a WebSocket message over the limit: tell the worker
     which limit, then close with 1009 (not drop the connection: 1006)."""
@@ -137,6 +243,11 @@ def tune_twisted() -> None:
     if not hasattr(http.HTTPChannel.lineReceived, "__wrapped__"):
         http.HTTPChannel.lineReceived = bounded_headers(http.HTTPChannel.lineReceived)  # type: ignore[method-assign]
     WebSocketProtocol._max_message_size_exceeded = frame_too_big
+    if not hasattr(http.HTTPChannel.connectionMade, "__wrapped__"):
+        http.HTTPChannel.connectionMade = head_deadline_on_connect(http.HTTPChannel.connectionMade)  # type: ignore[method-assign]
+        http.HTTPChannel.dataReceived = head_deadline_on_data(http.HTTPChannel.dataReceived)  # type: ignore[method-assign]
+        http.HTTPChannel.allHeadersReceived = head_deadline_met(http.HTTPChannel.allHeadersReceived)  # type: ignore[method-assign]
+        http.HTTPChannel.connectionLost = head_deadline_on_close(http.HTTPChannel.connectionLost)  # type: ignore[method-assign]
 
     if not hasattr(WebRequest.__init__, "__wrapped__"):
         WebRequest.__init__ = without_form_decoding(WebRequest.__init__)
