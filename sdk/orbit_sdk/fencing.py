@@ -33,8 +33,10 @@ import base64
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import importlib
 import inspect
+import io
 import json
 import random
 import sqlite3
@@ -62,7 +64,10 @@ __all__ = [
     "HEADER_OPERATION",
     "HEADER_TOKEN",
     "LeaseExpired",
+    "OperationMismatch",
+    "REPLAYED_HEADERS",
     "StaleToken",
+    "TokenOutOfRange",
     "WSGIMiddleware",
     "ddl",
     "django_operations",
@@ -125,6 +130,31 @@ class LeaseExpired(FenceRefused):
             f"lease expired: it ended at {lease_expires_at.isoformat()} and the database's clock reads "
             f"{database_now.isoformat()} (margin {margin:g} s); the platform may already have given the key "
             "to a newer attempt, so this write is refused"
+        )
+
+
+class TokenOutOfRange(FenceRefused, ValueError):
+    """``token`` is above the guard's ``max_token``: no token Orbit assigns gets that high, and
+    accepting it would make every real holder's token stale for good (docs/fencing.md)."""
+
+    def __init__(self, token: int, max_token: int) -> None:
+        self.token = token
+        self.max_token = max_token
+        super().__init__(
+            f"token {token} is above this resource's max_token {max_token}: Orbit assigns no token that "
+            "high, so it is forged or mistyped; refused before the fence row is touched"
+        )
+
+
+class OperationMismatch(FenceRefused):
+    """An operation id the middleware recorded for one request was sent with another (a
+    different method, path, query string or body): neither answered from the record nor run."""
+
+    def __init__(self, operation_id: str) -> None:
+        self.operation_id = operation_id
+        super().__init__(
+            f"operation {operation_id!r} was recorded for a different request (method, path, query string or "
+            "body differ): a replay must repeat the request exactly; a new write needs a new operation id"
         )
 
 
@@ -365,15 +395,19 @@ def _protocol(
         yield _Query(insert, (*ids, _encode(dialect, 0)), lock_step=True)
         rows = yield _Query(select + ("" if dialect == "sqlite" else " FOR UPDATE"), ids, lock_step=True)
     highest = int(rows[0][0])
-    # 2. Refuse a stale token; 3. raise the highest token (kept only if the transaction commits).
+    record = f"SELECT token, result FROM {OPERATION_TABLE} WHERE {where} AND operation_id = %s"
+    # 2. Refuse a stale token, except for the resend of an operation this token (or an older
+    #    one) already applied: it changes nothing, so it answers what it recorded.
     if token < highest:
+        rows = yield _Query(record, (*ids, operation_id))
+        if rows and int(rows[0][0]) <= token:
+            return Applied(json.loads(rows[0][1]), True, int(rows[0][0]), highest)
         raise StaleToken(token, highest, namespace, key)
+    # 3. Raise the highest token (kept only if the transaction commits).
     if token > highest:
         yield _Query(f"UPDATE {FENCE_TABLE} SET highest_token = %s WHERE {where}", (_encode(dialect, token), *ids))
     # 4. An operation already applied (by this token or an older one) answers what it recorded.
-    rows = yield _Query(
-        f"SELECT token, result FROM {OPERATION_TABLE} WHERE {where} AND operation_id = %s", (*ids, operation_id)
-    )
+    rows = yield _Query(record, (*ids, operation_id))
     if rows:
         return Applied(json.loads(rows[0][1]), True, int(rows[0][0]), highest)
     # 5. Optionally, the lease by the database's clock; 6. the write; the lease again, since the
@@ -603,6 +637,8 @@ class Guard:
     connection (``django.db.connection``). ``dialect``: ``"mysql"``, ``"postgresql"`` or
     ``"sqlite"``; detected from the connection when omitted. ``lease_margin``: seconds the lease
     check refuses early, to cover clock skew between the Orbit server and the database.
+    ``max_token``: when given, a token above it raises :class:`TokenOutOfRange` before any
+    statement, so a forged huge token cannot brick the key's fence (docs/fencing.md).
 
     Transactions: on a plain DB-API connection the write is its own transaction, committed
     before :meth:`write` returns (sqlite3 and psycopg refuse to start it inside a transaction
@@ -621,6 +657,7 @@ class Guard:
         *,
         lease_margin: float = DEFAULT_LEASE_MARGIN,
         lock_retries: int = LOCK_RETRIES,
+        max_token: int | None = None,
     ) -> None:
         self.connection = connection
         self._adapter = _adapter(connection, dialect)
@@ -629,6 +666,7 @@ class Guard:
             raise ValueError("lease_margin must be >= 0 seconds")
         self.lease_margin = float(lease_margin)
         self.lock_retries = lock_retries
+        self.max_token = None if max_token is None else _token(max_token)
 
     def write(
         self,
@@ -644,8 +682,10 @@ class Guard:
 
         Raises :class:`StaleToken` when ``token`` is below the highest token accepted for
         (namespace, key), and :class:`LeaseExpired` when ``lease_expires_at`` is given and has
-        passed by the database's clock (less the margin). An ``operation_id`` already applied
-        returns the recorded result without calling ``fn``. Any exception rolls back
+        passed by the database's clock (less the margin), and :class:`TokenOutOfRange` when
+        ``token`` is above ``max_token``. An ``operation_id`` already applied returns the recorded
+        result without calling ``fn``, also when a newer holder has written since, provided
+        ``token`` is the one it was applied with (or newer). Any exception rolls back
         everything: the raised token, ``fn``'s writes, the record.
         """
         return self.apply(namespace, key, token, operation_id, fn, lease_expires_at=lease_expires_at).result
@@ -659,9 +699,15 @@ class Guard:
         fn: Callable[[Any], Any],
         *,
         lease_expires_at: datetime.datetime | None = None,
+        on_replay: Callable[[Any], None] | None = None,
     ) -> Applied:
-        """:meth:`write`, answering an :class:`Applied` (whether it was a replay, the tokens)."""
-        args = _arguments(namespace, key, token, operation_id, lease_expires_at)
+        """:meth:`write`, answering an :class:`Applied` (whether it was a replay, the tokens).
+
+        ``on_replay(recorded_result)``, when given, is called before a replay is answered, inside
+        the transaction: an exception it raises rolls back (the fence keeps its highest token)
+        and propagates. The middlewares use it to refuse a replay of a different request.
+        """
+        args = _arguments(namespace, key, token, operation_id, lease_expires_at, self.max_token)
         attempt = 0
         while True:
             steps = _protocol(self.dialect, *args, self.lease_margin)
@@ -674,6 +720,8 @@ class Guard:
                             step = steps.send(answer)
                         except StopIteration as done:
                             result: Applied = done.value
+                            if result.replayed and on_replay is not None:
+                                on_replay(result.result)  # still in the transaction: a refusal undoes the raise
                             break
                         if step is _CALL:
                             lock_step = False
@@ -719,8 +767,15 @@ class Guard:
 
 
 def _arguments(
-    namespace: str, key: str, token: int, operation_id: str, lease_expires_at: datetime.datetime | None
+    namespace: str,
+    key: str,
+    token: int,
+    operation_id: str,
+    lease_expires_at: datetime.datetime | None,
+    max_token: int | None,
 ) -> tuple[str, str, int, str, datetime.datetime | None]:
+    if max_token is not None and _token(token) > max_token:
+        raise TokenOutOfRange(token, max_token)
     return (
         _identifier(namespace, "namespace", MAX_NAMESPACE),
         _identifier(key, "key", MAX_KEY),
@@ -774,6 +829,7 @@ class AsyncGuard:
         *,
         lease_margin: float = DEFAULT_LEASE_MARGIN,
         lock_retries: int = LOCK_RETRIES,
+        max_token: int | None = None,
     ) -> None:
         if _check_dialect(dialect) != "postgresql" or not type(connection).__module__.startswith("psycopg"):
             raise TypeError("AsyncGuard supports psycopg 3 AsyncConnection (postgresql); see its docstring")
@@ -783,6 +839,7 @@ class AsyncGuard:
             raise ValueError("lease_margin must be >= 0 seconds")
         self.lease_margin = float(lease_margin)
         self.lock_retries = lock_retries
+        self.max_token = None if max_token is None else _token(max_token)
 
     async def write(
         self,
@@ -818,8 +875,9 @@ class AsyncGuard:
         fn: Callable[[Any], Any],
         *,
         lease_expires_at: datetime.datetime | None = None,
+        on_replay: Callable[[Any], None] | None = None,
     ) -> Applied:
-        args = _arguments(namespace, key, token, operation_id, lease_expires_at)
+        args = _arguments(namespace, key, token, operation_id, lease_expires_at, self.max_token)
         attempt = 0
         while True:
             steps = _protocol(self.dialect, *args, self.lease_margin)
@@ -832,6 +890,8 @@ class AsyncGuard:
                             step = steps.send(answer)
                         except StopIteration as done:
                             result: Applied = done.value
+                            if result.replayed and on_replay is not None:
+                                on_replay(result.result)  # still in the transaction: a refusal undoes the raise
                             break
                         if step is _CALL:
                             lock_step = False
@@ -978,6 +1038,13 @@ class _NotRecorded(Exception):
         self.response = response
 
 
+# The only response headers recorded and replayed (compared lower-case): what a client needs to
+# read the body and follow a 201's or 3xx's Location. Everything else (Set-Cookie, caching,
+# authentication challenges, CORS) belongs to the first caller's response alone: recording it
+# would keep a session in the operation table and hand it to whoever replays.
+REPLAYED_HEADERS = ("content-type", "location")
+
+
 def _refusal(exc: FenceRefused | ValueError) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, StaleToken):
         # uint64 tokens as decimal strings, as everywhere in Orbit's API.
@@ -986,19 +1053,71 @@ def _refusal(exc: FenceRefused | ValueError) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, LeaseExpired):
         error = {"code": "LEASE_EXPIRED", "message": str(exc), "lease_expires_at": _format_time(exc.lease_expires_at)}
         return 409, {"error": error}
+    if isinstance(exc, OperationMismatch):
+        error = {"code": "OPERATION_MISMATCH", "message": str(exc), "operation_id": exc.operation_id}
+        return 409, {"error": error}
+    if isinstance(exc, TokenOutOfRange):
+        return 400, {"error": {"code": "INVALID_ARGUMENT", "message": f"{HEADER_TOKEN}: {exc}"}}
     return 400, {"error": {"code": "INVALID_ARGUMENT", "message": str(exc)}}
 
 
-def _recorded_response(status: int, reason: str, headers: Iterable[tuple[str, str]], body: bytes) -> dict[str, Any]:
+def _unauthenticated() -> tuple[int, dict[str, Any]]:
+    message = "authentication required: the fence answers (and replays) only requests the service has authenticated"
+    return 401, {"error": {"code": "UNAUTHENTICATED", "message": message}}
+
+
+def _request_digest(method: str, path: str, query: bytes, body: bytes) -> str:
+    """SHA-256 over method, path, query string and the body's SHA-256, each length-prefixed so
+    no two different requests run together into the same bytes."""
+    digest = hashlib.sha256(b"orbit-fence-request/1")
+    # surrogatepass: any str a server hands over encodes, and the same str always the same way.
+    for part in (method.encode("utf-8", "surrogatepass"), path.encode("utf-8", "surrogatepass"), query):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    digest.update(hashlib.sha256(body).digest())
+    return digest.hexdigest()
+
+
+def _bound_to(request_digest: str, operation_id: str) -> Callable[[Any], None]:
+    """The guard's ``on_replay`` for a middleware: a record answers only the request it recorded.
+    A record without a digest (written before replays were bound) matches nothing."""
+
+    def check(recorded: Any) -> None:
+        if not isinstance(recorded, Mapping) or recorded.get("request") != request_digest:
+            raise OperationMismatch(operation_id)
+
+    return check
+
+
+def _replayable(headers: Iterable[Iterable[str]]) -> list[list[str]]:
+    return [[str(name), str(value)] for name, value in headers if str(name).lower() in REPLAYED_HEADERS]
+
+
+def _recorded_response(
+    status: int, reason: str, headers: list[tuple[str, str]], body: bytes, request_digest: str
+) -> dict[str, Any]:
     return {
         "status": status,
         "reason": reason,
-        "headers": [[name, value] for name, value in headers],
+        "headers": _replayable(headers),
         "body": base64.b64encode(body).decode("ascii"),
+        "request": request_digest,
     }
 
 
-_REASONS = {400: "Bad Request", 409: "Conflict"}
+_REASONS = {400: "Bad Request", 401: "Unauthorized", 409: "Conflict"}
+
+
+def _wsgi_body(environ: Mapping[str, Any]) -> bytes:
+    """The request body, read whole: its digest binds the operation before the app runs."""
+    stream = environ.get("wsgi.input")
+    length_text = str(environ.get("CONTENT_LENGTH") or "").strip()
+    if stream is None:
+        return b""
+    if not length_text:
+        return bytes(stream.read()) if environ.get("wsgi.input_terminated") else b""
+    if not length_text.isascii() or not length_text.isdigit():
+        raise ValueError(f"Content-Length must be a non-negative decimal integer; got {length_text!r}")
+    return bytes(stream.read(int(length_text)))
 
 
 class WSGIMiddleware:
@@ -1012,6 +1131,16 @@ class WSGIMiddleware:
     A stale token → 409 ``STALE_TOKEN``; a passed lease (header given, ``check_lease``) → 409
     ``LEASE_EXPIRED``; bad or partial headers → 400. Without fence headers: 400 when
     ``require`` (the default), else the app runs unfenced.
+
+    A record answers only the request it recorded: the same method, path, query string and
+    body (SHA-256); any other request with that operation id → 409 ``OPERATION_MISMATCH``. A
+    replay carries the recorded status, body and :data:`REPLAYED_HEADERS` only (never
+    ``Set-Cookie``).
+
+    Order: authentication, then the fence. Either the middleware sits inside the app's
+    authentication (it wraps only the authenticated view layer), or ``authenticate(environ)``
+    says whether the request is authenticated: a fenced request it refuses is answered 401
+    ``UNAUTHENTICATED`` before any header is judged, any record read or the app run.
     """
 
     def __init__(
@@ -1021,21 +1150,40 @@ class WSGIMiddleware:
         *,
         require: bool = True,
         check_lease: bool = True,
+        authenticate: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
         self.app = app
         self.open_guard = open_guard
         self.require = require
         self.check_lease = check_lease
+        self.authenticate = authenticate
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        invalid: ValueError | None = None
+        fence: FenceRequest | None = None
         try:
             fence = parse_headers(lambda name: environ.get("HTTP_" + name.upper().replace("-", "_")))
             if fence is None and self.require:
                 raise ValueError("this endpoint is fenced: send the Orbit-Fence-* headers")
         except ValueError as exc:
-            return self._send(start_response, *_json(*_refusal(exc)))
-        if fence is None:
+            invalid = exc
+        if fence is None and invalid is None:
             return self.app(environ, start_response)
+        if self.authenticate is not None and not self.authenticate(environ):
+            return self._send(start_response, *_json(*_unauthenticated()))
+        try:
+            if invalid is not None:
+                raise invalid
+            body = _wsgi_body(environ)
+        except ValueError as exc:
+            return self._send(start_response, *_json(*_refusal(exc)))
+        assert fence is not None
+        environ["wsgi.input"] = io.BytesIO(body)  # the app reads the body the digest was taken of
+        environ["CONTENT_LENGTH"] = str(len(body))
+        path = str(environ.get("SCRIPT_NAME", "")) + str(environ.get("PATH_INFO", ""))
+        query = str(environ.get("QUERY_STRING", "")).encode("utf-8", "surrogatepass")
+        digest = _request_digest(str(environ.get("REQUEST_METHOD", "")), path, query, body)
+        sent: dict[str, Any] = {}
 
         def handle(connection: Any) -> dict[str, Any]:
             environ["orbit.fence"] = FenceContext(connection, fence)
@@ -1053,22 +1201,31 @@ class WSGIMiddleware:
                 if close is not None:
                     close()
             code_text, _, reason = str(captured["status"]).partition(" ")
-            response = _recorded_response(int(code_text), reason, captured["headers"], body)
-            if response["status"] >= 400:
-                raise _NotRecorded(response)
-            return response
+            headers = [(str(name), str(value)) for name, value in captured["headers"]]
+            sent.update(status=int(code_text), reason=reason, headers=headers, body=body)
+            if sent["status"] >= 400:
+                raise _NotRecorded(sent)
+            return _recorded_response(int(code_text), reason, headers, body, digest)
 
         try:
             with self.open_guard() as guard:
                 lease = fence.lease_expires_at if self.check_lease else None
                 applied = guard.apply(
-                    fence.namespace, fence.key, fence.token, fence.operation_id, handle, lease_expires_at=lease
+                    fence.namespace,
+                    fence.key,
+                    fence.token,
+                    fence.operation_id,
+                    handle,
+                    lease_expires_at=lease,
+                    on_replay=_bound_to(digest, fence.operation_id),
                 )
         except FenceRefused as exc:
             return self._send(start_response, *_json(*_refusal(exc)))
-        except _NotRecorded as refused:
-            return self._send(start_response, *_unpack(refused.response, replayed=False))
-        return self._send(start_response, *_unpack(applied.result, replayed=applied.replayed))
+        except _NotRecorded:
+            return self._send(start_response, sent["status"], sent["reason"], sent["headers"], sent["body"])
+        if not applied.replayed:  # the caller who ran the app gets its whole response
+            return self._send(start_response, sent["status"], sent["reason"], sent["headers"], sent["body"])
+        return self._send(start_response, *_replay(applied.result))
 
     @staticmethod
     def _send(
@@ -1084,20 +1241,35 @@ def _json(status: int, document: dict[str, Any]) -> tuple[int, str, list[tuple[s
     return status, _REASONS.get(status, ""), headers, body
 
 
-def _unpack(response: Mapping[str, Any], *, replayed: bool) -> tuple[int, str, list[tuple[str, str]], bytes]:
-    headers = [(str(name), str(value)) for name, value in response["headers"]]
-    if replayed:
-        headers.append((HEADER_REPLAYED, "true"))
-    return int(response["status"]), str(response["reason"]), headers, base64.b64decode(response["body"])
+def _replay(response: Mapping[str, Any]) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    """A recorded response as replayed: status, body and the allow-listed headers (filtered
+    again, for records written before the allow-list), its length and the replay mark."""
+    body = base64.b64decode(response["body"])
+    headers = [(name, value) for name, value in _replayable(response["headers"])]
+    headers += [("Content-Length", str(len(body))), (HEADER_REPLAYED, "true")]
+    return int(response["status"]), str(response["reason"]), headers, body
+
+
+async def _asgi_body(receive: Callable[[], Awaitable[Any]]) -> bytes | None:
+    """The request body, read whole (its digest binds the operation); None if the client left."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        if message["type"] == "http.request":
+            chunks.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                return b"".join(chunks)
 
 
 class ASGIMiddleware:
     """Runs an ASGI app's HTTP requests inside the fence named by their headers.
 
     As :class:`WSGIMiddleware`, with ``open_guard()`` an async context manager giving an
-    :class:`AsyncGuard` (psycopg 3 ``AsyncConnection``) for this request, and the
-    :class:`FenceContext` in ``scope["orbit.fence"]``. Other scope types (lifespan, websocket)
-    pass through.
+    :class:`AsyncGuard` (psycopg 3 ``AsyncConnection``) for this request, the
+    :class:`FenceContext` in ``scope["orbit.fence"]``, and ``authenticate(scope)`` returning a
+    bool or an awaitable of one. Other scope types (lifespan, websocket) pass through.
     """
 
     def __init__(
@@ -1107,11 +1279,21 @@ class ASGIMiddleware:
         *,
         require: bool = True,
         check_lease: bool = True,
+        authenticate: Callable[[dict[str, Any]], bool | Awaitable[bool]] | None = None,
     ) -> None:
         self.app = app
         self.open_guard = open_guard
         self.require = require
         self.check_lease = check_lease
+        self.authenticate = authenticate
+
+    async def _authenticated(self, scope: dict[str, Any]) -> bool:
+        if self.authenticate is None:
+            return True
+        verdict = self.authenticate(scope)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return bool(verdict)
 
     async def __call__(
         self, scope: dict[str, Any], receive: Callable[[], Awaitable[Any]], send: Callable[[Any], Awaitable[None]]
@@ -1123,16 +1305,39 @@ class ASGIMiddleware:
             bytes(name).decode("latin-1").lower(): bytes(value).decode("latin-1")
             for name, value in scope.get("headers", [])
         }
+        invalid: ValueError | None = None
+        fence: FenceRequest | None = None
         try:
             fence = parse_headers(lambda name: raw.get(name.lower()))
             if fence is None and self.require:
                 raise ValueError("this endpoint is fenced: send the Orbit-Fence-* headers")
         except ValueError as exc:
-            await _asgi_send(send, *_json(*_refusal(exc)))
-            return
-        if fence is None:
+            invalid = exc
+        if fence is None and invalid is None:
             await self.app(scope, receive, send)
             return
+        if not await self._authenticated(scope):
+            await _asgi_send(send, *_json(*_unauthenticated()))
+            return
+        if invalid is not None:
+            await _asgi_send(send, *_json(*_refusal(invalid)))
+            return
+        assert fence is not None
+        body = await _asgi_body(receive)
+        if body is None:
+            return  # the client is gone: nothing to answer, nothing run
+        path = str(scope.get("root_path", "")) + str(scope.get("path", ""))
+        digest = _request_digest(str(scope.get("method", "")), path, bytes(scope.get("query_string", b"")), body)
+        delivered = False
+
+        async def receive_buffered() -> Any:
+            nonlocal delivered
+            if not delivered:  # the app reads the body the digest was taken of
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        sent: dict[str, Any] = {}
 
         async def handle(connection: Any) -> dict[str, Any]:
             start: dict[str, Any] = {}
@@ -1144,26 +1349,35 @@ class ASGIMiddleware:
                 elif message["type"] == "http.response.body":
                     chunks.append(bytes(message.get("body", b"")))
 
-            await self.app({**scope, "orbit.fence": FenceContext(connection, fence)}, receive, capture)
+            await self.app({**scope, "orbit.fence": FenceContext(connection, fence)}, receive_buffered, capture)
             headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in start.get("headers", [])]
-            response = _recorded_response(int(start["status"]), "", headers, b"".join(chunks))
-            if response["status"] >= 400:
-                raise _NotRecorded(response)
-            return response
+            sent.update(status=int(start["status"]), reason="", headers=headers, body=b"".join(chunks))
+            if sent["status"] >= 400:
+                raise _NotRecorded(sent)
+            return _recorded_response(sent["status"], "", headers, sent["body"], digest)
 
         try:
             async with self.open_guard() as guard:
                 lease = fence.lease_expires_at if self.check_lease else None
                 applied = await guard.apply(
-                    fence.namespace, fence.key, fence.token, fence.operation_id, handle, lease_expires_at=lease
+                    fence.namespace,
+                    fence.key,
+                    fence.token,
+                    fence.operation_id,
+                    handle,
+                    lease_expires_at=lease,
+                    on_replay=_bound_to(digest, fence.operation_id),
                 )
         except FenceRefused as exc:
             await _asgi_send(send, *_json(*_refusal(exc)))
             return
-        except _NotRecorded as refused:
-            await _asgi_send(send, *_unpack(refused.response, replayed=False))
+        except _NotRecorded:
+            await _asgi_send(send, sent["status"], "", sent["headers"], sent["body"])
             return
-        await _asgi_send(send, *_unpack(applied.result, replayed=applied.replayed))
+        if not applied.replayed:
+            await _asgi_send(send, sent["status"], "", sent["headers"], sent["body"])
+            return
+        await _asgi_send(send, *_replay(applied.result))
 
 
 async def _asgi_send(
