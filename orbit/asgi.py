@@ -14,6 +14,7 @@ mysql_backend.serving = True  # before any request opens a connection
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from orbit.api.handler import ApiHandler, split_http  # noqa: E402
+from orbit.security import frame_protected  # noqa: E402
 from orbit.serving import tune_twisted  # noqa: E402
 from tasks import submit_route  # noqa: E402
 from tasks.maintenance import start_background_maintenance  # noqa: E402
@@ -27,7 +28,10 @@ listen_to_siblings()
 
 application = ProtocolTypeRouter(
     {
-        "http": split_http(ApiHandler(routes={("POST", submit_route.PATH): submit_route.answer}), django_asgi_app),
+        # Every answer, the API's and the console's, refuses to be framed.
+        "http": frame_protected(
+            split_http(ApiHandler(routes={("POST", submit_route.PATH): submit_route.answer}), django_asgi_app)
+        ),
         # Django's path() makes Channels' routes; the stubs want their own pattern type.
         "websocket": URLRouter(websocket_urlpatterns),  # type: ignore[arg-type]
     }

@@ -49,8 +49,12 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # The console may not be framed (a click-through delete); orbit/asgi.py
+    # adds the same refusal, and frame-ancestors, to every answer (orbit/security.py).
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "orbit.admin_base.AdminStatementTimeout",
 ]
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "orbit.urls"
 APPEND_SLASH = False
@@ -173,6 +177,42 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("ORBIT_LOG_LEVEL", "WARNING")},
 }
+
+
+def env_flag(name: str) -> bool:
+    """An ORBIT_* switch: "1" is on; unset, empty or "0" is off; anything else is refused."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 1 or 0, not {value!r}")
+    return value == "1"
+
+
+def env_seconds(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{name} must be a whole number of seconds, not {value!r}")
+    return int(value)
+
+
+# Served over HTTPS (directly or behind a TLS-terminating proxy): ORBIT_TLS=1
+# marks the console's session and CSRF cookies Secure and sends HSTS for
+# ORBIT_HSTS_SECONDS (default a year; 0 sends none). Off by default so that
+# plain-HTTP development keeps working: a Secure cookie is never sent back
+# over http://, and HSTS would pin a browser to https:// for the host.
+ORBIT_TLS = env_flag("ORBIT_TLS")
+SESSION_COOKIE_SECURE = ORBIT_TLS
+CSRF_COOKIE_SECURE = ORBIT_TLS
+SECURE_HSTS_SECONDS = env_seconds("ORBIT_HSTS_SECONDS", 365 * 24 * 3600) if ORBIT_TLS else 0
+# Pins every subdomain of the host to HTTPS too: only when each one serves it.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_flag("ORBIT_HSTS_INCLUDE_SUBDOMAINS")
+# Behind a TLS-terminating proxy Django sees plain HTTP (no HSTS is sent, and
+# the console's CSRF check compares an https:// Origin with http://). Trust
+# the proxy's X-Forwarded-Proto only when asked: a server reached directly
+# would take any client's word that the request was HTTPS.
+if env_flag("ORBIT_TRUST_X_FORWARDED_PROTO"):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Public address the server is reached at; printed in credential files.
 ORBIT_HTTP_ADDR = os.environ.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080")
