@@ -15,7 +15,10 @@
    Idempotency-Keys, re-sending the same key and body after a 503 or a network error (plus
    concurrent twins and late replays).
 3. Chaos while the load continues: kill -9 a worker (back under a new worker_id), kill -9 a
-   server (restarted), kill -9 MariaDB and a clean SIGTERM restart (same datadir and port);
+   server (restarted), kill -9 MariaDB and a clean SIGTERM restart (same datadir and port),
+   MariaDB frozen, and one server process frozen (SIGSTOP) inside a round's transaction
+   with the application's counter row locked (MariaDB must end that transaction within
+   seconds; the other node may refuse submits for FROZEN_NODE_BOUND_SECONDS at most);
    the full run adds a same-worker_id restart, a server started while the database is
    down, every server killed at once, an outage longer than a lease, and a handler that
    outlives its lease (its late write must be refused by the permit token). While the
@@ -68,6 +71,9 @@ LOG_KEEP = ROOT / ".local" / "chaos" / "last"
 DB_NAME = "orbit_chaos"
 UNSETTLED = ("WAITING", "LEASED", "RUNNING")
 PROBE_TIMEOUT = 5.0  # a request while the database is down must be answered within this
+# A server process frozen inside a transaction: the other node may refuse submits only
+# this long after the freeze (the idle-transaction limit, 3 s, plus the request deadline).
+FROZEN_NODE_BOUND_SECONDS = 8.0
 
 
 def log(message: str) -> None:
@@ -325,6 +331,10 @@ class SubmitStats:
     slow: list[str] = field(default_factory=list)
     # While set (an event watches the submits it spans): answers by status and the slowest.
     watch: dict[str, Any] | None = None
+    # While set: every answer as (server name, sent at (monotonic), status).
+    answers: list[tuple[str, float, int]] | None = None
+    # A server with a process stopped on purpose (freeze_node): its slow answers are expected.
+    frozen: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -396,10 +406,12 @@ class Submitter:
             status = response.status_code
             with stats.lock:
                 stats.statuses[str(status)] += 1
+                if stats.answers is not None:
+                    stats.answers.append((server.name, began, status))
                 if stats.watch is not None:
                     stats.watch[str(status)] = stats.watch.get(str(status), 0) + 1
                     stats.watch["worst_s"] = round(max(stats.watch.get("worst_s", 0.0), elapsed), 3)
-                if elapsed > PROBE_TIMEOUT:
+                if elapsed > PROBE_TIMEOUT and server.name != stats.frozen:
                     stats.slow.append(f"POST {key} to {server.name}: {status} after {elapsed:.1f} s")
             if status in (200, 201):
                 data = response.json()["data"]
@@ -1011,6 +1023,74 @@ class Harness:
         self.wait_recovery(event, time.time())
         return event
 
+    def counters_locked(self) -> bool:
+        """Whether a transaction holds an application's counter row (read past, not waited on)."""
+        rows = self.query("SELECT COUNT(*) FROM orbit_application_state")[0][0]
+        free = self.query("SELECT application_id FROM orbit_application_state FOR UPDATE SKIP LOCKED")
+        return len(free) < rows
+
+    def freeze_node(self, index: int) -> dict[str, Any]:
+        """One server process stopped (SIGSTOP) inside a round's transaction, its row locks
+        held: MariaDB must end that transaction within SERVING_IDLE_TRANSACTION_SECONDS, so
+        the other node refuses submits only about that long; the stopped process, resumed,
+        commits nothing stale (the end checks: no accepted task lost, none twice)."""
+        server, other = self.servers[index % 2], self.servers[(index + 1) % 2]
+        event: dict[str, Any] = {"name": f"server {server.name} frozen mid-transaction (SIGSTOP of one process)"}
+        assert self.submitter is not None and server.process is not None
+        children = [
+            int(pid)
+            for pid in Path(f"/proc/{server.process.pid}/task/{server.process.pid}/children").read_text().split()
+        ]
+        stats = self.submitter.stats
+        caught: int | None = None
+        for attempt in range(3000):
+            pid = children[attempt % len(children)]
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.002)
+            if self.counters_locked():
+                time.sleep(0.1)  # still held: by the stopped process, not one finishing its commit
+                if self.counters_locked():
+                    caught = pid
+                    break
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.005)
+        event["tries"] = attempt + 1
+        if caught is None:
+            event["caught"] = False
+            log(f"{event['name']}: no process caught inside a transaction in {attempt + 1} tries")
+            return event
+        frozen_at = time.monotonic()
+        with stats.lock:
+            stats.answers, stats.frozen = [], server.name
+        try:
+            released = self.wait_until(lambda: not self.counters_locked(), timeout=self.cfg.freeze_seconds)
+            event["locks_released_s"] = None if released is None else round(released, 2)
+            time.sleep(max(0.0, frozen_at + self.cfg.freeze_seconds - time.monotonic()))
+        finally:
+            os.kill(caught, signal.SIGCONT)
+            with stats.lock:
+                answers, stats.answers = stats.answers or [], None
+        # The other node: refused only until the frozen transaction was ended, and the
+        # request deadline after it.
+        bound = FROZEN_NODE_BOUND_SECONDS
+        on_other = [(sent - frozen_at, status) for name, sent, status in answers if name == other.name]
+        late_refusals = [round(at, 2) for at, status in on_other if status == 503 and at > bound]
+        event[f"server_{other.name}_answers"] = len(on_other)
+        event[f"server_{other.name}_refused"] = sum(1 for _, status in on_other if status == 503)
+        event[f"server_{other.name}_refused_after_{bound:g}_s"] = len(late_refusals)
+        if released is None:
+            self.violation(f"{event['name']}: its row locks were still held after {self.cfg.freeze_seconds:g} s")
+        if late_refusals:
+            self.violation(
+                f"{event['name']}: server {other.name} refused {len(late_refusals)} submits more than {bound:g} s "
+                f"into the freeze (first at {late_refusals[0]} s)"
+            )
+        self.wait_recovery(event, time.time())
+        time.sleep(PROBE_TIMEOUT + 3)  # the frozen process's last requests answered
+        with stats.lock:
+            stats.frozen = None
+        return event
+
     def schedule(self) -> list[Any]:
         events = [
             lambda n: self.kill_worker(n),
@@ -1018,6 +1098,7 @@ class Harness:
             lambda n: self.db_outage(kill=True),
             lambda n: self.db_outage(kill=False),
             lambda n: self.db_freeze(),
+            lambda n: self.freeze_node(n),
         ]
         if not self.cfg.short:
             events += [

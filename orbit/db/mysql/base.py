@@ -108,6 +108,15 @@ class CursorWrapper(base.CursorWrapper):
 # and the server rolls back the transaction of a connection that went away.
 SERVING_TIMEOUTS = {"connect_timeout": 2, "read_timeout": 3, "write_timeout": 3}
 SERVING_LOCK_WAIT_SECONDS = 2
+# A transaction left idle this long is rolled back and its connection closed
+# by MariaDB itself: a server process frozen or hung inside a round (SIGSTOP,
+# a VM pause) holds the application's and queue's counter rows at most this
+# long, so every other node's rounds go on after a few seconds, not hours
+# (wait_timeout is 8 h). The process that wakes finds its connection gone: its
+# request answers 503 and commits nothing. A round's statements follow each
+# other within milliseconds, so only a stopped process ever reaches it.
+# MariaDB 10.3+ only (a versioned comment: MySQL reads it as a comment).
+SERVING_IDLE_TRANSACTION_SECONDS = 3
 # Set by orbit.asgi: this process serves requests.
 serving = False
 
@@ -126,7 +135,10 @@ class DatabaseWrapper(base.DatabaseWrapper):
             params["conv"] = conversions
         if serving:
             params.update(SERVING_TIMEOUTS)
-            params["init_command"] = f"SET SESSION innodb_lock_wait_timeout = {SERVING_LOCK_WAIT_SECONDS}"
+            params["init_command"] = (
+                f"SET SESSION innodb_lock_wait_timeout = {SERVING_LOCK_WAIT_SECONDS}"
+                f" /*M!100300 , idle_transaction_timeout = {SERVING_IDLE_TRANSACTION_SECONDS} */"
+            )
         return params
 
     def create_cursor(self, name: str | None = None) -> CursorWrapper:
