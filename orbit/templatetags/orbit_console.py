@@ -7,16 +7,37 @@ from datetime import datetime
 from typing import Any
 
 from django import template
+from django.contrib import admin
+from django.contrib.admin.exceptions import NotRegistered
+from django.db.models import Model
+from django.http import HttpRequest
 
 from orbit.admin_base import format_ms
 from orbit.console import data
+from queues.models import Queue
+from tasks.models import Task
 
 register = template.Library()
 
 
-@register.simple_tag
-def orbit_dashboard() -> dict[str, Any]:
-    return data.dashboard()
+def may_view(request: HttpRequest, model: type[Model]) -> bool:
+    """What the model's own admin lets this user see (its list and pages)."""
+    try:
+        model_admin = admin.site.get_model_admin(model)
+    except NotRegistered:
+        return False
+    return model_admin.has_view_permission(request)
+
+
+@register.simple_tag(takes_context=True)
+def orbit_dashboard(context: template.Context) -> dict[str, Any] | None:
+    """The dashboard's figures, or None for a user who may not view queues:
+    every figure on it (names, backlog, permits, window, minutes) is a queue's.
+    The links to a queue's tasks only for a user who may view tasks."""
+    request = context["request"]
+    if not may_view(request, Queue):
+        return None
+    return {**data.dashboard(), "tasks_viewable": may_view(request, Task)}
 
 
 @register.filter

@@ -11,6 +11,7 @@ import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.test import Client
 from django.urls import reverse
 
 from orbit import admin_base
@@ -166,3 +167,24 @@ def test_every_orbit_model_refuses_add_change_and_delete(operator, busy):
         assert model.objects.filter(pk=obj.pk).exists()
         checked += 1
     assert checked >= 8
+
+
+def test_the_dashboard_shows_queues_only_to_users_who_may_view_them(operator, busy):
+    """Issue 35 (6): a staff user with no permission saw every queue's name and figures."""
+    queue_id = busy["queue"]["id"]
+    staff = get_user_model().objects.create_user("nobody", "n@example.com", "pw", is_staff=True)
+    client = Client()  # the operator fixture's client stays the superuser's
+    client.force_login(staff)
+    page = client.get("/admin/").content.decode()
+    for secret in ("billing", queue_id, "1 of 8", 'data-state="WAITING"', "NEEDS_REVIEW", "1 starts"):
+        assert secret not in page
+    assert 'id="orbit-dashboard-hidden"' in page and 'id="orbit-dashboard"' not in page
+    assert client.get(f"/admin/queues/queue/{queue_id}/change/").status_code == 403  # as the dashboard says
+    # granted queues but not tasks: the figures, without the links to the queue's tasks
+    staff.user_permissions.set(Permission.objects.filter(codename="view_queue"))
+    page = client.get("/admin/").content.decode()
+    assert "billing" in page and "1 of 8" in page and "NEEDS_REVIEW 0" in page
+    assert f"/admin/tasks/task/?q={queue_id}" not in page and "/admin/tasks/task/?state__exact" not in page
+    # a superuser sees everything, links included
+    page = operator.get("/admin/").content.decode()
+    assert "billing" in page and queue_id in page and f"/admin/tasks/task/?q={queue_id}" in page
