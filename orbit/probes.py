@@ -13,15 +13,22 @@ connections and never answers): the check runs on a thread of its own, on a
 connection of its own with short client timeouts, and the request waits for
 it at most PROBE_SECONDS. Polls that arrive while a check is still running
 wait on that same check instead of starting another, so a frozen server
-costs one stuck thread, not one per poll."""
+costs one stuck thread, not one per poll.
+
+/readyz is read without a credential, so its 503 names no detail of the
+database (a driver's error names its user, host, port and database): it says
+"database unreachable", or that migrations are pending, and the detail goes
+to the server log at WARNING, once each time it changes."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import math
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +41,10 @@ from orbit.api.errors import COMPACT_JSON, error_body
 from orbit.api.middleware import request_id_of
 
 PROBE_SECONDS = 1.0
+# What /readyz says, without a credential, for any reason the database could not be checked.
+UNREACHABLE = "database unreachable"
+
+logger = logging.getLogger(__name__)
 
 # MySQL client error numbers, for a reason an operator can act on.
 _UNKNOWN_DATABASE = 1049
@@ -124,22 +135,40 @@ def explain(exc: BaseException, settings_dict: dict[str, Any]) -> str:
     return f"database error: {detail}"
 
 
-def diagnose(connection: BaseDatabaseWrapper, *, migrations: bool = True) -> str | None:
+@dataclass(frozen=True)
+class NotReady:
+    """Why the database is not ready: `public` for anyone who asks (/readyz),
+    `detail` for the operator (the server log, `orbit serve`'s start-up check)."""
+
+    public: str
+    detail: str
+
+
+def examine(connection: BaseDatabaseWrapper, *, migrations: bool = True) -> NotReady | None:
     """Why the database is not ready on `connection`, or None when it is."""
     missing = _not_found(connection.settings_dict)
     if missing is not None:
-        return missing
+        return NotReady(UNREACHABLE, missing)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
             cursor.fetchone()
         pending = unapplied_migrations(connection) if migrations else []
     except DatabaseError as exc:
-        return explain(exc, connection.settings_dict)
+        return NotReady(UNREACHABLE, explain(exc, connection.settings_dict))
     if pending:
         count = f"{len(pending)} migration{'s' if len(pending) != 1 else ''}"
-        return f"{count} not applied (first: {pending[0]}); run `orbit migrate`"
+        return NotReady(
+            f"{count} not applied; run `orbit migrate`",
+            f"{count} not applied (first: {pending[0]}); run `orbit migrate`",
+        )
     return None
+
+
+def diagnose(connection: BaseDatabaseWrapper, *, migrations: bool = True) -> str | None:
+    """The operator's reason the database is not ready on `connection`, or None."""
+    found = examine(connection, migrations=migrations)
+    return None if found is None else found.detail
 
 
 def check_database(settings_dict: dict[str, Any] | None = None, timeout: float = 5.0) -> str | None:
@@ -163,37 +192,38 @@ class Readiness:
         self.timeout = timeout
         self.migrated = False  # kept once true (see the module's docstring)
         self._lock = threading.Lock()
-        self._running: Future[str | None] | None = None
+        self._running: Future[NotReady | None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orbit-readyz")
         self._connection: BaseDatabaseWrapper | None = None  # used on the executor's thread only
+        self._logged: str | None = None  # the detail last written to the log
 
-    def start(self) -> Future[str | None]:
+    def start(self) -> Future[NotReady | None]:
         """The check under way, or a new one: never two at once."""
         with self._lock:
             if self._running is None or self._running.done():
                 self._running = self._executor.submit(self._check)
             return self._running
 
-    def _check(self) -> str | None:
+    def _check(self) -> NotReady | None:
         if self.settings_dict is None:
             self.settings_dict = database_settings()
         kept = self._connection is not None
-        reason = self._check_once()
-        if reason is not None and kept:
+        found = self._check_once()
+        if found is not None and kept:
             # The kept connection may be what broke (the server restarted
             # since the last poll): one more try, on a new connection.
-            reason = self._check_once()
-        return reason
+            found = self._check_once()
+        return found
 
-    def _check_once(self) -> str | None:
+    def _check_once(self) -> NotReady | None:
         assert self.settings_dict is not None
         if self._connection is None:
             self._connection = open_connection(self.settings_dict, self.timeout)
         try:
-            reason = diagnose(self._connection, migrations=not self.migrated)
+            found = examine(self._connection, migrations=not self.migrated)
         except Exception as exc:  # noqa: BLE001 - a probe answers 503, it does not raise
-            reason = f"readiness check failed: {exc}"
-        if reason is None:
+            found = NotReady(UNREACHABLE, f"readiness check failed: {exc}")
+        if found is None:
             self.migrated = True
         else:
             try:
@@ -201,16 +231,25 @@ class Readiness:
             except Exception:  # noqa: BLE001,S110 - closing a dead connection may fail too
                 pass
             self._connection = None
-        return reason
+        return found
 
-    async def reason(self) -> str | None:
+    async def reason(self) -> NotReady | None:
         """Why the server is not ready, or None; within `timeout` seconds."""
         running = asyncio.wrap_future(self.start())
         # wait(), not wait_for(): a timeout must not cancel the check others share.
         done, _ = await asyncio.wait({running}, timeout=self.timeout)
         if not done:
-            return f"the database did not answer within {self.timeout:g} s"
+            return NotReady(UNREACHABLE, f"the database did not answer within {self.timeout:g} s")
         return running.result()
+
+    def log(self, found: NotReady | None) -> None:
+        """The detail to the server log at WARNING, once each time it changes:
+        orchestrators poll every second, and a database down for an hour is
+        one line, not 3,600."""
+        detail = None if found is None else found.detail
+        if detail is not None and detail != self._logged:
+            logger.warning("/readyz: not ready: %s", detail)
+        self._logged = detail
 
 
 READINESS = Readiness()
@@ -229,10 +268,12 @@ async def healthz(request: HttpRequest) -> JsonResponse:
 
 async def readyz(request: HttpRequest) -> JsonResponse:
     """GET /readyz: 200 when the database answers within 1 s with every
-    migration applied; else 503 UNAVAILABLE with the reason. No credential."""
-    reason = await READINESS.reason()
-    if reason is None:
+    migration applied; else 503 UNAVAILABLE with the public reason (the
+    detail in the server log). No credential."""
+    found = await READINESS.reason()
+    READINESS.log(found)
+    if found is None:
         body: dict[str, Any] = {"request_id": request_id_of(request), "data": {"status": "ready"}}
         return _no_store(JsonResponse(body, json_dumps_params=COMPACT_JSON))
-    body = error_body(request_id_of(request), "UNAVAILABLE", f"not ready: {reason}")
+    body = error_body(request_id_of(request), "UNAVAILABLE", f"not ready: {found.public}")
     return _no_store(JsonResponse(body, status=503, json_dumps_params=COMPACT_JSON))

@@ -86,22 +86,55 @@ def test_readyz_is_503_while_migrations_are_not_applied(readiness, empty_databas
     assert "orbit migrate" in api_client(None).get("/readyz").json()["error"]["message"]
 
 
+def assert_logged(caplog: pytest.LogCaptureFixture, detail: str) -> None:
+    """The operator's detail is in the server log, at WARNING."""
+    logged = [r.getMessage() for r in caplog.records if r.name == "orbit.probes" and r.levelname == "WARNING"]
+    assert any(detail in message for message in logged), logged
+
+
 @pytest.mark.django_db
-def test_readyz_is_503_when_the_database_server_is_unreachable(readiness):
-    readiness(mysql_settings(closed_port()))
+def test_readyz_is_503_when_the_database_server_is_unreachable(readiness, caplog):
+    port = closed_port()
+    readiness(mysql_settings(port))
     started = time.monotonic()
-    assert_unavailable(api_client(None).get("/readyz"), "cannot reach the database server at 127.0.0.1:")
+    response = api_client(None).get("/readyz")
     assert time.monotonic() - started < 1.5
+    assert_unavailable(response, "not ready: database unreachable")
+    assert "127.0.0.1" not in response.content.decode() and str(port) not in response.content.decode()
+    assert_logged(caplog, f"cannot reach the database server at 127.0.0.1:{port}")
 
 
 @pytest.mark.django_db
-def test_readyz_is_503_for_a_database_that_does_not_exist(readiness):
+def test_readyz_is_503_for_a_database_that_does_not_exist(readiness, caplog):
     if connection.vendor == "sqlite":
         readiness({**database_settings(), "NAME": "/nonexistent/orbit.sqlite3"})
-        assert_unavailable(api_client(None).get("/readyz"), "database file /nonexistent/orbit.sqlite3 does not exist")
+        assert_unavailable(api_client(None).get("/readyz"), "not ready: database unreachable")
+        assert_logged(caplog, "database file /nonexistent/orbit.sqlite3 does not exist")
     else:
         readiness({**database_settings(), "NAME": "orbit_no_such_database"})
-        assert_unavailable(api_client(None).get("/readyz"), 'database "orbit_no_such_database" does not exist')
+        response = api_client(None).get("/readyz")
+        assert_unavailable(response, "not ready: database unreachable")
+        assert "orbit_no_such_database" not in response.content.decode()
+        assert_logged(caplog, 'database "orbit_no_such_database" does not exist')
+
+
+@pytest.mark.mysql_only  # SQLite has no server to refuse a password
+@pytest.mark.django_db
+def test_readyz_names_no_database_user_host_port_or_name_without_a_credential(readiness, caplog):
+    """Issue 35 (6): the 503 of a refused login named the user, host, port and database."""
+    settings_dict = {**database_settings(), "PASSWORD": "not-the-password"}
+    readiness(settings_dict)
+    response = api_client(None).get("/readyz")
+    assert_unavailable(response, "database unreachable")
+    assert response.json()["error"]["message"] == "not ready: database unreachable"
+    for secret in (settings_dict["USER"], settings_dict["HOST"], settings_dict["PORT"], settings_dict["NAME"]):
+        assert str(secret) not in response.content.decode()
+    assert_logged(caplog, f"refused the credentials: Access denied for user '{settings_dict['USER']}'@")
+    # polled again with the same failure: one log line, not one per poll
+    caplog.clear()
+    for _ in range(3):
+        assert api_client(None).get("/readyz").status_code == 503
+    assert [r for r in caplog.records if r.name == "orbit.probes"] == []
 
 
 @pytest.mark.django_db
@@ -124,10 +157,13 @@ def test_a_frozen_database_holds_one_check_however_often_it_is_polled(frozen_ser
         started = time.monotonic()
         reasons = [asyncio.run(checker.reason()) for _ in range(2)]
         assert time.monotonic() - started < 0.9
-        assert reasons == ["the database did not answer within 0.3 s"] * 2
+        assert [(r.public, r.detail) for r in reasons if r] == [
+            ("database unreachable", "the database did not answer within 0.3 s")
+        ] * 2
         assert checker.start() is checker.start()
         # Once the driver gives up (connect_timeout 1 s) the check ends with its reason.
-        assert "database" in checker.start().result(timeout=10)
+        ended = checker.start().result(timeout=10)
+        assert ended is not None and "database" in ended.detail
     finally:
         checker._executor.shutdown(wait=False)
 
