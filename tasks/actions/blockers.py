@@ -5,7 +5,13 @@ code and the facts behind it, asked with the lease's own predicates
 (tasks.actions.context: queue_closed, concurrency_room, rate_room,
 application_room, key_blocks, available, takes) on the rows as they are now.
 Read without locks: the answer is a snapshot, and the next lease decides
-under its locks. An empty list: a lease would take the task now."""
+under its locks. An empty list: a lease would take the task now.
+
+A credential reads each reason's facts only where it may read them itself: a
+key's holder outside its queue range (a task GET would answer 404) and the
+application's counters without `applications:manage` (GET /v1/application)
+are reduced to the reason's code and message. The console's operator reads
+every fact."""
 
 from __future__ import annotations
 
@@ -53,11 +59,15 @@ def _reason(code: str, **facts: Any) -> dict[str, Any]:
 def task_blockers(*, principal: Principal, task_id: str) -> dict[str, Any]:
     """The task's state and, when WAITING, its blockers (empty: a lease would take it now)."""
     task = visible_task(principal, task_id)
-    return {"state": task.state, "items": blockers_of(task) if task.state == TaskState.WAITING else []}
+    return {
+        "state": task.state,
+        "items": blockers_of(task, reader=principal) if task.state == TaskState.WAITING else [],
+    }
 
 
-def blockers_of(task: Task, now: datetime | None = None) -> list[dict[str, Any]]:
-    """Every reason the next lease would not take this WAITING task."""
+def blockers_of(task: Task, now: datetime | None = None, *, reader: Principal | None = None) -> list[dict[str, Any]]:
+    """Every reason the next lease would not take this WAITING task, with
+    the facts `reader` may read (None: the operator, every fact)."""
     now = now or timezone.now()
     found: list[dict[str, Any]] = []
     if not available(task, now):
@@ -82,25 +92,32 @@ def blockers_of(task: Task, now: datetime | None = None) -> list[dict[str, Any]]
     application = Application.objects.get(id=task.application_id)
     app_state = ApplicationState.objects.get(application_id=task.application_id)
     if application_room(application, app_state.active_attempts) <= 0:
-        found.append(
-            _reason(
-                "APPLICATION_QUOTA_FULL",
-                active_attempts=app_state.active_attempts,
-                max_active_attempts=application.max_active_attempts,
+        if reader is None or "applications:manage" in reader.scopes:
+            found.append(
+                _reason(
+                    "APPLICATION_QUOTA_FULL",
+                    active_attempts=app_state.active_attempts,
+                    max_active_attempts=application.max_active_attempts,
+                )
             )
-        )
+        else:
+            found.append(_reason("APPLICATION_QUOTA_FULL"))
     if task.concurrency_key:
-        found += _key_blockers(task)
+        found += _key_blockers(task, reader)
     found += _worker_blockers(task, now)
     return found
 
 
-def _key_blockers(task: Task) -> list[dict[str, Any]]:
+def _key_blockers(task: Task, reader: Principal | None) -> list[dict[str, Any]]:
     key = ConcurrencyKey.objects.filter(namespace_id=task.namespace_id, key=task.concurrency_key).first()
     if key is not None:
         code = key_blocks(holder_attempt_id=key.holder_attempt_id, version=key.version)
         if code == "KEY_HELD":
             holder = Attempt.objects.filter(id=key.holder_attempt_id).first()
+            if reader is not None and not _may_read_holder(reader, key, holder):
+                # A key spans the namespace's queues; its holder may be a
+                # task this credential cannot read: only that the key is held.
+                return [_reason(code)]
             facts = {"attempt_id": key.holder_attempt_id, "task_id": key.holder_task_id}
             if holder is not None:
                 facts.update(worker_id=holder.worker_id, since=format_time(holder.leased_at))
@@ -123,6 +140,18 @@ def _key_blockers(task: Task) -> list[dict[str, Any]]:
         )
         return [_reason("KEY_TURN_OF_ANOTHER_TASK", **({"task_id": ready} if ready else {}))]
     return []
+
+
+def _may_read_holder(reader: Principal, key: ConcurrencyKey, holder: Attempt | None) -> bool:
+    """Whether `reader` may read the holding task (GET /v1/tasks/{id} would answer it)."""
+    if reader.all_queues:
+        return True
+    queue_id = (
+        holder.queue_id
+        if holder is not None
+        else Task.objects.filter(id=key.holder_task_id).values_list("queue_id", flat=True).first()
+    )
+    return queue_id is not None and reader.covers_queue(queue_id)
 
 
 def _worker_blockers(task: Task, now: datetime) -> list[dict[str, Any]]:

@@ -16,6 +16,8 @@ from orbit.timefmt import format_time
 from queues.models import Queue
 from tasks.actions import rounds
 from tasks.models import Attempt, ConcurrencyKey, WorkerIdentity
+from tests.conftest import api_client
+from tests.support.factories import ALL_SCOPES, make_credential
 from tests.support.tasks import (
     assert_error,
     assert_ok,
@@ -129,7 +131,9 @@ def test_application_quota_full(tenant):
     first = submit_ok(tenant.client, queue["id"], "a")
     second = submit_ok(tenant.client, queue["id"], "b")
     assert leased_ids(tenant, queue["id"]) == [first["id"]]
-    (item,) = blockers(tenant, second["id"])["items"]
+    # the counters are the application's: read with applications:manage (tests/tasks/test_blockers_scope.py)
+    manager = api_client(make_credential(tenant.namespace, scopes=[*ALL_SCOPES, "applications:manage"]).token)
+    (item,) = assert_ok(manager.get(f"/v1/tasks/{second['id']}/blockers"))["items"]
     assert item["code"] == "APPLICATION_QUOTA_FULL"
     assert (item["active_attempts"], item["max_active_attempts"]) == (1, 1)
     assert leased_ids(tenant, queue["id"]) == []
