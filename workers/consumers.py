@@ -60,6 +60,9 @@ UNACKED_MAX_BYTES = 1024 * 1024
 # marks a connection that does not read: it is closed and its unstarted leases
 # are released at once, so none of them expires into a new lease for it.
 ACK_TIMEOUT_SECONDS = 10.0
+# An authenticated connection that has not sent hello this long is closed: an
+# open socket costs the server memory, and a worker says hello at once.
+HELLO_TIMEOUT_SECONDS = 10.0
 
 # The release reason of what a closed connection never acknowledged.
 TAKEN_BACK_ON_CLOSE = "connection closed before the assignment was acknowledged"
@@ -67,7 +70,7 @@ TAKEN_BACK_ON_CLOSE = "connection closed before the assignment was acknowledged"
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
-CLOSE_ACK_TIMEOUT = 4408
+CLOSE_TIMEOUT = 4408  # assignments not acknowledged, or no hello, in time
 
 
 @dataclass
@@ -91,6 +94,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     credential: Minted | None = None
     worker: WorkerContext | None = None
     heartbeat: asyncio.Task | None = None
+    hello_deadline: asyncio.Task | None = None
 
     # The scope as Channels passes it (the stubs' scope type is private to them).
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -150,6 +154,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.principal = await run_db(authenticate_token, self.token)
             self.credential = known_credential(self.token)
             self.principal.require("workers:connect")
+            self.hello_deadline = asyncio.create_task(self.close_without_hello())
         except Unavailable as error:  # the database did not answer in time: try again, nothing is wrong
             await self.send_error(None, error)
             await self.close(code=1011)
@@ -180,7 +185,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.closed = True
         registry.unregister(self.wake)
         await self.take_back_undelivered(dict(self.undelivered))
-        for task in (self.dispatcher, self.heartbeat):
+        for task in (self.dispatcher, self.heartbeat, self.hello_deadline):
             if task is not None:
                 task.cancel()
         if self.worker is not None and self.worker.identity_id is not None:
@@ -188,6 +193,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             # down: the session then goes stale instead.
             with contextlib.suppress(Exception):
                 await run_db(end_session, identity_id=self.worker.identity_id, session_id=self.worker.session_id)
+
+    async def close_without_hello(self) -> None:
+        await asyncio.sleep(HELLO_TIMEOUT_SECONDS)
+        if self.worker is None and not self.closed:
+            message = f"no hello within {HELLO_TIMEOUT_SECONDS:g} s of connecting"
+            await self.send_json({"type": "error", "code": "HELLO_TIMEOUT", "message": message})
+            await self.close(code=CLOSE_TIMEOUT)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         FRAMES_RECEIVED.inc()
@@ -607,7 +619,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             " (or before their lease ended); their leases were released"
         )
         await self.send_json({"type": "error", "code": "ACK_TIMEOUT", "message": message})
-        await self.close(code=CLOSE_ACK_TIMEOUT)
+        await self.close(code=CLOSE_TIMEOUT)
         return True
 
     async def close_superseded(self, error: StateConflict) -> None:

@@ -193,7 +193,7 @@ def test_a_connection_that_never_reads_is_bounded_closed_and_its_leases_released
     assert elapsed < consumers.ACK_TIMEOUT_SECONDS + 5
     assert set(Task.objects.filter(id__in=task_ids).values_list("state", flat=True)) == {TaskState.WAITING}
     code, _ = close_code(silent)
-    assert code == consumers.CLOSE_ACK_TIMEOUT
+    assert code == consumers.CLOSE_TIMEOUT
     # and a worker that reads gets every task
     reader = open_worker(orbit_server, tenant.token, opened)
     hello(reader, queue["id"], "w-reader", capacity=40)
@@ -295,6 +295,27 @@ def test_a_silent_connection_leaves_the_server_memory_flat(tenant, orbit_server,
     leased = Attempt.objects.filter(worker_id="w-silent-big").count()
     print(f"silent connection: {leased} assigned of 150, server RSS {before:.0f} -> {after:.0f} MiB")
     # then it got at most one lease's worth, was closed, and the server holds no backlog for it
-    assert code == consumers.CLOSE_ACK_TIMEOUT
+    assert code == consumers.CLOSE_TIMEOUT
     assert leased <= consumers.UNACKED_MAX
     assert after - before < 24, (before, after)
+
+
+def test_an_authenticated_connection_that_never_says_hello_is_closed(tenant, orbit_server, opened):
+    # given 50 authenticated connections that send nothing (the audit: 300 of 300 open after 45 s)
+    silent = [open_worker(orbit_server, tenant.token, opened) for _ in range(50)]
+    began = time.monotonic()
+    # then each is told why and closed once the hello deadline has passed
+    for worker in silent:
+        code, frames = close_code(worker, timeout=consumers.HELLO_TIMEOUT_SECONDS + 10)
+        assert code == consumers.CLOSE_TIMEOUT
+        assert [(f["type"], f["code"]) for f in frames] == [("error", "HELLO_TIMEOUT")], frames
+        assert frames[0]["message"] == f"no hello within {consumers.HELLO_TIMEOUT_SECONDS:g} s of connecting"
+    assert time.monotonic() - began < consumers.HELLO_TIMEOUT_SECONDS + 5
+
+
+def test_a_connection_that_said_hello_outlives_the_hello_deadline(tenant, orbit_server, opened):
+    queue = make_queue(tenant, "hello-in-time", max_concurrency=4)
+    worker = open_worker(orbit_server, tenant.token, opened)
+    assert hello(worker, queue["id"], "w-hello-in-time")["type"] == "hello.ok"
+    time.sleep(consumers.HELLO_TIMEOUT_SECONDS + 1.5)
+    assert worker.request("drain")["type"] == "drain.ok"
