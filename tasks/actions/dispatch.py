@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import connection
 from django.utils import timezone
 
 from orbit.audit import emit_event
@@ -36,6 +35,7 @@ from orbit.timefmt import format_time
 from orbit.transactions import outermost
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
+from tasks import sql
 from tasks.actions import rollup
 from tasks.actions.context import (
     LEASE_BATCH_MAX,
@@ -55,7 +55,7 @@ from tasks.actions.context import (
     window_reopens_at,
     window_used,
 )
-from tasks.actions.readiness import LEASE_ORDER, NextInLine, hand_on, next_in_line
+from tasks.actions.readiness import NextInLine, hand_on, next_in_line
 from tasks.actions.serialize import assignment
 from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
 from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
@@ -74,32 +74,14 @@ class LeaseOutcome:
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
     """The best `count` leasable tasks of a queue for this worker, locked,
-    skipping rows another lease holds (the dispatch index, SPEC §10)."""
-    quote = connection.ops.quote_name
-    task_table, key_table = quote(Task._meta.db_table), quote(ConcurrencyKey._meta.db_table)
+    skipping rows another lease holds (tasks.sql.candidates)."""
     at = db_value(Task, "available_at", now)
-    where = [
-        "available_at <= %s AND key_ready = %s AND queue_id = %s AND state = %s",
-        "(deadline_at IS NULL OR deadline_at > %s)",
-    ]
+    where = sql.candidates(
+        keyed=worker.concurrency_keys, handlers=len(worker.handlers), max_key_version=MAX_LEASABLE_KEY_VERSION
+    )
     params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
-    if worker.concurrency_keys:
-        # Occupied keys are excluded before the LIMIT, so a backlog behind one
-        # busy key never hides the work of other keys. A key whose token space
-        # is spent can never lease again: it is excluded the same way (the
-        # bound is a literal: SQLite's integers cannot hold it as a parameter).
-        where.append(
-            f"(concurrency_key = '' OR NOT EXISTS (SELECT 1 FROM {key_table} k"
-            f" WHERE k.{quote('key')} = {task_table}.concurrency_key AND k.namespace_id = {task_table}.namespace_id"
-            f" AND (k.holder_attempt_id <> '' OR k.version > {int(MAX_LEASABLE_KEY_VERSION)})))"
-        )
-    else:
-        where.append("concurrency_key = ''")
-    if worker.handlers:
-        where.append(f"({' OR '.join(['(handler = %s AND handler_version = %s)'] * len(worker.handlers))})")
-        params += [part for pair in worker.handlers for part in pair]
-    order = f"{LEASE_ORDER} LIMIT %s"
-    return select_rows(Task, f"{' AND '.join(where)} {order}", [*params, count], lock=True, skip_locked=True)
+    params += [part for pair in worker.handlers for part in pair]
+    return select_rows(Task, where, [*params, count], lock=True, skip_locked=True)
 
 
 def lease(

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connection
-
 from orbit.db.rows import db_value, select_ids_together, select_rows, update_by_pk
+from tasks import sql
 from tasks.models import Task, TaskState
 
 
@@ -58,10 +57,6 @@ def enter_waiting(task: Task, now: datetime) -> bool:
 
 KeyGroup = tuple[str, str, str]  # (namespace_id, concurrency_key, queue_id)
 
-_GROUP = "namespace_id = %s AND concurrency_key = %s AND queue_id = %s AND state = %s"
-# The lease order (SPEC §7), as idx_task_dispatch and idx_task_ns_ckey hold it.
-LEASE_ORDER = "ORDER BY priority DESC, available_at ASC, id ASC"
-
 
 def promote_next(*, namespace_id: str, concurrency_key: str, queue_id: str, now: datetime) -> None:
     """After the ready task of a (key, queue) left WAITING: make the best waiting sibling ready."""
@@ -83,12 +78,9 @@ def promote_each(groups: list[KeyGroup], now: datetime) -> None:
     for namespace_id, key, queue_id in wanted:
         columns = [namespace_id, key, queue_id, TaskState.WAITING]
         queries += [
-            (f"{_GROUP} AND key_ready = %s LIMIT 1", [*columns, True]),
-            (
-                f"{_GROUP} AND key_ready = %s AND available_at <= %s {LEASE_ORDER} LIMIT 1",
-                [*columns, False, at],
-            ),
-            (f"{_GROUP} AND key_ready = %s LIMIT 1", [*columns, False]),
+            (sql.GROUP_ANY, [*columns, True]),
+            (sql.GROUP_BEST_AVAILABLE, [*columns, False, at]),
+            (sql.GROUP_ANY, [*columns, False]),
         ]
     found = iter(select_ids_together(Task, queries))
     chosen: list[str] = []
@@ -103,10 +95,7 @@ def promote_each(groups: list[KeyGroup], now: datetime) -> None:
             later.append(group)
     if later:
         queries = [
-            (
-                f"{_GROUP} AND key_ready = %s ORDER BY available_at ASC, priority DESC, id ASC LIMIT 1",
-                [namespace_id, key, queue_id, TaskState.WAITING, False],
-            )
+            (sql.GROUP_FIRST_LATER, [namespace_id, key, queue_id, TaskState.WAITING, False])
             for namespace_id, key, queue_id in later
         ]
         chosen += [ids[0] for ids in select_ids_together(Task, queries) if ids]
@@ -153,26 +142,9 @@ def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
     if not keyed:
         return {}
     at = db_value(Task, "available_at", now)
-    # One statement for all the groups: each candidate's group's best, one
-    # correlated scalar subquery (an index range of its group, LIMIT 1), and
-    # the rows it names locked. The subquery reads without a lock: under the
-    # application_state lock no other transaction changes the application's
-    # WAITING rows. A correlated subquery is planned once for all the groups
-    # (one scalar subquery per group was planned once each: most of the
-    # statement's time), and MariaDB is told its index: it would scan the
-    # dispatch index for it.
-    quote = connection.ops.quote_name
-    table = quote(Task._meta.db_table)
-    hint = " FORCE INDEX (idx_task_ns_ckey)" if connection.vendor == "mysql" else ""
-    best = (
-        f"SELECT (SELECT {quote('id')} FROM {table} s{hint} WHERE namespace_id = c.namespace_id"
-        " AND concurrency_key = c.concurrency_key AND queue_id = c.queue_id AND state = %s AND key_ready = %s"
-        f" AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s) {LEASE_ORDER} LIMIT 1)"
-        f" FROM {table} c WHERE c.{quote('id')} IN ({', '.join(['%s'] * len(keyed))})"
-    )
+    # One statement for all the groups, the siblings it names locked (tasks.sql.NEXT_IN_LINE).
     params: list[Any] = [TaskState.WAITING, False, at, at, *(task.id for task in keyed)]
-    where = f"{quote('id')} IN ({best})"
-    found = select_rows(Task, where, params, lock=True)
+    found = select_rows(Task, sql.next_in_line(len(keyed)), params, lock=True)
     by_group = {
         (row.namespace_id, row.concurrency_key, row.queue_id): row
         for row in found

@@ -12,18 +12,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from django.db import connection
-
 from orbit.db.rows import db_value, write_statement
+from tasks import sql
 from tasks.models import QueueMinute
 
 _gathering = threading.local()
-
-_UPSERT = {
-    "mysql": "ON DUPLICATE KEY UPDATE starts = starts + VALUES(starts), results = results + VALUES(results)",
-    "sqlite": "ON CONFLICT (queue_id, minute) DO UPDATE SET starts = starts + excluded.starts,"
-    " results = results + excluded.results",
-}
 
 
 def minute_of(moment: datetime) -> datetime:
@@ -57,13 +50,8 @@ def _write(counts: dict[str, Counter[tuple[str, datetime]]]) -> None:
     rows = sorted(set(counts["starts"]) | set(counts["results"]))
     if not rows:
         return
-    values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
     params: list[object] = []
     for queue_id, minute in rows:
         params += [queue_id, db_value(QueueMinute, "minute", minute), counts["starts"][queue_id, minute]]
         params.append(counts["results"][queue_id, minute])
-    table = connection.ops.quote_name(QueueMinute._meta.db_table)
-    write_statement(
-        f"INSERT INTO {table} (queue_id, minute, starts, results) VALUES {values} {_UPSERT[connection.vendor]}",
-        params,
-    )
+    write_statement(sql.rollup_add(len(rows)), params)

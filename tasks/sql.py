@@ -1,0 +1,139 @@
+"""The engine's hand-written SQL, each statement named and explained in one
+place (the model is Procrastinate's sql/queries.sql). Everything else the
+engine sends goes through the ORM or orbit.db.rows.
+
+A constant is a fragment or statement with `%s` parameters; a function
+fills in what only the connection knows (quoted identifiers, the vendor's
+upsert and index hint) or what the call decides (how many handlers or ids),
+and returns the text orbit.db.rows runs. The text is the same for the same
+shape of call, so the database's statement cache keeps working."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+# The lease order (SPEC §7), as idx_task_dispatch and idx_task_ns_ckey hold
+# it: higher priority first, then the longest available, then the id for a
+# stable order.
+LEASE_ORDER = "ORDER BY priority DESC, available_at ASC, id ASC"
+
+# --- the lease's candidates (the dispatch index, SPEC §10) -----------------
+
+# The WAITING ready tasks of one queue available now whose total deadline has
+# not passed. Parameters: available_at bound, key_ready True, queue_id,
+# state WAITING, deadline bound. It is the prefix of idx_task_dispatch.
+CANDIDATES = (
+    "available_at <= %s AND key_ready = %s AND queue_id = %s AND state = %s"
+    " AND (deadline_at IS NULL OR deadline_at > %s)"
+)
+
+# For a worker that took no concurrency keys: unkeyed tasks only.
+CANDIDATE_UNKEYED = "concurrency_key = ''"
+
+# For a worker that takes keys: occupied keys are excluded before the LIMIT,
+# so a backlog behind one busy key never hides the work of other keys. A key
+# whose token space is spent can never lease again: it is excluded the same
+# way (its bound is a literal: SQLite's integers cannot hold it as a parameter).
+CANDIDATE_KEY_FREE = (
+    "(concurrency_key = '' OR NOT EXISTS (SELECT 1 FROM {key_table} k"
+    " WHERE k.{key} = {task_table}.concurrency_key AND k.namespace_id = {task_table}.namespace_id"
+    " AND (k.holder_attempt_id <> '' OR k.version > {max_version})))"
+)
+
+# One (handler, version) pair a worker serves; a worker that listed its
+# handlers leases only tasks of one of them. Parameters: handler, version.
+CANDIDATE_HANDLER = "(handler = %s AND handler_version = %s)"
+
+
+def candidates(*, keyed: bool, handlers: int, max_key_version: int) -> str:
+    """The WHERE (with its order and LIMIT %s) of the lease's scan of one
+    queue: CANDIDATES, then the keys the worker may take, then `handlers`
+    CANDIDATE_HANDLER pairs (none: any handler)."""
+    quote = connection.ops.quote_name
+    where = [CANDIDATES]
+    if keyed:
+        where.append(
+            CANDIDATE_KEY_FREE.format(
+                key_table=quote("orbit_concurrency_key"),
+                task_table=quote("orbit_task"),
+                key=quote("key"),
+                max_version=int(max_key_version),
+            )
+        )
+    else:
+        where.append(CANDIDATE_UNKEYED)
+    if handlers:
+        where.append(f"({' OR '.join([CANDIDATE_HANDLER] * handlers)})")
+    return f"{' AND '.join(where)} {LEASE_ORDER} LIMIT %s"
+
+
+# --- the ready set of keyed work (tasks.actions.readiness) -----------------
+
+# The WAITING tasks of one (namespace, key, queue). Parameters: namespace_id,
+# concurrency_key, queue_id, state WAITING.
+KEY_GROUP = "namespace_id = %s AND concurrency_key = %s AND queue_id = %s AND state = %s"
+
+# Any task of the group with this key_ready (the ready one, or whether there
+# is another). Parameters: KEY_GROUP's, key_ready.
+GROUP_ANY = f"{KEY_GROUP} AND key_ready = %s LIMIT 1"
+
+# The group's best not-ready task available now, in the lease order: the one
+# to make ready. Parameters: KEY_GROUP's, key_ready False, available_at bound.
+GROUP_BEST_AVAILABLE = f"{KEY_GROUP} AND key_ready = %s AND available_at <= %s {LEASE_ORDER} LIMIT 1"
+
+# With none available: the group's not-ready task available first. It walks
+# every waiting task of the group, so it is asked only when the others found
+# siblings but none available. Parameters: KEY_GROUP's, key_ready False.
+GROUP_FIRST_LATER = f"{KEY_GROUP} AND key_ready = %s ORDER BY available_at ASC, priority DESC, id ASC LIMIT 1"
+
+# next_in_line: for each ready candidate `c` (by id), its group's best
+# not-ready sibling available now and within its deadline, and the rows it
+# names (the caller locks them). One correlated scalar subquery (an index
+# range of its group, LIMIT 1) is planned once for all the groups; one scalar
+# subquery per group was planned once each, most of the statement's time. It
+# reads without a lock: under the application_state lock no other
+# transaction changes the application's WAITING rows. MariaDB is told its
+# index ({hint}): it would scan the dispatch index for it. Parameters: state
+# WAITING, key_ready False, available_at bound, deadline bound, then the ids.
+NEXT_IN_LINE = (
+    "{id} IN (SELECT (SELECT {id} FROM {task_table} s{hint} WHERE namespace_id = c.namespace_id"
+    " AND concurrency_key = c.concurrency_key AND queue_id = c.queue_id AND state = %s AND key_ready = %s"
+    " AND available_at <= %s AND (deadline_at IS NULL OR deadline_at > %s) {order} LIMIT 1)"
+    " FROM {task_table} c WHERE c.{id} IN ({ids}))"
+)
+
+
+def next_in_line(count: int) -> str:
+    """NEXT_IN_LINE for `count` ready candidates, as the WHERE of a select of tasks."""
+    quote = connection.ops.quote_name
+    return NEXT_IN_LINE.format(
+        id=quote("id"),
+        task_table=quote("orbit_task"),
+        hint=" FORCE INDEX (idx_task_ns_ckey)" if connection.vendor == "mysql" else "",
+        order=LEASE_ORDER,
+        ids=", ".join(["%s"] * count),
+    )
+
+
+# --- the console's per-minute rollup (tasks.actions.rollup) ----------------
+
+# Adds a round's Starts and results to their (queue, minute) rows, creating
+# the rows it lacks: one statement, sent with the round's COMMIT. Parameters:
+# per row queue_id, minute, starts, results.
+ROLLUP_ADD = "INSERT INTO {table} (queue_id, minute, starts, results) VALUES {rows} {upsert}"
+
+# How each vendor adds to the row that already exists.
+ROLLUP_UPSERT = {
+    "mysql": "ON DUPLICATE KEY UPDATE starts = starts + VALUES(starts), results = results + VALUES(results)",
+    "sqlite": "ON CONFLICT (queue_id, minute) DO UPDATE SET starts = starts + excluded.starts,"
+    " results = results + excluded.results",
+}
+
+
+def rollup_add(rows: int) -> str:
+    """ROLLUP_ADD for `rows` (queue, minute) rows on this connection's database."""
+    return ROLLUP_ADD.format(
+        table=connection.ops.quote_name("orbit_queue_minute"),
+        rows=", ".join(["(%s, %s, %s, %s)"] * rows),
+        upsert=ROLLUP_UPSERT[connection.vendor],
+    )
