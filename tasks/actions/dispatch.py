@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -103,9 +103,12 @@ def lease(
     check of a Start, and its assignment says so (`state` RUNNING and
     `attempt_number`, as a held entry). Any other, and one a Start would
     refuse now (its queue's rate window full, a deadline passed), goes out
-    unstarted, for the worker's own task.start."""
+    unstarted, for the worker's own task.start.
+
+    In steps: the application's room, the queues' room, the candidates, their
+    key permits, then each candidate in lease order is taken (its key's token,
+    its attempt, its Start ahead) until the lease is full; the writes last."""
     worker = requests[0][0]  # what the kind shares
-    starting = starting or [None] * len(requests)
     limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
     if sum(limits) <= 0:
         return [LeaseOutcome([]) for _ in requests]
@@ -118,8 +121,35 @@ def lease(
     if want <= 0:
         return [LeaseOutcome([]) for _ in requests]
     states = lock_queue_states(worker.queue_ids)
-    queues = [queue for queue in configuration.queues_of(states) if queue.namespace_id == worker.namespace_id]
-    queues_by_id = {queue.id: queue for queue in queues}
+    queues = {queue.id: queue for queue in configuration.queues_of(states) if queue.namespace_id == worker.namespace_id}
+    headroom, rate_reopens_in = _queue_room(queues.values(), states, now)
+    if not headroom:
+        return [LeaseOutcome([], rate_reopens_in) for _ in requests]
+    candidates, more = _best_candidates(worker, headroom, want, now)
+    permits = _KeyPermits.lock(worker, candidates, now)
+    taking = _Taking(requests, list(starting or [None] * len(requests)), limits, headroom, states, queues, now)
+    for task in candidates:
+        if len(taking.chosen) >= want:
+            more = True
+            break
+        if taking.queue_full(task.queue_id):
+            continue
+        turn = permits.turn(task, worker)
+        if turn is not None:
+            taking.take(turn)
+    if not taking.chosen:
+        return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
+    taking.write(worker.application_id)
+    return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments]
+
+
+def _queue_room(
+    queues: Iterable[Queue], states: dict[str, QueueState], now: datetime
+) -> tuple[dict[str, int], float | None]:
+    """How many attempts each open queue may lease now (those with room: the
+    smaller of its free permits and its start window's room), and the seconds
+    until the first queue held back by a full start window reopens (None when
+    no queue is)."""
     headroom: dict[str, int] = {}
     rate_reopens_in: float | None = None
     for queue in queues:
@@ -134,8 +164,14 @@ def lease(
         elif start_room <= 0 and window_used(state, now) and reopens_at is not None:
             reopens = (reopens_at - now).total_seconds()
             rate_reopens_in = reopens if rate_reopens_in is None else min(rate_reopens_in, reopens)
-    if not headroom:
-        return [LeaseOutcome([], rate_reopens_in) for _ in requests]
+    return headroom, rate_reopens_in
+
+
+def _best_candidates(
+    worker: WorkerContext, headroom: dict[str, int], want: int, now: datetime
+) -> tuple[list[Task], bool]:
+    """The leasable tasks of the queues with room, locked, in lease order (at
+    most what the lease and each queue may take), and whether a queue had more."""
     candidates: list[Task] = []
     more = False  # a leasable candidate left over
     for queue_id, room in sorted(headroom.items()):
@@ -145,133 +181,193 @@ def lease(
         more = more or len(found) > min(want, room)
         candidates.extend(found[: min(want, room)])
     candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
-    key_rows = lock_concurrency_keys(worker.namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
-    lines = next_in_line(
-        [
+    return candidates, more
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A candidate the lease may take: `task` (the ready task, or the sibling
+    that took its key's turn), its key row when keyed, and what followed it
+    in its key's line."""
+
+    task: Task
+    key_row: ConcurrencyKey | None = None
+    line: NextInLine | None = None
+
+
+@dataclass(frozen=True)
+class _KeyPermits:
+    """The key rows of the lease's keyed candidates, locked, and each free
+    key's line (next_in_line)."""
+
+    rows: dict[str, ConcurrencyKey]
+    lines: dict[str, NextInLine]
+
+    @classmethod
+    def lock(cls, worker: WorkerContext, candidates: list[Task], now: datetime) -> _KeyPermits:
+        rows = lock_concurrency_keys(worker.namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
+        free = [
             task
             for task in candidates
-            if (row := key_rows.get(task.concurrency_key)) is not None
+            if (row := rows.get(task.concurrency_key)) is not None
             and not key_blocks(holder_attempt_id=row.holder_attempt_id, version=row.version)
-        ],
-        now,
-    )
+        ]
+        return cls(rows, next_in_line(free, now))
 
-    chosen: list[tuple[Task, Attempt]] = []
-    started: list[tuple[Task, Attempt]] = []  # of those chosen, the ones started ahead
-    handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
-    key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
-    taken_per_queue: dict[str, int] = {}
-    # Which request the next attempt goes to: each is filled up to its limit in
-    # turn, those that start what they take first (a hand-off, whose result
-    # asked for its next Start: the released key goes on with it; another
-    # request would take it unstarted, to be started in a round of its own).
-    order = sorted(range(len(requests)), key=lambda index: starting[index] is None)
-    takers = iter([index for index in order for _ in range(limits[index])])
-    assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
-    for task in candidates:
-        if len(chosen) >= want:
-            more = True
-            break
-        if taken_per_queue.get(task.queue_id, 0) >= headroom[task.queue_id]:
-            continue
+    def turn(self, task: Task, worker: WorkerContext) -> _Turn | None:
+        """Whose turn a candidate is: its own, an overtaking sibling's, or (None)
+        nobody's in this lease."""
+        if not task.concurrency_key:
+            return _Turn(task)
+        key_row = self.rows.get(task.concurrency_key)
+        if key_row is None:
+            return None  # never lease a keyed task without its key permit
+        if key_blocks(holder_attempt_id=key_row.holder_attempt_id, version=key_row.version):
+            # Held (by a twin in this batch or a lease that won the race),
+            # or the token space is spent: refuse rather than wrap.
+            return None
+        line = self.lines.get(task.id)
+        sibling = line.overtaker if line is not None else None
+        if sibling is not None:
+            if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
+                return None  # the key's turn is the sibling's, for a worker that serves it
+            task = sibling
+        return _Turn(task, key_row, line)
+
+
+class _Taking:
+    """What a lease takes, candidate by candidate, and writes at its end."""
+
+    def __init__(
+        self,
+        requests: list[tuple[WorkerContext, int]],
+        starting: list[tuple[str, str] | None],
+        limits: list[int],
+        headroom: dict[str, int],
+        states: dict[str, QueueState],
+        queues: dict[str, Queue],
+        now: datetime,
+    ) -> None:
+        self.requests, self.starting, self.headroom = requests, starting, headroom
+        self.states, self.queues, self.now = states, queues, now
+        self.chosen: list[tuple[Task, Attempt]] = []
+        self.started: list[tuple[Task, Attempt]] = []  # of those chosen, the ones started ahead
+        self.handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
+        self.key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
+        self.per_queue: dict[str, int] = {}
+        self.assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
+        # Which request the next attempt goes to: each is filled up to its limit in
+        # turn, those that start what they take first (a hand-off, whose result
+        # asked for its next Start: the released key goes on with it; another
+        # request would take it unstarted, to be started in a round of its own).
+        order = sorted(range(len(requests)), key=lambda index: starting[index] is None)
+        self.takers = iter([index for index in order for _ in range(limits[index])])
+
+    def queue_full(self, queue_id: str) -> bool:
+        return self.per_queue.get(queue_id, 0) >= self.headroom[queue_id]
+
+    def take(self, turn: _Turn) -> None:
+        """Leases the turn's task to the next request: its key's next token,
+        its attempt, and its Start when its worker sent that ahead."""
+        task, key_row, now = turn.task, turn.key_row, self.now
         token = None
-        key_row = key_rows.get(task.concurrency_key) if task.concurrency_key else None
-        if task.concurrency_key and key_row is None:
-            continue  # never lease a keyed task without its key permit
         if key_row is not None:
-            if key_blocks(holder_attempt_id=key_row.holder_attempt_id, version=key_row.version):
-                # Held (by a twin in this batch or a lease that won the race),
-                # or the token space is spent: refuse rather than wrap.
-                continue
-            line = lines.get(task.id)
-            sibling = line.overtaker if line is not None else None
-            if sibling is not None:
-                if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
-                    continue  # the key's turn is the sibling's, for a worker that serves it
-                task = sibling
-            handed_on.append((task, line))
+            self.handed_on.append((task, turn.line))
             key_row.version += 1
             token = key_row.version
-        taker = next(takers)
-        holder = requests[taker][0]
-        task.epoch += 1
-        attempt = new_row(
-            Attempt,
-            task_id=task.id,
-            namespace_id=task.namespace_id,
-            application_id=task.application_id,
-            queue_id=task.queue_id,
-            state=AttemptState.LEASED,
-            epoch=task.epoch,
-            concurrency_key=task.concurrency_key,
-            concurrency_token=token,
-            worker_id=holder.worker_id,
-            session_id=holder.session_id,
-            leased_at=now,
-            lease_expires_at=lease_expiry(task, now),
-        )
+        taker = next(self.takers)
+        holder = self.requests[taker][0]
+        attempt = _new_attempt(task, holder, token, now)
         if key_row is not None:
-            key_row.holder_attempt_id = attempt.id
-            key_row.holder_task_id = task.id
-            key_row.updated_at = now
-            key_changes[key_row.pk] = {
-                "version": key_row.version,
-                "holder_attempt_id": attempt.id,
-                "holder_task_id": task.id,
-                "updated_at": now,
-            }
+            self.key_changes[key_row.pk] = _hold_key(key_row, task, attempt, now)
         task.state = TaskState.LEASED
         task.updated_at = now
-        chosen.append((task, attempt))
-        served = starting[taker]
-        if (
-            served is not None
-            and (holder.handlers or (task.handler, task.handler_version) == served)
-            and _start_ahead(task, attempt, states, queues_by_id, now)
-        ):
-            started.append((task, attempt))
-            assignments[taker].append(held_entry(task, attempt))
+        self.chosen.append((task, attempt))
+        if _start_ahead(self.starting[taker], holder, task, attempt, self.states, self.queues, now):
+            self.started.append((task, attempt))
+            self.assignments[taker].append(held_entry(task, attempt))
         else:
-            assignments[taker].append(assignment(task, attempt))
-        taken_per_queue[task.queue_id] = taken_per_queue.get(task.queue_id, 0) + 1
-    if not chosen:
-        return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
+            self.assignments[taker].append(assignment(task, attempt))
+        self.per_queue[task.queue_id] = self.per_queue.get(task.queue_id, 0) + 1
 
-    insert_rows([attempt for _, attempt in chosen])
-    update_each_by_pk(ConcurrencyKey, key_changes)
-    # Every chosen task was locked WAITING at its epoch: one statement moves
-    # those leased, one those also started.
-    started_ids = {task.id for task, _ in started}
-    update_by_pk(
-        Task,
-        [task.id for task, _ in chosen if task.id not in started_ids],
-        {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now},
-    )
-    update_by_pk(
-        Task, sorted(started_ids), {"state": TaskState.RUNNING, "epoch": Add(1), "attempts": Add(1), "updated_at": now}
-    )
-    # Each keyed one was its key's ready task in its queue: hand the role on.
-    hand_on(handed_on, now)
-    add_to_row(ApplicationState, worker.application_id, {"active_attempts": len(chosen)})
-    started_per_queue = Counter(task.queue_id for task, _ in started)
-    for queue_id, count in sorted(taken_per_queue.items()):
-        add_to_row(
-            QueueState, queue_id, {"active_permits": count, "reserved_starts": count - started_per_queue[queue_id]}
+    def write(self, application_id: str) -> None:
+        """The lease's writes: its attempts, key rows, tasks, the ready roles
+        it hands on, the counters, events and metrics."""
+        chosen, started, now = self.chosen, self.started, self.now
+        insert_rows([attempt for _, attempt in chosen])
+        update_each_by_pk(ConcurrencyKey, self.key_changes)
+        # Every chosen task was locked WAITING at its epoch: one statement moves
+        # those leased, one those also started.
+        started_ids = {task.id for task, _ in started}
+        update_by_pk(
+            Task,
+            [task.id for task, _ in chosen if task.id not in started_ids],
+            {"state": TaskState.LEASED, "epoch": Add(1), "updated_at": now},
         )
-    _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
-    ATTEMPTS_LEASED.inc(len(chosen))
-    if started:
-        _count_starts(started, started_per_queue, states, now)
-    return [LeaseOutcome(entries, rate_reopens_in, more) for entries in assignments]
+        update_by_pk(
+            Task,
+            sorted(started_ids),
+            {"state": TaskState.RUNNING, "epoch": Add(1), "attempts": Add(1), "updated_at": now},
+        )
+        # Each keyed one was its key's ready task in its queue: hand the role on.
+        hand_on(self.handed_on, now)
+        add_to_row(ApplicationState, application_id, {"active_attempts": len(chosen)})
+        started_per_queue = Counter(task.queue_id for task, _ in started)
+        for queue_id, count in sorted(self.per_queue.items()):
+            add_to_row(
+                QueueState, queue_id, {"active_permits": count, "reserved_starts": count - started_per_queue[queue_id]}
+            )
+        _emit_moves([task for task, _ in chosen], TaskState.LEASED, previous=TaskState.WAITING)
+        ATTEMPTS_LEASED.inc(len(chosen))
+        if started:
+            _count_starts(started, started_per_queue, self.states, now)
+
+
+def _new_attempt(task: Task, holder: WorkerContext, token: int | None, now: datetime) -> Attempt:
+    """The LEASED attempt of a task for its holder, at the task's next epoch."""
+    task.epoch += 1
+    return new_row(
+        Attempt,
+        task_id=task.id,
+        namespace_id=task.namespace_id,
+        application_id=task.application_id,
+        queue_id=task.queue_id,
+        state=AttemptState.LEASED,
+        epoch=task.epoch,
+        concurrency_key=task.concurrency_key,
+        concurrency_token=token,
+        worker_id=holder.worker_id,
+        session_id=holder.session_id,
+        leased_at=now,
+        lease_expires_at=lease_expiry(task, now),
+    )
+
+
+def _hold_key(key_row: ConcurrencyKey, task: Task, attempt: Attempt, now: datetime) -> dict[str, Any]:
+    """Gives the key's permit to the attempt, in memory; returns the row's changes."""
+    key_row.holder_attempt_id = attempt.id
+    key_row.holder_task_id = task.id
+    key_row.updated_at = now
+    return {"version": key_row.version, "holder_attempt_id": attempt.id, "holder_task_id": task.id, "updated_at": now}
 
 
 def _start_ahead(
-    task: Task, attempt: Attempt, states: dict[str, QueueState], queues: dict[str, Queue], now: datetime
+    served: tuple[str, str] | None,
+    holder: WorkerContext,
+    task: Task,
+    attempt: Attempt,
+    states: dict[str, QueueState],
+    queues: dict[str, Queue],
+    now: datetime,
 ) -> bool:
     """Starts an attempt the lease just made, for a worker that sent its Start
-    ahead: what _start_one decides for a Start of a LEASED attempt within its
-    lease (the lease has checked the queue is open). False, changing nothing,
-    where that Start would be refused; the worker then sends its own."""
+    ahead (`served`: the handler and version it evidently serves) and serves
+    this task for sure: what _start_one decides for a Start of a LEASED attempt
+    within its lease (the lease has checked the queue is open). False,
+    changing nothing, where that Start would be refused; the worker then
+    sends its own."""
+    if served is None or not (holder.handlers or (task.handler, task.handler_version) == served):
+        return False
     if deadline_failure(task, now) is not None:
         return False
     try:
