@@ -63,6 +63,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from reliability import checks  # noqa: E402
 from reliability.mariadb import PrivateMariaDB, available, free_port  # noqa: E402
 
 PYTHON = sys.executable
@@ -1174,6 +1175,7 @@ class Harness:
             log(output.splitlines()[-1] if output else "orbit_check: ok")
 
     def check(self) -> None:
+        """The end checks (reliability/checks.py) over the quiet database and the ledgers."""
         assert self.submitter is not None
         stats = self.submitter.stats
         tasks = {
@@ -1213,91 +1215,31 @@ class Harness:
                 (self.namespace_id,),
             )
         }
-
-        # 1. No accepted task lost.
-        lost = [key for key, task_id in stats.accepted.items() if task_id not in tasks]
-        for key in lost[:20]:
-            self.violation(f"accepted task lost: {key} -> {stats.accepted[key]} is not in orbit_task")
-
-        # 2. Exactly one task per idempotency key.
-        by_idem = collections.defaultdict(list)
-        for task in tasks.values():
-            by_idem[task["idem"]].append(task["id"])
-        for idem, ids in by_idem.items():
-            if len(ids) > 1:
-                self.violation(f"idempotency key {idem}: {len(ids)} tasks {ids}")
-        for key, raw in records.items():
-            data = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
-            task_id = (data.get("task") or {}).get("id")
-            if task_id not in tasks:
-                self.violation(f"idempotency record {key}: task {task_id} not in orbit_task")
-            elif tasks[task_id]["idem"] != key:
-                self.violation(f"idempotency record {key}: points at task {task_id} of key {tasks[task_id]['idem']}")
-            if key in stats.accepted and stats.accepted[key] != task_id:
-                self.violation(f"idempotency key {key}: client got {stats.accepted[key]}, record says {task_id}")
-        orphans = [t["id"] for t in tasks.values() if t["idem"] not in records]
-        for task_id in orphans[:20]:
-            self.violation(f"task {task_id} has no idempotency record")
+        found = [
+            # No accepted task lost; exactly one task per idempotency key.
+            *checks.accepted_tasks_not_lost(stats.accepted, tasks),
+            *checks.one_task_per_idempotency_key(tasks),
+            *checks.idempotency_records_point_at_their_tasks(records, tasks),
+            *checks.receipts_agree_with_idempotency_records(stats.accepted, records),
+            *checks.tasks_have_idempotency_records(tasks, records),
+            # Attempts agree with their tasks: counters recomputed, one success, no work after it.
+            *checks.attempt_counters_match_started_attempts(tasks, attempts),
+            *checks.one_success_per_succeeded_task(tasks, attempts),
+            # Per key: permits never overlap, tokens strictly increase in lease order.
+            *checks.key_tokens_increase_in_lease_order(attempts),
+            *checks.key_permits_never_overlap(attempts),
+        ]
+        for message in found:
+            self.violation(message)
         unknown_to_client = [key for key in records if key not in stats.accepted]
         if unknown_to_client:
             # The client gave up on these (run ended mid-retry): accepted by the server, never acknowledged.
             self.notes.append(f"{len(unknown_to_client)} tasks accepted by the server but never acknowledged")
-
-        # 3. Attempts agree with their tasks: counters recomputed, one success, no work after it.
-        by_task = collections.defaultdict(list)
-        for attempt in attempts:
-            by_task[attempt["task_id"]].append(attempt)
-        for task_id, task in tasks.items():
-            own = sorted(by_task.get(task_id, []), key=lambda a: a["epoch"])
-            started = [a for a in own if a["started_at"] is not None]
-            if task["attempts"] != len(started):
-                self.violation(f"task {task_id}: attempts={task['attempts']} but {len(started)} attempts started")
-            numbers = sorted(a["number"] for a in started)
-            if numbers != list(range(1, len(started) + 1)):
-                self.violation(f"task {task_id}: attempt numbers {numbers}")
-            if len({a["epoch"] for a in own}) != len(own):
-                self.violation(f"task {task_id}: two attempts share an epoch")
-            successes = [a for a in own if a["state"] == "SUCCEEDED"]
-            if task["state"] == "SUCCEEDED" and len(successes) != 1:
-                self.violation(f"task {task_id}: SUCCEEDED with {len(successes)} succeeded attempts")
-            if task["state"] != "SUCCEEDED" and successes:
-                self.violation(f"task {task_id}: {task['state']} but has a succeeded attempt")
-            if successes and own[-1]["id"] != successes[0]["id"]:
-                self.violation(f"task {task_id}: an attempt was leased after the succeeded one")
-
-        # 4. Per key: permits never overlap, tokens strictly increase in lease order.
-        by_key = collections.defaultdict(list)
-        for attempt in attempts:
-            if attempt["key"]:
-                by_key[attempt["key"]].append(attempt)
-        for key, own in by_key.items():
-            own.sort(key=lambda a: (a["leased_at"], a["token"] or 0))
-            for previous, current in itertools.pairwise(own):
-                if previous["token"] is None or current["token"] is None or current["token"] <= previous["token"]:
-                    self.violation(
-                        f"key {key}: token {current['token']} ({current['id']}) after {previous['token']} "
-                        f"({previous['id']}) in lease order"
-                    )
-                if previous["finished_at"] is None or previous["finished_at"] > current["leased_at"]:
-                    self.violation(
-                        f"key {key}: attempt {current['id']} leased at {current['leased_at']:.6f} while "
-                        f"{previous['id']} held the permit (until {previous['finished_at']})"
-                    )
-
-        # How long the attempts of a killed worker process stayed held: until the lease ran out
-        # and a server's sweep (or, for a same-id restart, the new process) ended them.
-        delays = []
-        for worker_id, killed_wall in self.killed_workers:
-            for attempt in attempts:
-                if attempt["worker_id"] != worker_id or attempt["leased_at"] > killed_wall:
-                    continue
-                if attempt["finished_at"] is not None and attempt["finished_at"] > killed_wall:
-                    delays.append(attempt["finished_at"] - killed_wall)
+        delays = checks.killed_worker_recovery_delays(self.killed_workers, attempts)
         self.figures["killed_worker_attempts_recovered"] = len(delays)
         self.figures["killed_worker_recovery_max_s"] = round(max(delays), 2) if delays else None
 
-        # 5. The workers' ledgers.
-        self.check_ledgers(tasks, {a["id"]: a for a in attempts})
+        self.check_ledgers({a["id"]: a for a in attempts})
 
         states = collections.Counter(task["state"] for task in tasks.values())
         attempt_states = collections.Counter(a["state"] for a in attempts)
@@ -1310,7 +1252,7 @@ class Harness:
                 "attempt_states": dict(sorted(attempt_states.items())),
                 "late_results": sum(a["late"] for a in attempts),
                 "keyed_tasks": sum(1 for t in tasks.values() if t["key"]),
-                "keys": len(by_key),
+                "keys": len({a["key"] for a in attempts if a["key"]}),
                 "submit_deduplicated_replays": stats.deduplicated,
                 "submit_concurrent_twins": stats.twins,
                 "submit_late_replays": stats.replays,
@@ -1324,94 +1266,32 @@ class Harness:
         for message in stats.slow[:20]:
             self.violation(f"slow answer: {message}")
 
-    def check_ledgers(self, tasks: dict[str, dict], attempts: dict[str, dict]) -> None:
+    def check_ledgers(self, attempts: dict[str, dict]) -> None:
+        """The workers' ledgers against the attempt rows (reliability/checks.py)."""
         killed: dict[tuple[str, int], float] = {}
         for slot in self.slots:
             killed.update(slot.killed_at)
-        executions: dict[str, dict[str, Any]] = {}
-        for path in sorted((self.work / "ledgers").glob("*.jsonl")):
-            for line in path.read_text().splitlines():
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line cut by kill -9
-                entry = executions.setdefault(record["attempt_id"], {"attempt_id": record["attempt_id"]})
-                entry.update({k: record[k] for k in ("task_id", "key", "token", "worker_id", "idem", "pid")})
-                if record["event"] == "start":
-                    if "start" in entry:
-                        self.violation(f"attempt {record['attempt_id']}: handler ran twice")
-                    entry["start"] = record["t"]
-                else:
-                    entry["end"] = record["t"]
-                    entry["write"] = record.get("write")
-                    entry["lease_lost"] = record.get("lease_lost")
-        open_ended = 0
-        fenced_overlaps = 0
-        stale_writes = 0
-        by_key = collections.defaultdict(list)
-        for entry in executions.values():
-            attempt = attempts.get(entry["attempt_id"])
-            if "start" not in entry:
-                continue
-            if attempt is None:
-                self.violation(f"ledger attempt {entry['attempt_id']} is not in orbit_attempt")
-                continue
-            token = int(entry["token"]) if entry["token"] is not None else None
-            if attempt["task_id"] != entry["task_id"] or (attempt["key"] or None) != entry["key"]:
-                self.violation(f"ledger attempt {entry['attempt_id']}: task/key differ from the database")
-            if attempt["token"] != token:
-                self.violation(f"ledger attempt {entry['attempt_id']}: token {token} but database {attempt['token']}")
-            if attempt["started_at"] is None or entry["start"] < attempt["started_at"] - 0.001:
-                self.violation(
-                    f"attempt {entry['attempt_id']}: handler began at {entry['start']:.6f} before Start was "
-                    f"approved ({attempt['started_at']})"
-                )
-            if "end" not in entry:
-                open_ended += 1
-                entry["end"] = killed.get((entry["worker_id"], entry["pid"]), float("inf"))
-                if entry["end"] == float("inf"):
-                    self.violation(f"attempt {entry['attempt_id']}: handler never ended and its worker was not killed")
-            if entry.get("write") == "stale":
-                stale_writes += 1
-                if attempt["state"] != "UNKNOWN":
-                    self.violation(
-                        f"attempt {entry['attempt_id']}: its write was refused as stale, yet it ended "
-                        f"{attempt['state']} (it held the permit while a newer token wrote)"
-                    )
-            if entry["key"]:
-                by_key[entry["key"]].append({**entry, "token_int": token})
-        for key, runs in by_key.items():
-            runs.sort(key=lambda e: e["start"])
-            for i, first in enumerate(runs):
-                for second in runs[i + 1 :]:
-                    if second["start"] >= first["end"]:
-                        break
-                    a1, a2 = attempts[first["attempt_id"]], attempts[second["attempt_id"]]
-                    lost_in_time = (
-                        a1["state"] == "UNKNOWN"
-                        and a1["finished_at"] is not None
-                        and a1["finished_at"] <= a2["leased_at"]
-                    )
-                    if lost_in_time:
-                        fenced_overlaps += 1  # the first lost its lease first: the token fences it
-                    else:
-                        self.violation(
-                            f"key {key}: executions of {first['attempt_id']} ({a1['state']}) and "
-                            f"{second['attempt_id']} overlapped while both held the permit"
-                        )
-            for first, second in itertools.pairwise(runs):
-                if second["token_int"] <= first["token_int"]:
-                    self.violation(
-                        f"key {key}: execution with token {second['token_int']} began after token {first['token_int']}"
-                    )
+        ledgers = checks.read_ledgers(self.work / "ledgers")
+        runs_by_key = checks.executions_by_key(ledgers, attempts, killed)
+        found = [
+            *checks.handlers_ran_once(ledgers),
+            *checks.ledger_attempts_exist(ledgers, attempts),
+            *checks.ledger_attempts_match_the_database(ledgers, attempts),
+            *checks.handlers_begin_after_start_approved(ledgers, attempts),
+            *checks.unended_handlers_were_killed(ledgers, attempts, killed),
+            *checks.stale_writes_only_from_lost_leases(ledgers, attempts),
+            *checks.key_executions_never_overlap_while_both_held_the_permit(runs_by_key, attempts),
+            *checks.key_executions_begin_in_token_order(runs_by_key),
+        ]
+        for message in found:
+            self.violation(message)
+        known = [e for e in checks.started_executions(ledgers) if e["attempt_id"] in attempts]
         self.figures.update(
             {
-                "executions": len(executions),
-                "executions_cut_by_kill": open_ended,
-                "fenced_overlaps": fenced_overlaps,
-                "stale_writes_refused": stale_writes,
+                "executions": len(ledgers.executions),
+                "executions_cut_by_kill": sum(1 for e in known if "end" not in e),
+                "fenced_overlaps": checks.fenced_overlaps(runs_by_key, attempts),
+                "stale_writes_refused": sum(1 for e in known if e.get("write") == "stale"),
             }
         )
 
@@ -1432,7 +1312,14 @@ class Harness:
                 (self.submitter.stats.accepted[keys[1]],),
             )
             cursor.execute("UPDATE twin SET id=%s", (uuid.uuid4().hex,))
-            cursor.execute("INSERT INTO orbit_task SELECT * FROM twin")
+            # MariaDB refuses values for generated columns (deadline_due_at, ...): copy the stored ones only.
+            cursor.execute(
+                "SELECT GROUP_CONCAT(CONCAT('`', column_name, '`') ORDER BY ordinal_position) "
+                "FROM information_schema.columns WHERE table_schema=DATABASE() AND table_name='orbit_task' "
+                "AND extra NOT LIKE '%%GENERATED%%'"
+            )
+            stored = cursor.fetchone()[0]
+            cursor.execute(f"INSERT INTO orbit_task ({stored}) SELECT {stored} FROM twin")
             cursor.execute(
                 "SELECT id, concurrency_key, leased_at FROM orbit_attempt WHERE concurrency_key<>'' "
                 "ORDER BY leased_at DESC LIMIT 1"
