@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from django.db import IntegrityError
 
@@ -275,7 +275,8 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
         ]
         for index, outcome in zip(later, batch.submit_each_credential(requests), strict=True):
             answers[index] = outcome
-    return answers  # type: ignore[return-value]
+    assert all(answer is not None for answer in answers), "every item gets an answer"
+    return [answer for answer in answers if answer is not None]
 
 
 def _identity_ids(leases: list[tuple[int, LeaseRequest]]) -> list[int]:
@@ -315,141 +316,224 @@ def _granted(items: list[tuple[int, W]], revoked: set[str], decided: list[tuple[
     return granted
 
 
-def _decide_round(
-    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
-) -> None:
-    """Fills in `answers` for the round's results, starts, leases and `submits`
-    (unlocked first reads, then one transaction)."""
-    reports = [(i, item) for i, item in enumerate(items) if isinstance(item, ResultReport)]
-    starts = [(i, item) for i, item in enumerate(items) if isinstance(item, StartRequest)]
-    leases = [(i, item) for i, item in enumerate(items) if isinstance(item, LeaseRequest)]
+@dataclass(frozen=True)
+class _Parts:
+    """A round's results, starts and leases (each with its index into the
+    round's items) that its first reads did not answer, and the attempts
+    those reads peeked."""
 
-    # Requests that need no transaction are answered from the first reads.
-    attempts = first.attempts
-    refusals, report_peeks = endings.peek_reports([report for _, report in reports], attempts)
-    for (index, _), refusal in zip(reports, refusals, strict=True):
-        answers[index] = refusal
-    start_answers, start_peeks = dispatch.peek_starts([start for _, start in starts], attempts)
-    for (index, _), answer in zip(starts, start_answers, strict=True):
-        answers[index] = answer
-    for index, lease in leases:
-        if lease.limit <= 0:
-            answers[index] = LeaseOutcome([])
-    leases = [(i, lease) for i, lease in leases if answers[i] is None]
-    reports = [(i, report) for i, report in reports if answers[i] is None]
-    starts = [(i, start) for i, start in starts if answers[i] is None]
-    submitting = submits if submits is not None and submits.pending else None  # the submits left to admit
-    if not (reports or starts or leases or submitting):
-        return
+    reports: list[tuple[int, ResultReport]]
+    starts: list[tuple[int, StartRequest]]
+    leases: list[tuple[int, LeaseRequest]]
+    report_peeks: dict[str, dict[str, Any]]
+    start_peeks: dict[str, Attempt]
 
-    applications = {report_peeks[r.attempt_id]["application_id"] for _, r in reports}
-    applications |= {start_peeks[s.attempt_id].application_id for _, s in starts}
-    applications |= {lease.worker.application_id for _, lease in leases}
-    queue_ids = {report_peeks[r.attempt_id]["queue_id"] for _, r in reports}
-    queue_ids |= {start_peeks[s.attempt_id].queue_id for _, s in starts}
-    for _, lease in leases:
-        queue_ids.update(lease.worker.queue_ids)
-    submit_queue_ids: set[str] = set()
-    if submitting:
-        applications.add(submitting.actor.principal.application_id)
-        submit_queue_ids = {fields["queue_id"] for _, fields in submitting.pending}
-    configuration = first.configuration_of(applications, queue_ids | submit_queue_ids)
-    if submitting:
-        # Only queues of the submits' namespace are locked: admission refuses
-        # the others as not found, without a lock.
-        namespace_id = submitting.actor.namespace_id
-        queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
+    @classmethod
+    def unanswered(
+        cls, items: list[RoundItem], answers: list[Answer | BaseException | None], first: _FirstReads
+    ) -> _Parts:
+        """Answers from the first reads the requests that need no transaction
+        (a result or start whose attempt the worker does not hold, a replayed
+        start, a lease of nothing); the others are the parts."""
+        reports = [(i, item) for i, item in enumerate(items) if isinstance(item, ResultReport)]
+        starts = [(i, item) for i, item in enumerate(items) if isinstance(item, StartRequest)]
+        leases = [(i, item) for i, item in enumerate(items) if isinstance(item, LeaseRequest)]
+        refusals, report_peeks = endings.peek_reports([report for _, report in reports], first.attempts)
+        for (index, _), refusal in zip(reports, refusals, strict=True):
+            answers[index] = refusal
+        start_answers, start_peeks = dispatch.peek_starts([start for _, start in starts], first.attempts)
+        for (index, _), answer in zip(starts, start_answers, strict=True):
+            answers[index] = answer
+        for index, lease in leases:
+            if lease.limit <= 0:
+                answers[index] = LeaseOutcome([])
+        return cls(
+            reports=[(i, report) for i, report in reports if answers[i] is None],
+            starts=[(i, start) for i, start in starts if answers[i] is None],
+            leases=[(i, lease) for i, lease in leases if answers[i] is None],
+            report_peeks=report_peeks,
+            start_peeks=start_peeks,
+        )
 
-    # Locked in the counters' round trip, after them, in the global order:
-    # a lease is for its connection's session only, so its worker identity
-    # row (a hello of the same worker_id waits for this round, then counts
-    # what it leased as held); each worker's credential, read again so a
-    # revocation commits before this round (which then refuses its items) or
-    # after it; and, with no keyed submit in the round, the key rows of its
-    # keyed results, then the results' and starts' tasks and attempts, which
-    # nothing but their own part changes (key rows before tasks): the results
-    # and starts then lock nothing in round trips of their own.
-    workers = [item.worker for _, item in reports + starts + leases]
-    ahead: list[tuple[Any, Any] | LockedBy] = [
-        (WorkerIdentity, _identity_ids(leases)),
-        (Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}),
-    ]
-    if not (submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending)):
-        result_keys = keys_by_namespace(report_peeks[report.attempt_id] for _, report in reports)
+    @property
+    def workers(self) -> list[WorkerContext]:
+        return [item.worker for _, item in self.reports + self.starts + self.leases]
+
+    def counter_rows(self) -> tuple[set[str], set[str]]:
+        """The applications and queues whose counter rows the parts lock."""
+        applications = {self.report_peeks[r.attempt_id]["application_id"] for _, r in self.reports}
+        applications |= {self.start_peeks[s.attempt_id].application_id for _, s in self.starts}
+        applications |= {lease.worker.application_id for _, lease in self.leases}
+        queue_ids = {self.report_peeks[r.attempt_id]["queue_id"] for _, r in self.reports}
+        queue_ids |= {self.start_peeks[s.attempt_id].queue_id for _, s in self.starts}
+        for _, lease in self.leases:
+            queue_ids.update(lease.worker.queue_ids)
+        return applications, queue_ids
+
+    def rows_ahead(self, submitting: _Submits | None) -> list[tuple[Any, Any] | LockedBy]:
+        """The rows locked in the counters' round trip, after them, in the
+        global order: a lease is for its connection's session only, so its
+        worker identity row (a hello of the same worker_id waits for this
+        round, then counts what it leased as held); each worker's credential,
+        read again so a revocation commits before this round (which then
+        refuses its items) or after it; and, with no keyed submit in the
+        round, the key rows of its keyed results, then the results' and
+        starts' tasks and attempts, which nothing but their own part changes
+        (key rows before tasks): the results and starts then lock nothing in
+        round trips of their own."""
+        workers = self.workers
+        ahead: list[tuple[Any, Any] | LockedBy] = [
+            (WorkerIdentity, _identity_ids(self.leases)),
+            (Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}),
+        ]
+        if submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending):
+            return ahead
+        reports, starts = self.reports, self.starts
+        result_keys = keys_by_namespace(self.report_peeks[report.attempt_id] for _, report in reports)
         ahead += [key_rows_ahead(namespace_id, keys) for namespace_id, keys in sorted(result_keys.items())]
-        ahead_task_ids = [report_peeks[r.attempt_id]["task_id"] for _, r in reports]
-        ahead_task_ids += [start_peeks[s.attempt_id].task_id for _, s in starts]
-        ahead += [(Task, ahead_task_ids), (Attempt, [item.attempt_id for _, item in reports + starts])]
+        task_ids = [self.report_peeks[r.attempt_id]["task_id"] for _, r in reports]
+        task_ids += [self.start_peeks[s.attempt_id].task_id for _, s in starts]
+        ahead += [(Task, task_ids), (Attempt, [item.attempt_id for _, item in reports + starts])]
+        return ahead
 
-    @outermost(sent_together=True)
-    def decide() -> list[tuple[int, Any]]:
-        with holding(ApplicationState, QueueState), locked_ahead(), keeping_key_rows():
-            return decide_holding()
 
-    def decide_holding() -> list[tuple[int, Any]]:
+@dataclass(frozen=True)
+class _Round:
+    """What a round's transaction decides, and the rows it locks first."""
+
+    parts: _Parts
+    submitting: _Submits | None  # the submits left to admit
+    applications: set[str]
+    queue_ids: set[str]
+    configuration: Configuration
+    ahead: list[tuple[Any, Any] | LockedBy]
+
+    @classmethod
+    def of(cls, parts: _Parts, submitting: _Submits | None, first: _FirstReads) -> _Round:
+        applications, queue_ids = parts.counter_rows()
+        submit_queue_ids: set[str] = set()
+        if submitting:
+            applications.add(submitting.actor.principal.application_id)
+            submit_queue_ids = {fields["queue_id"] for _, fields in submitting.pending}
+        configuration = first.configuration_of(applications, queue_ids | submit_queue_ids)
+        if submitting:
+            # Only queues of the submits' namespace are locked: admission refuses
+            # the others as not found, without a lock.
+            namespace_id = submitting.actor.namespace_id
+            queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
+        return cls(parts, submitting, applications, queue_ids, configuration, parts.rows_ahead(submitting))
+
+    def decide(self) -> list[tuple[int, Any]]:
+        """The round's transaction: each decided item's index and outcome."""
+
+        @outermost(sent_together=True)
+        def decide() -> list[tuple[int, Any]]:
+            with holding(ApplicationState, QueueState), locked_ahead(), keeping_key_rows():
+                return self._decide_holding()
+
+        return decide()
+
+    def _decide_holding(self) -> list[tuple[int, Any]]:
+        """In the transaction: the submits' rows, the counter locks, then the
+        submits, results, starts and leases, in that order."""
         decided: list[tuple[int, Any]] = []
+        submitting, parts = self.submitting, self.parts
         # A submit's records and task rows go in before any lock (batch.write_submissions).
         written = None
         if submitting:
             written = batch.write_submissions(
-                submitting.actor, submitting.items, submitting.digests, submitting.pending, configuration
+                submitting.actor, submitting.items, submitting.digests, submitting.pending, self.configuration
             )
-        lock_by_pk_together([(ApplicationState, applications), (QueueState, queue_ids)], ahead=ahead)  # one round trip
-        for application_id in sorted(applications):
+        lock_by_pk_together(  # one round trip
+            [(ApplicationState, self.applications), (QueueState, self.queue_ids)], ahead=self.ahead
+        )
+        for application_id in sorted(self.applications):
             lock_application_state(application_id)  # kept now: raises if it has no row
-        revoked = context.confirm_credentials(workers)  # kept from the round trip above
-        decide_reports = _granted(reports, revoked, decided)
-        decide_starts = _granted(starts, revoked, decided)
-        decide_leases = _granted(leases, revoked, decided)
+        revoked = context.confirm_credentials(parts.workers)  # kept from the round trip above
+        reports = _granted(parts.reports, revoked, decided)
+        starts = _granted(parts.starts, revoked, decided)
+        leases = _granted(parts.leases, revoked, decided)
         with gathered_events(), rollup.gathered():
             if submitting and written is not None:
                 # Admitted first: the round's leases can hand out what it accepts.
                 admitted = batch.admit_submissions(submitting.actor, submitting.items, written)
                 decided.extend((submitting.indexes[index], outcome) for index, outcome in admitted.items())
-            freed: set[int] = set()  # the results that ended their attempt in this round, by id()
-            if decide_reports:
-                book = WriteBook()
-                outcomes = endings.apply_reports([r for _, r in decide_reports], report_peeks, book)
-                decided.extend(zip([i for i, _ in decide_reports], outcomes, strict=True))
-                freed = {
-                    id(report)
-                    for (_, report), outcome in zip(decide_reports, outcomes, strict=True)
-                    if not isinstance(outcome, OrbitError) and not outcome["duplicate"]
-                }
-                book.write()  # before the starts and leases read those rows
-            if decide_starts:
-                started = dispatch.apply_starts([s for _, s in decide_starts], start_peeks, configuration)
-                decided.extend(zip([i for i, _ in decide_starts], started, strict=True))
-            # Workers of one kind lease together: one candidate scan for all.
-            kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
-            for index, lease in _current_sessions(decide_leases, decided):
-                if lease.after is not None and id(lease.after) not in freed:
-                    # `more`: the worker's queues may well hold work for its dispatcher.
-                    decided.append((index, LeaseOutcome([], more=True)))
-                    continue
-                worker = lease.worker
-                kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
-                kinds.setdefault(kind, []).append((index, lease))
-            for group in kinds.values():
-                try:
-                    leased: list[Any] = dispatch.lease(
-                        [(lease.worker, lease.limit) for _, lease in group],
-                        configuration,
-                        starting=[_start_ahead_for(lease, freed) for _, lease in group],
-                    )
-                except OrbitError as error:
-                    leased = [error] * len(group)
-                decided.extend(zip([index for index, _ in group], leased, strict=True))
+            freed = _apply_reports(reports, parts.report_peeks, decided)
+            if starts:
+                started = dispatch.apply_starts([s for _, s in starts], parts.start_peeks, self.configuration)
+                decided.extend(zip([i for i, _ in starts], started, strict=True))
+            _apply_leases(_current_sessions(leases, decided), freed, self.configuration, decided)
         return decided
 
+
+def _decide_round(
+    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
+) -> None:
+    """Fills in `answers` for the round's results, starts, leases and `submits`
+    (unlocked first reads, then one transaction)."""
+    parts = _Parts.unanswered(items, answers, first)
+    submitting = submits if submits is not None and submits.pending else None  # the submits left to admit
+    if not (parts.reports or parts.starts or parts.leases or submitting):
+        return
+    round_ = _Round.of(parts, submitting, first)
     with wakeups.collected() as woken:
-        decided = decide()
-    wakeups.notify_work_available(woken - _exhausted(leases, decided))
+        decided = round_.decide()
+    wakeups.notify_work_available(woken - _exhausted(parts.leases, decided))
     for index, outcome in decided:
         item = items[index]
         if isinstance(item, StartRequest):
-            outcome = _finish_start(start_peeks[item.attempt_id], outcome)
+            outcome = _finish_start(parts.start_peeks[item.attempt_id], outcome)
         answers[index] = outcome
+
+
+def _apply_reports(
+    reports: list[tuple[int, ResultReport]], peeks: dict[str, dict[str, Any]], decided: list[tuple[int, Any]]
+) -> set[int]:
+    """Records the round's results into `decided`; returns those that ended
+    their attempt in this round (by id()), whose slots its leases may fill."""
+    if not reports:
+        return set()
+    book = WriteBook()
+    outcomes = endings.apply_reports([r for _, r in reports], peeks, book)
+    decided.extend(zip([i for i, _ in reports], outcomes, strict=True))
+    book.write()  # before the starts and leases read those rows
+    return {
+        id(report)
+        for (_, report), outcome in zip(reports, outcomes, strict=True)
+        if not isinstance(outcome, OrbitError) and not outcome["duplicate"]
+    }
+
+
+def _apply_leases(
+    leases: list[tuple[int, LeaseRequest]],
+    freed: set[int],
+    configuration: Configuration,
+    decided: list[tuple[int, Any]],
+) -> None:
+    """Decides the round's leases of current sessions into `decided`: workers
+    of one kind lease together, one candidate scan for all; a hand-off whose
+    result freed nothing takes nothing."""
+    kinds: dict[tuple[Any, ...], list[tuple[int, LeaseRequest]]] = {}
+    for index, lease in leases:
+        if lease.after is not None and id(lease.after) not in freed:
+            # `more`: the worker's queues may well hold work for its dispatcher.
+            decided.append((index, LeaseOutcome([], more=True)))
+            continue
+        worker = lease.worker
+        kind = (worker.namespace_id, worker.queue_ids, worker.handlers, worker.concurrency_keys)
+        kinds.setdefault(kind, []).append((index, lease))
+    for group in kinds.values():
+        try:
+            leased: list[LeaseOutcome | OrbitError] = list(
+                dispatch.lease(
+                    [(lease.worker, lease.limit) for _, lease in group],
+                    configuration,
+                    starting=[_start_ahead_for(lease, freed) for _, lease in group],
+                )
+            )
+        except OrbitError as error:
+            leased = [error] * len(group)
+        decided.extend(zip([index for index, _ in group], leased, strict=True))
 
 
 def _start_ahead_for(lease: LeaseRequest, freed: set[int]) -> tuple[str, str] | None:
@@ -507,12 +591,24 @@ ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit(
 )
 
 
+def _reply(answer: Answer) -> dict[str, Any]:
+    # The round answers a StartRequest and a ResultReport with its reply body
+    # (a refusal comes back raised).
+    assert isinstance(answer, dict), "a start or result is answered with its reply body"
+    return answer
+
+
+def _lease_outcome(answer: Answer) -> LeaseOutcome:
+    # The round answers a LeaseRequest with its LeaseOutcome.
+    assert isinstance(answer, LeaseOutcome), "a lease is answered with its LeaseOutcome"
+    return answer
+
+
 def lease_for_worker(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
     """Leases up to `limit` tasks (at most LEASE_BATCH_MAX) for a worker; the
     outcome also says when a queue held back by its start window reopens, so
     a dispatcher can come back exactly then instead of at its next poll."""
-    # The round answers a LeaseRequest with its LeaseOutcome.
-    return cast(LeaseOutcome, ROUNDS.call(worker.application_id, LeaseRequest(worker, limit)))
+    return _lease_outcome(ROUNDS.call(worker.application_id, LeaseRequest(worker, limit)))
 
 
 def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
@@ -523,7 +619,7 @@ def lease_tasks(*, worker: WorkerContext, limit: int) -> list[dict[str, Any]]:
 def approve_start(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
     """Grants the right to run: counts one Start in the queue's rate window.
     A replayed Start of a running attempt is answered from the record."""
-    return ROUNDS.call(worker.application_id, StartRequest(worker, attempt_id, epoch))  # type: ignore[return-value]
+    return _reply(ROUNDS.call(worker.application_id, StartRequest(worker, attempt_id, epoch)))
 
 
 def record_result(
@@ -531,7 +627,7 @@ def record_result(
 ) -> dict[str, Any]:
     """Applies a worker's result exactly once; replays and late evidence change nothing."""
     report = ResultReport(worker, attempt_id, epoch, outcome, retryable, output, error)
-    return ROUNDS.call(worker.application_id, report)  # type: ignore[return-value]
+    return _reply(ROUNDS.call(worker.application_id, report))
 
 
 # The same doors from the event loop (the worker protocol): awaiting holds no
@@ -539,15 +635,15 @@ def record_result(
 
 
 async def lease_for_worker_async(*, worker: WorkerContext, limit: int) -> LeaseOutcome:
-    return await ROUNDS.call_async(worker.application_id, LeaseRequest(worker, limit))  # type: ignore[return-value]
+    return _lease_outcome(await ROUNDS.call_async(worker.application_id, LeaseRequest(worker, limit)))
 
 
 async def approve_start_async(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
-    return await ROUNDS.call_async(worker.application_id, StartRequest(worker, attempt_id, epoch))  # type: ignore[return-value]
+    return _reply(await ROUNDS.call_async(worker.application_id, StartRequest(worker, attempt_id, epoch)))
 
 
 async def record_result_async(report: ResultReport) -> dict[str, Any]:
-    return await ROUNDS.call_async(report.worker.application_id, report)  # type: ignore[return-value]
+    return _reply(await ROUNDS.call_async(report.worker.application_id, report))
 
 
 async def record_result_and_lease_async(
@@ -562,7 +658,10 @@ async def record_result_and_lease_async(
     ahead = StartAhead(report, start_ahead_for) if start_ahead_for is not None else None
     lease = LeaseRequest(worker, limit, ahead, after=report)
     reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, lease])
-    return reply, leased  # type: ignore[return-value]
+    return (
+        reply if isinstance(reply, BaseException) else _reply(reply),
+        leased if isinstance(leased, BaseException) else _lease_outcome(leased),
+    )
 
 
 def submit_request(
