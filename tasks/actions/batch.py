@@ -131,7 +131,7 @@ def submit_batch(*, actor: Actor, items: list[Submission]) -> list[Outcome]:
             results[index] = result
         break
     assert all(result is not None for result in results), "every item gets an outcome"
-    return results  # type: ignore[return-value]
+    return [result for result in results if result is not None]
 
 
 def submit_each_credential(requests: list[tuple[Actor, Submission]]) -> list[Outcome | BaseException]:
@@ -154,7 +154,8 @@ def submit_each_credential(requests: list[tuple[Actor, Submission]]) -> list[Out
             for index, result in zip(batch, _submitted_apart_if_failing(requests, batch), strict=True):
                 outcomes[index] = result
         pending = later
-    return outcomes  # type: ignore[return-value]
+    assert all(outcome is not None for outcome in outcomes), "every request gets an outcome"
+    return [outcome for outcome in outcomes if outcome is not None]
 
 
 def _submitted_apart_if_failing(
