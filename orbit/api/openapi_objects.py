@@ -1,30 +1,28 @@
-"""The OpenAPI shapes of what the API answers: the envelopes, the error
-envelopes with their codes, and the objects inside `data` (queue, task,
-attempt, plan, application, event, pages, receipts).
+"""The OpenAPI shapes of what the API answers, the generic part: the
+envelopes, the error envelopes with their codes, the building blocks (ids,
+uint64 strings, times, closed objects, pages, receipts) and the foundation's
+own objects (application, event).
 
 The objects are written by plain functions (queues.actions.queue_snapshot,
 tasks.actions.serialize, plans.actions.plan_snapshot, ...), not by DRF
-serializers, so their shapes are stated here once, as JSON Schema, closed
+serializers, so their shapes are stated once, as JSON Schema, closed
 (`additionalProperties: false`): the contract test (tests/contract) checks
 every answer of a live server against them, so a key added to a snapshot
-without its line here fails there. Enums are taken from the models' choices
-and the error codes from orbit.errors, never copied.
+without its line fails there. Each app states its own objects in its
+`openapi` module and registers them (orbit.api.openapi_registry); enums are
+taken from the models' choices and the error codes from orbit.errors, never
+copied.
 
-Rules the request bodies share with these shapes (ids, uint64 strings,
-RFC 3339 times) are built here from the validators' own constants."""
+Rules the request bodies share with these shapes (ids, uint64 strings) are
+built here from the validators' own constants."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from orbit import errors
+from orbit.api.openapi_registry import COMPONENTS, Schema, register_component
 from orbit.fields import RESOURCE_ID, UINT64_MAX
-from plans.models import PlanState, TriggerOutcome
-from tasks.actions.blockers import MESSAGES as BLOCKER_CODES
-from tasks.models import AttemptState, TaskState
-from tasks.serializers import RFC3339_DATE_TIME
-
-Schema = dict[str, Any]
 
 PROTOCOL_DOC = "docs/protocol.md"
 
@@ -61,9 +59,6 @@ UINT64_STRING: Schema = {
     "description": "a uint64 as its decimal string (no sign, no leading zeros)",
 }
 REVISION: Schema = {**UINT64_STRING, "pattern": decimal_up_to(UINT64_MAX, nonzero=True)}
-# The pattern of tasks.serializers.TimeField, anchored, in the syntax both
-# JSON Schema's (ECMA-262) and Python's regular expressions read alike.
-DATE_TIME_PATTERN = "^" + RFC3339_DATE_TIME.pattern.replace(r"\d", "[0-9]") + "$"
 TIME: Schema = {"type": "string", "format": "date-time", "description": "RFC 3339, UTC, with Z"}
 ID: Schema = {"type": "string", "pattern": f"^{RESOURCE_ID.pattern}$", "description": "32 lowercase hex"}
 ANY_JSON: Schema = {"description": "any JSON value"}
@@ -131,87 +126,6 @@ def error_envelope(status: int) -> Schema:
 
 # --------------------------------------------------------------------------- objects
 
-QUEUE = closed(
-    {
-        "id": ID,
-        "namespace_id": ID,
-        "name": {"type": "string", "minLength": 1, "maxLength": 128},
-        "paused": {"type": "boolean"},
-        "max_concurrency": COUNT,
-        "rate_per_second": COUNT,
-        "max_unfinished_tasks": COUNT,
-        "unfinished_tasks": UINT64_STRING,
-        "revision": REVISION,
-        "retired_at": TIME,
-    },
-    optional=("retired_at",),
-)
-
-_TASK_FIELDS: dict[str, Schema] = {
-    "id": ID,
-    "namespace_id": ID,
-    "queue_id": ID,
-    "handler": {"type": "string"},
-    "handler_version": {"type": "string"},
-    "payload_version": {"type": "string"},
-    "business_key": {"type": "string", "minLength": 1},
-    "concurrency_key": {"type": "string", "minLength": 1},
-    "priority": {"type": "integer", "minimum": 0, "maximum": 9},
-    "state": ref("TaskState"),
-    "attempts": COUNT,
-    "max_attempts": COUNT,
-    "available_at": TIME,
-    "start_deadline_at": TIME,
-    "deadline_at": TIME,
-    "cancel_requested": {"type": "boolean"},
-    "created_at": TIME,
-    "updated_at": TIME,
-    "finished_at": TIME,
-    "output": {**ANY_JSON, "description": "the output of the attempt that succeeded"},
-    "last_error": {**ANY_JSON, "description": "the error of the last attempt that failed, or Orbit's own"},
-}
-_TASK_OPTIONAL = (
-    "business_key",
-    "concurrency_key",
-    "start_deadline_at",
-    "deadline_at",
-    "finished_at",
-    "output",
-    "last_error",
-)
-TASK_SUMMARY = closed(_TASK_FIELDS, optional=_TASK_OPTIONAL, description="a task without its payload (lists)")
-TASK = closed({**_TASK_FIELDS, "payload": ANY_JSON}, optional=_TASK_OPTIONAL)
-
-ATTEMPT = closed(
-    {
-        "id": ID,
-        "task_id": ID,
-        "number": {**COUNT, "minimum": 1, "description": "counted attempts only (it started)"},
-        "state": ref("AttemptState"),
-        "epoch": {**COUNT, "minimum": 1},
-        "concurrency_token": UINT64_STRING,
-        "worker_id": {"type": "string"},
-        "leased_at": TIME,
-        "lease_expires_at": TIME,
-        "started_at": TIME,
-        "finished_at": TIME,
-        "outcome": enum(("SUCCEEDED", "FAILED", "UNKNOWN")),
-        "error": ANY_JSON,
-        "late_outcome": closed(
-            {
-                "outcome": enum(("SUCCEEDED", "FAILED", "UNKNOWN")),
-                "retryable": {"type": "boolean"},
-                "output": ANY_JSON,
-                "error": ANY_JSON,
-                "received_at": TIME,
-            },
-            optional=("retryable", "output", "error"),
-            description="a result that arrived after the attempt ended; it changed nothing",
-        ),
-    },
-    optional=("number", "concurrency_token", "started_at", "finished_at", "outcome", "error", "late_outcome"),
-)
-
 APPLICATION = closed(
     {
         "id": ID,
@@ -234,36 +148,6 @@ EVENT = closed(
     }
 )
 
-PLAN = closed(
-    {
-        "id": ID,
-        "namespace_id": ID,
-        "queue_id": ID,
-        "name": {"type": "string", "minLength": 1, "maxLength": 128},
-        "state": ref("PlanState"),
-        "version": {**COUNT, "minimum": 1},
-        "revision": REVISION,
-        # The plan's version holds them as they were accepted.
-        "schedule": ref("ScheduleInput"),
-        "misfire": ref("MisfireInput"),
-        "definition": ref("DefinitionInput"),
-        "next_fire_at": TIME,
-    },
-    optional=("next_fire_at",),
-)
-
-TRIGGER = closed(
-    {
-        "scheduled_at": TIME,
-        "version": {**COUNT, "minimum": 1},
-        "outcome": ref("TriggerOutcome"),
-        "decided_at": TIME,
-        "task_id": ID,
-        "reason": {"type": "string"},
-    },
-    optional=("task_id", "reason"),
-)
-
 
 def page_of(item: str) -> Schema:
     return closed(
@@ -283,23 +167,6 @@ def receipt_of(name: str, item: str) -> Schema:
     )
 
 
-# POST /v1/tasks:batch: each item's own answer, as a single submit would give it.
-BATCH_ACCEPTED = closed(
-    {
-        "idempotency_key": ref("IdempotencyKey"),
-        "status": {"type": "integer", "enum": [200, 201]},
-        "deduplicated": {"type": "boolean"},
-        "task": ref("Task"),
-    }
-)
-BATCH_REFUSED = closed(
-    {
-        "idempotency_key": ref("IdempotencyKey"),
-        "status": {"type": "integer", "enum": [400, 403, 404, 409, 413, 429, 503]},
-        "error": closed({"code": enum(ALL_ERROR_CODES), "message": {"type": "string"}}),
-    }
-)
-
 IDEMPOTENCY_KEY: Schema = {
     "type": "string",
     "minLength": 1,
@@ -308,56 +175,10 @@ IDEMPOTENCY_KEY: Schema = {
     "description": "1 to 255 printable ASCII characters (orbit.idempotency.validate_key)",
 }
 
-# Every component by name. The data objects, then `<name>Response`: the
-# success envelope around each (see envelope()).
-OBJECTS: dict[str, Schema] = {
+# The foundation's own components; each app registers its own beside them.
+for _name, _schema in {
     "RequestId": {"type": "string", "pattern": f"^{RESOURCE_ID.pattern}$", "description": "also in X-Request-Id"},
     "IdempotencyKey": IDEMPOTENCY_KEY,
-    "TaskState": enum(TaskState.values),
-    "AttemptState": enum(AttemptState.values),
-    "PlanState": enum(PlanState.values),
-    "TriggerOutcome": enum(TriggerOutcome.values),
-    "Queue": QUEUE,
-    "QueuePage": page_of("Queue"),
-    "QueueReceipt": receipt_of("queue", "Queue"),
-    "TaskSummary": TASK_SUMMARY,
-    "Task": TASK,
-    "TaskPage": page_of("TaskSummary"),
-    "TaskReceipt": receipt_of("task", "Task"),
-    "BatchItemAccepted": BATCH_ACCEPTED,
-    "BatchItemRefused": BATCH_REFUSED,
-    "BatchResults": closed(
-        {
-            "results": {
-                "type": "array",
-                "items": {"oneOf": [ref("BatchItemAccepted"), ref("BatchItemRefused")]},
-                "description": "one per item, in the order sent",
-            }
-        }
-    ),
-    "Attempt": ATTEMPT,
-    "AttemptPage": page_of("Attempt"),
-    "Blocker": {
-        "type": "object",
-        "properties": {
-            "code": enum(sorted(BLOCKER_CODES)),
-            "message": {"type": "string"},
-        },
-        "required": ["code", "message"],
-        "additionalProperties": True,
-        "description": "a reason the next lease would not take the task, with the facts behind it"
-        " (e.g. until, active_permits, max_concurrency, attempt_id, task_id, worker_id, since, reason)",
-    },
-    "Blockers": closed(
-        {
-            "state": ref("TaskState"),
-            "items": {
-                "type": "array",
-                "items": ref("Blocker"),
-                "description": "empty: a lease would take the task now (always empty unless WAITING)",
-            },
-        }
-    ),
     "Application": APPLICATION,
     "ApplicationReceipt": receipt_of("application", "Application"),
     "Event": EVENT,
@@ -367,13 +188,13 @@ OBJECTS: dict[str, Schema] = {
             "next_cursor": {**UINT64_STRING, "description": "pass as `after` to read on"},
         }
     ),
-    "Plan": PLAN,
-    "PlanPage": page_of("Plan"),
-    "PlanReceipt": receipt_of("plan", "Plan"),
-    "Trigger": TRIGGER,
-    "TriggerPage": page_of("Trigger"),
     **{f"Error{status}": error_envelope(status) for status in ERROR_CLASSES},
-}
+}.items():
+    register_component(_name, _schema)
+
+# Every component by name (the registry's store): the data objects, then
+# `<name>Response`, the success envelope around each (see envelope()).
+OBJECTS = COMPONENTS
 
 
 def envelope(data: str) -> Schema:

@@ -6,6 +6,9 @@ pattern, range, format) and the rules between fields (one of two schedule
 forms, the misfire window, deadline_at or timeout_seconds), from the
 fields' own constants. Answers are the envelopes and objects of
 orbit.api.openapi_objects, with every error status an operation can answer.
+What is an app's (its objects, its fields, its body rules) the app registers
+from its AppConfig.ready() (orbit.api.openapi_registry): this module is the
+generic machinery and names no app.
 The document is served without a credential (it holds no data), from
 `GET /v1/openapi.json`, and generated once per process."""
 
@@ -32,6 +35,7 @@ from rest_framework.response import Response
 
 from orbit.api import openapi_objects as shapes
 from orbit.api.fields import NAME_PATTERN
+from orbit.api.openapi_registry import BODY_RULES, FIELD_SCHEMAS, QUERY_FILTERS, REFERENCED_SERIALIZERS, BodyRule
 from orbit.api.views import MAX_PAGE_SIZE
 from orbit.fields import UINT64_MAX
 
@@ -58,7 +62,7 @@ class BearerCredential(OpenApiAuthenticationExtension):
 # --------------------------------------------------------------------------- fields
 
 
-def _base(auto_schema: Any, field: Any, direction: Any) -> dict[str, Any]:
+def base_field_schema(auto_schema: Any, field: Any, direction: Any) -> dict[str, Any]:
     """What drf-spectacular makes of the field (type, lengths, bounds)."""
     return auto_schema._map_serializer_field(field, direction, bypass_extensions=True)
 
@@ -81,14 +85,14 @@ class StrictStrings(OpenApiSerializerFieldExtension):
     target_class = "orbit.api.fields.StrictCharField"
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {**_base(auto_schema, self.target, direction), "pattern": NO_NUL}
+        return {**base_field_schema(auto_schema, self.target, direction), "pattern": NO_NUL}
 
 
 class Names(OpenApiSerializerFieldExtension):
     target_class = "orbit.api.fields.NameField"
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {**_base(auto_schema, self.target, direction), "pattern": f"^{NAME_PATTERN.pattern}$"}
+        return {**base_field_schema(auto_schema, self.target, direction), "pattern": f"^{NAME_PATTERN.pattern}$"}
 
 
 class Reasons(OpenApiSerializerFieldExtension):
@@ -98,7 +102,7 @@ class Reasons(OpenApiSerializerFieldExtension):
     target_class = "orbit.api.fields.ReasonField"
 
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        schema = _base(auto_schema, self.target, direction)
+        schema = base_field_schema(auto_schema, self.target, direction)
         return {
             **schema,
             "minLength": 1,
@@ -114,178 +118,34 @@ class Uint64Strings(OpenApiSerializerFieldExtension):
         return dict(shapes.REVISION if self.target.nonzero else shapes.UINT64_STRING)
 
 
-# tasks.serializers.is_control: C0, DEL and C1.
-_KEY_CHARACTER = "[^\\u0000-\\u001f\\u007f-\\u009f]"
-_KEY_EDGE = "[^\\u0000-\\u001f\\u007f-\\u009f\\s]"
-
-
-class ConcurrencyKeys(OpenApiSerializerFieldExtension):
-    target_class = "tasks.serializers.ConcurrencyKeyField"
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {
-            **_base(auto_schema, self.target, direction),
-            "pattern": f"^(?:{_KEY_EDGE}(?:{_KEY_CHARACTER}*{_KEY_EDGE})?)?$",
-            "description": "empty or omitted: none; no control characters, no whitespace at either end; "
-            "compared byte for byte",
-        }
-
-
-class Times(OpenApiSerializerFieldExtension):
-    target_class = "tasks.serializers.TimeField"
-
-    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        return {
-            "type": "string",
-            "format": "date-time",
-            "pattern": shapes.DATE_TIME_PATTERN,
-            "description": "RFC 3339 with a time zone offset, e.g. 2026-01-02T03:04:05Z",
-        }
-
-
-def payload_schema() -> dict[str, Any]:
-    """tasks.serializers.PayloadField. Set by ClosedBodies: the field class's
-    own extend_schema_field (any value) wins over a field extension."""
-    from tasks.serializers import MAX_JSON_DEPTH, MAX_PAYLOAD_BYTES
-
-    return {
-        # Any JSON but null (OpenAPI 3.0 has no "null" type to exclude).
-        "anyOf": [
-            {"type": "object"},
-            {"type": "array", "items": {}},
-            {"type": "string"},
-            {"type": "number"},
-            {"type": "boolean"},
-        ],
-        "description": f"any JSON value but null: at most {MAX_PAYLOAD_BYTES} bytes encoded (413 above), "
-        f"arrays and objects nested at most {MAX_JSON_DEPTH} deep",
-    }
-
-
-# --------------------------------------------------------------------------- cron
-
-
-def _anycase(word: str) -> str:
-    return "".join(f"[{ch.upper()}{ch.lower()}]" for ch in word)
-
-
-def _names(words: str) -> str:
-    return "|".join(_anycase(word) for word in words.split())
-
-
-_STEP = "0*[1-9][0-9]*"
-
-
-def _cron_field(value: str, *extra_terms: str) -> str:
-    term = f"(?:(?:\\*|(?:{value})(?:-(?:{value}))?)(?:/{_STEP})?{''.join('|' + t for t in extra_terms)})"
-    return f"{term}(?:,{term})*"
-
-
-_DOW = f"0*[0-7]|{_names('SUN MON TUE WED THU FRI SAT')}"
-# cronsim's five fields (minute hour day-of-month month day-of-week), each a
-# list of `*`, values, ranges, steps, and the day fields' L, LW and #n.
-CRON_PATTERN = (
-    "^\\s*"
-    + "\\s+".join(
-        (
-            _cron_field("0*[0-5]?[0-9]"),
-            _cron_field("0*(?:1?[0-9]|2[0-3])"),
-            _cron_field("0*(?:[1-9]|[12][0-9]|3[01])", _anycase("LW"), _anycase("L")),
-            _cron_field(f"0*(?:[1-9]|1[0-2])|{_names('JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC')}"),
-            _cron_field(_DOW, f"0*[0-7]{_anycase('L')}", f"(?:{_DOW})#0*[1-5]"),
-        )
-    )
-    + "\\s*$"
-)
-
-
 # --------------------------------------------------------------------------- bodies
 
 
-def _schedule_forms(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
-    """plans.serializers.ScheduleInput: {cron, timezone?} or {interval_seconds}."""
-    from plans.serializers import iana_zone_names
+def exclusive(first: str, second: str) -> BodyRule:
+    """A body rule: the two fields are not both given."""
 
-    properties = schema["properties"]
-    cron = {
-        **properties["cron"],
-        "pattern": CRON_PATTERN,
-        "description": "5 fields: minute hour day-of-month month day-of-week; ranges ascending, "
-        "and a day that some month of the expression has",
-    }
-    timezone = {
-        "type": "string",
-        "enum": sorted(iana_zone_names()),
-        "description": "an IANA time zone; omitted: UTC",
-    }
-    forms = {
-        "CronSchedule": shapes.closed({"cron": cron, "timezone": timezone}, optional=("timezone",)),
-        "IntervalSchedule": shapes.closed({"interval_seconds": properties["interval_seconds"]}),
-    }
-    for name, form in forms.items():
-        auto_schema.registry.register_on_missing(
-            ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=form)
-        )
-    return {"oneOf": [shapes.ref(name) for name in forms], "description": "a plan's schedule: one of two forms"}
-
-
-def _misfire_rule(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
-    """plans.serializers.MisfireInput: SKIP has no window, the others need one."""
-    from plans.serializers import POLICIES
-
-    choices = {"UnwindowedPolicy": ["SKIP"], "WindowedPolicy": [p for p in POLICIES if p != "SKIP"]}
-    for name, values in choices.items():
-        auto_schema.registry.register_on_missing(
-            ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=shapes.enum(values))
-        )
-    return {
-        **schema,
-        "oneOf": [
-            {
-                "properties": {"policy": shapes.ref("UnwindowedPolicy")},
-                "not": {"required": ["catch_up_window_seconds"]},
-            },
-            {"properties": {"policy": shapes.ref("WindowedPolicy")}, "required": ["catch_up_window_seconds"]},
-        ],
-    }
-
-
-def _exclusive(first: str, second: str) -> Callable[[Any, dict[str, Any]], dict[str, Any]]:
     def rule(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
         if first not in schema["properties"] or second not in schema["properties"]:
-            return schema  # a subclass without one of them (plans' task template)
+            return schema  # a subclass that drops one of them
         return {**schema, "not": {"required": [first, second]}}
 
     return rule
 
 
-def _retry_rule(auto_schema: Any, schema: dict[str, Any]) -> dict[str, Any]:
-    return {**schema, "description": "max_seconds must be at least initial_seconds (defaults 1 and 300)"}
-
-
-# Rules between fields that a serializer's validate() enforces, by its class name.
-BODY_RULES: dict[str, Callable[[Any, dict[str, Any]], dict[str, Any]]] = {
-    "ScheduleInput": _schedule_forms,
-    "MisfireInput": _misfire_rule,
-    "SubmitTaskInput": _exclusive("deadline_at", "timeout_seconds"),
-    "RetryInput": _retry_rule,
-}
-
-
 class ClosedBodies(OpenApiSerializerExtension):
     """Request bodies refuse fields they do not name (400): the schema says
-    so, with the serializer's own rules between fields (BODY_RULES)."""
+    so, with the serializer's own rules between fields and the schemas of
+    the fields registered by class (orbit.api.openapi_registry)."""
 
     target_class = "orbit.api.fields.StrictSerializer"
     match_subclasses = True
 
     def map_serializer(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
-        from tasks.serializers import PayloadField
-
         schema = {**auto_schema._map_basic_serializer(self.target, direction), "additionalProperties": False}
         for name, field in self.target.fields.items():
-            if isinstance(field, PayloadField):
-                schema["properties"][name] = payload_schema()
+            for field_class, field_schema in FIELD_SCHEMAS.items():
+                if isinstance(field, field_class):
+                    schema["properties"][name] = field_schema()
         rule = BODY_RULES.get(type(self.target).__name__)
         return rule(auto_schema, schema) if rule else schema
 
@@ -294,7 +154,7 @@ class ClosedBodies(OpenApiSerializerExtension):
 
 
 class Documented(serializers.Serializer):
-    """Stands for a component of orbit.api.openapi_objects (or BATCH_BODY)
+    """Stands for a registered component (orbit.api.openapi_registry)
     wherever drf-spectacular takes a serializer."""
 
     def __init__(self, component: str) -> None:
@@ -302,47 +162,19 @@ class Documented(serializers.Serializer):
         self.component = component
 
 
-def _batch_body() -> dict[str, Any]:
-    from tasks.actions.batch import MAX_BATCH_ITEMS
-
-    return shapes.closed(
-        {
-            "tasks": {
-                "type": "array",
-                "minItems": 1,
-                "maxItems": MAX_BATCH_ITEMS,
-                "items": shapes.closed(
-                    {"idempotency_key": shapes.ref("IdempotencyKey"), "task": shapes.ref("SubmitTaskInput")}
-                ),
-                "description": "each item's key used once in the batch; each item is answered as "
-                "POST /v1/tasks would answer it",
-            }
-        }
-    )
-
-
 def _component_schema(name: str) -> dict[str, Any]:
     # A copy: drf-spectacular's enum hook rewrites the document's schemas in place.
-    return _batch_body() if name == "SubmitBatchInput" else copy.deepcopy(shapes.component(name))
+    return copy.deepcopy(shapes.component(name))
 
 
 def _register_references(auto_schema: Any, schema: dict[str, Any]) -> None:
-    """Registers every component of openapi_objects that `schema` reaches;
-    the serializers' components it names are resolved from the serializers."""
-    from plans.serializers import DefinitionInput, MisfireInput, ScheduleInput
-    from tasks.serializers import SubmitTaskInput
-
-    serializer_components = {
-        "SubmitTaskInput": SubmitTaskInput,
-        "ScheduleInput": ScheduleInput,
-        "MisfireInput": MisfireInput,
-        "DefinitionInput": DefinitionInput,
-    }
+    """Registers every registered component that `schema` reaches; the
+    serializers' components it names are resolved from the serializers."""
     pending = list(shapes.references(schema))
     while pending:
         name = pending.pop()
-        if name in serializer_components:
-            auto_schema.resolve_serializer(serializer_components[name], "request")
+        if name in REFERENCED_SERIALIZERS:
+            auto_schema.resolve_serializer(REFERENCED_SERIALIZERS[name], "request")
             continue
         component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name)
         if component in auto_schema.registry:
@@ -407,9 +239,6 @@ RETRY_AFTER_HEADER = OpenApiParameter(
     response=[429],
     description="seconds to wait before retrying with the same Idempotency-Key",
 )
-TASK_STATE_FILTER = OpenApiParameter(
-    "state", dict(shapes.component("TaskState")), OpenApiParameter.QUERY, description="exact match"
-)
 
 
 def uint64_query(name: str, description: str) -> OpenApiParameter:
@@ -468,11 +297,9 @@ def documented(
             errors.append(429)
         parameters: list[OpenApiParameter] = []
         for name in filters:
-            parameters.append(
-                TASK_STATE_FILTER
-                if name == "state"
-                else OpenApiParameter(name, str, OpenApiParameter.QUERY, description="exact match")
-            )
+            # A filter with a schema of its own (an enum) was registered by its app's ready().
+            value_schema: Any = dict(QUERY_FILTERS[name]) if name in QUERY_FILTERS else str
+            parameters.append(OpenApiParameter(name, value_schema, OpenApiParameter.QUERY, description="exact match"))
         parameters += [*PAGE_PARAMETERS] if paged else []
         parameters += [IDEMPOTENCY_KEY] if idempotent else []
         parameters += extra_parameters

@@ -15,8 +15,8 @@ from rest_framework.exceptions import ValidationError
 
 from orbit.api.fields import ReasonField, Uint64StringField, canonical_uint64
 from orbit.api.openapi_objects import decimal_up_to
-from orbit.api.schema import CRON_PATTERN
 from orbit.fields import UINT64_MAX
+from plans.openapi import CRON_PATTERN
 from plans.serializers import ScheduleInput
 from tasks.serializers import TimeField
 
