@@ -64,7 +64,7 @@ def main() -> None:
     os.environ["ORBIT_MYSQL_DSN"] = f"mysql://root:@127.0.0.1:3306/{DATABASE}"
     os.environ["ORBIT_INLINE_DB"] = "1"
     os.environ["ORBIT_MAINTENANCE"] = "0"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "server.settings")
     import django
 
     django.setup()

@@ -35,7 +35,7 @@ def main() -> None:
     db.cursor().execute(f"DROP DATABASE IF EXISTS `{args.database}`")
     db.cursor().execute(f"CREATE DATABASE `{args.database}` CHARACTER SET utf8mb4")
     os.environ["ORBIT_MYSQL_DSN"] = f"mysql://root:@127.0.0.1:3306/{args.database}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "server.settings")
     import django
 
     django.setup()

@@ -13,7 +13,7 @@ its wire code and HTTP status:
     ├── StateConflict         409 STATE_CONFLICT
     ├── PayloadTooLarge       413 PAYLOAD_TOO_LARGE
     ├── QueueFull             429 QUEUE_FULL (Retry-After: 1)
-    ├── HeadersTooLarge       431 REQUEST_HEADERS_TOO_LARGE (answered by orbit.serving)
+    ├── HeadersTooLarge       431 REQUEST_HEADERS_TOO_LARGE (answered by server.serving)
     ├── Unavailable           503 UNAVAILABLE
     └── Internal              500 INTERNAL
 """

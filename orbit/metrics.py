@@ -1,6 +1,6 @@
 """Prometheus counters of this process, counted by the verbs.
 
-Exposed at /metrics, with per-queue gauges, by orbit.metrics_view: the verbs
+Exposed at /metrics, with per-queue gauges, by console.metrics_view: the verbs
 import this module, so it holds no HTTP and reads no table."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
    shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
    credential with `manage.py orbit_bootstrap` and creates a second queue.
 2. Starts Orbit servers A and B on that database, each a node of `SERVER_PROCESSES` daphne
-   processes on one socket (`python -m orbit.supervisor --processes 2`, `orbit serve`'s
+   processes on one socket (`python -m server.supervisor --processes 2`, `orbit serve`'s
    supervisor without its start-up checks; `kill -9 server` kills the node's process group)
    with SDK workers (reliability/worker.py) split across them, server C that serves the API
    only, and submitter threads that send keyed and unkeyed tasks to A and B with unique
@@ -177,7 +177,7 @@ def port_open(port: int) -> bool:
         return False
 
 
-# Each server node runs this many daphne processes on its one address (orbit/supervisor.py).
+# Each server node runs this many daphne processes on its one address (server/supervisor.py).
 SERVER_PROCESSES = 2
 START_LINE = b"orbit: serving on "
 
@@ -203,7 +203,7 @@ class Server:
             [
                 PYTHON,
                 "-m",
-                "orbit.supervisor",
+                "server.supervisor",
                 "--processes",
                 str(SERVER_PROCESSES),
                 "-b",
@@ -560,7 +560,7 @@ class Harness:
                 "ORBIT_MAINTENANCE": "1",
                 "ORBIT_LOG_LEVEL": "WARNING",
                 "PYTHONUNBUFFERED": "1",
-                "DJANGO_SETTINGS_MODULE": "orbit.settings",
+                "DJANGO_SETTINGS_MODULE": "server.settings",
             }
         )
         env.pop("ORBIT_SQLITE_PATH", None)

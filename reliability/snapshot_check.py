@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "server.settings")
 
 
 def main() -> int:

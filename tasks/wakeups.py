@@ -5,7 +5,7 @@ elsewhere (other nodes, time passing).
 
 The processes of one supervisor find each other through a directory it
 creates (`SIBLINGS_DIR_ENV`): each binds a datagram socket there, named by
-its pid, when it starts serving (`listen_to_siblings`, orbit/asgi.py), and a
+its pid, when it starts serving (`listen_to_siblings`, server/asgi.py), and a
 wake-up goes to every other socket in it as one datagram of queue ids. It wakes the dispatchers there whose
 connection holds nothing (a busy one comes back by itself). A wake-up is a
 hint: one that cannot be sent at once (a full socket buffer, a sibling

@@ -16,8 +16,8 @@ from orbit.api.fields import StrictBooleanField, StrictCharField, StrictSerializ
 from orbit.api.parsers import malformed, strict_loads
 from orbit.errors import InvalidArgument
 from orbit.fields import UINT32_MAX
+from orbit.json_depth import TOO_DEEP, nested_too_deeply
 from tasks.actions import endings
-from tasks.serializers import TOO_DEEP, nested_too_deeply
 
 # A JSON escape of a UTF-16 surrogate (pairs are fine; a lone one is not UTF-8).
 SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")

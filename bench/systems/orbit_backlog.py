@@ -45,7 +45,7 @@ def main() -> None:
     admin.cursor().execute(f"DROP DATABASE IF EXISTS `{database}`")
     admin.cursor().execute(f"CREATE DATABASE `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
     os.environ["ORBIT_MYSQL_DSN"] = f"mysql://root:@127.0.0.1:3306/{database}"
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "orbit.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "server.settings")
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
     import django
 

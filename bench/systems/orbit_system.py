@@ -1,7 +1,7 @@
 """Orbit under the benchmark contract (bench/systems/__init__.py).
 
 Orbit runs as a user runs it: `python -m orbit.serve orbit.asgi:application` (daphne on uvloop) against a fresh
-MariaDB database (with ORBIT_BENCH_PROCESSES=N above 1: `python -m orbit.supervisor --processes N`, that is
+MariaDB database (with ORBIT_BENCH_PROCESSES=N above 1: `python -m server.supervisor --processes N`, that is
 `orbit serve --processes N` without its start-up checks: N daphne processes on one socket),
 real SDK Worker processes (bench/systems/orbit_worker.py),
 submitters in this process calling the SDK's Client (W1's one-by-one submits,
@@ -46,7 +46,7 @@ NOTES = {
     "NEEDS_REVIEW (effect unknown), never re-run blindly",
     "W5": "lease transaction timed in-process on MariaDB; the large backlog is inserted with SQL, not HTTP",
 }
-# Server processes on the one address (orbit/supervisor.py); 1 = one daphne process, as before.
+# Server processes on the one address (server/supervisor.py); 1 = one daphne process, as before.
 PROCESSES = int(os.environ.get("ORBIT_BENCH_PROCESSES", "1"))
 if PROCESSES < 1:
     raise ValueError(f"ORBIT_BENCH_PROCESSES must be at least 1, not {PROCESSES}")
@@ -125,7 +125,7 @@ class Server:
             stdout=subprocess.DEVNULL,
         )
         self.token = json.loads(credentials.read_text())["token"]
-        server = ["orbit.serve"] if PROCESSES == 1 else ["orbit.supervisor", "--processes", str(PROCESSES)]
+        server = ["orbit.serve"] if PROCESSES == 1 else ["server.supervisor", "--processes", str(PROCESSES)]
         log = self.work / "server.log"
         self.proc = common.spawn(
             [

@@ -12,6 +12,7 @@ from django.http import HttpRequest, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
+from orbit.api.fields import first_validation_message
 from orbit.api.middleware import request_id_of
 from orbit.errors import OrbitError
 
@@ -28,16 +29,6 @@ def error_body(request_id: str, code: str, message: str) -> dict[str, Any]:
     # rather than fail while rendering the error.
     message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return {"request_id": request_id, "error": {"code": code, "message": message}}
-
-
-def _first_validation_message(detail: Any, path: str = "") -> str:
-    if isinstance(detail, dict):
-        for field, inner in detail.items():
-            name = path if field == "non_field_errors" else (f"{path}.{field}" if path else str(field))
-            return _first_validation_message(inner, name)
-    if isinstance(detail, list) and detail:
-        return _first_validation_message(detail[0], path)
-    return f"{path}: {detail}" if path else str(detail)
 
 
 @overload
@@ -59,7 +50,7 @@ def translate(exc: BaseException) -> OrbitError | None:
     if isinstance(exc, drf_exceptions.UnsupportedMediaType):
         return errors.InvalidArgument("Content-Type must be application/json")
     if isinstance(exc, drf_exceptions.ValidationError):
-        return errors.InvalidArgument(_first_validation_message(exc.detail))
+        return errors.InvalidArgument(first_validation_message(exc.detail))
     if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):
         return errors.Unauthenticated(str(exc.detail))
     if isinstance(exc, drf_exceptions.PermissionDenied):

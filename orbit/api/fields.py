@@ -23,6 +23,7 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
+from orbit.errors import InvalidArgument
 from orbit.fields import UINT32_MAX, UINT64_MAX
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
@@ -261,6 +262,17 @@ _reusable = threading.local()
 _plans: dict[type, _PlainPlan] = {}
 
 
+def first_validation_message(detail: Any, path: str = "") -> str:
+    """The message of a DRF error detail's first error, prefixed by the field's dotted path."""
+    if isinstance(detail, dict):
+        for field, inner in detail.items():
+            name = path if field == "non_field_errors" else (f"{path}.{field}" if path else str(field))
+            return first_validation_message(inner, name)
+    if isinstance(detail, list) and detail:
+        return first_validation_message(detail[0], path)
+    return f"{path}: {detail}" if path else str(detail)
+
+
 class StrictSerializer(serializers.Serializer):
     """Rejects fields it does not know: a typo must not pass as an omission."""
 
@@ -301,7 +313,8 @@ class StrictSerializer(serializers.Serializer):
 
     @classmethod
     def validated(cls, data: Any) -> Any:
-        """Validates `data` (raising ValidationError): by the plain path if
+        """Validates `data` (raising InvalidArgument naming the first field it
+        refuses, so a verb never handles a DRF error): by the plain path if
         the serializer has one and it takes `data`, else with this thread's
         instance of the serializer. DRF deep-copies every declared field for
         each new instance, which was a third of a grouped submit's CPU; an
@@ -318,7 +331,8 @@ class StrictSerializer(serializers.Serializer):
             serializer.initial_data = data
             for state in ("_validated_data", "_errors", "_data"):
                 serializer.__dict__.pop(state, None)
-        serializer.is_valid(raise_exception=True)
+        if not serializer.is_valid():
+            raise InvalidArgument(first_validation_message(serializer.errors))
         return serializer.validated_data
 
     def to_internal_value(self, data: Any) -> Any:

@@ -13,9 +13,7 @@ from typing import Any
 
 from django.db import IntegrityError
 from django.utils import timezone
-from rest_framework.exceptions import ValidationError
 
-from orbit.api.errors import translate
 from orbit.db.rows import insert_rows, namespace_keys_in, new_row, select_rows
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Receipt, request_digest
@@ -52,10 +50,7 @@ class Submission:
 
 def _validated(body: dict[str, Any]) -> dict[str, Any]:
     """The body's fields (the queue's range is read_submissions' first check)."""
-    try:
-        return SubmitTaskInput.validated(body)
-    except ValidationError as exc:
-        raise translate(exc) from exc
+    return SubmitTaskInput.validated(body)
 
 
 def checked_submission(actor: Actor, key: str, body: dict[str, Any]) -> Submission:

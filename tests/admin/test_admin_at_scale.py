@@ -10,8 +10,8 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 
-from orbit import admin_base
-from orbit.admin_base import AdminStatementTimeout
+from console import admin_base
+from console.admin_base import AdminStatementTimeout
 from orbit.audit import AUDIT_ACTIONS
 from orbit.models import AuditEntry
 from tasks.actions import rounds

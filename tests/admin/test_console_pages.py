@@ -14,7 +14,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from orbit import admin_base
+from console import admin_base
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.support.tasks import lease_one, make_queue, start, submit_ok
 
@@ -68,7 +68,7 @@ def test_the_oldest_waiting_age_reads_the_dispatch_index_only(operator, busy):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from orbit.console.data import oldest_waiting
+    from console.data import oldest_waiting
 
     with CaptureQueriesContext(connection) as queries:
         found = oldest_waiting([busy["queue"]["id"]])

@@ -1,6 +1,6 @@
 """Every status line of a live server carries the standard reason phrase:
 Twisted's table has none for 429, which went out as "429 Unknown Status"
-(orbit.reason_phrases)."""
+(server.reason_phrases)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from orbit.models import SCOPES
-from orbit.reason_phrases import install
+from server.reason_phrases import install
 from tests.support.contract import fresh_key
 from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.live import LiveServer

@@ -245,7 +245,7 @@ def test_the_database_down_is_one_line(db, tmp_path, monkeypatch):
     def unreachable(name):
         raise OperationalError(2003, "Can't connect to MySQL server on '127.0.0.1:3307' (111)")
 
-    monkeypatch.setattr("orbit.management.commands.orbit_bootstrap.ensure_application", unreachable)
+    monkeypatch.setattr("server.management.commands.orbit_bootstrap.ensure_application", unreachable)
     with pytest.raises(CommandError) as refused:
         bootstrap(tmp_path / "creds.json")
     assert str(refused.value) == "database: Can't connect to MySQL server on '127.0.0.1:3307' (111)"

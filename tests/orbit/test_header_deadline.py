@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orbit.serving import HEADER_DEADLINE_SECONDS
+from server.serving import HEADER_DEADLINE_SECONDS
 from tests.support.keys import Worker, make_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -66,7 +66,7 @@ def test_the_console_refuses_framing_under_any_entry_point(admin_client):
 
 
 def settings_under(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """orbit.settings as a process started with `env` reads it."""
+    """server.settings as a process started with `env` reads it."""
     names = (
         "SESSION_COOKIE_SECURE",
         "CSRF_COOKIE_SECURE",
@@ -74,7 +74,7 @@ def settings_under(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         "SECURE_HSTS_INCLUDE_SUBDOMAINS",
         "SECURE_PROXY_SSL_HEADER",
     )
-    code = f"import orbit.settings as s; print([getattr(s, n, None) for n in {names!r}])"
+    code = f"import server.settings as s; print([getattr(s, n, None) for n in {names!r}])"
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ORBIT_TLS", "ORBIT_HSTS", "ORBIT_TRUST"))}
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, timeout=60

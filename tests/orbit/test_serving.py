@@ -1,4 +1,4 @@
-"""orbit.serving: daphne's requests leave their bodies undecoded; a
+"""server.serving: daphne's requests leave their bodies undecoded; a
 connection is asked once whether it is secure; Twisted formats no access line
 of its own beside daphne's; orbit.serve puts daphne on uvloop."""
 
@@ -17,7 +17,7 @@ from twisted.internet.testing import StringTransport
 from twisted.web import http
 from zope.interface import directlyProvides
 
-from orbit.serving import secure_once, tune_twisted
+from server.serving import secure_once, tune_twisted
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_INIT = getattr(WebRequest.__init__, "__wrapped__", WebRequest.__init__)

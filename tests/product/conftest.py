@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from orbit.probes import database_settings, open_connection
+from server.probes import database_settings, open_connection
 
 
 def mysql_settings(port: int) -> dict[str, Any]:

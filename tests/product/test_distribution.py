@@ -10,7 +10,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from orbit.cli import split_addr
+from server.cli import split_addr
 from tests.support.live import ROOT
 
 TEST_TOOLS = {"pytest", "pytest-django", "pytest-timeout", "pytest-asyncio", "factory-boy", "ruff", "schemathesis"}
@@ -52,14 +52,14 @@ def test_the_dev_requirements_add_the_test_tools_to_the_runtime_ones():
 def test_every_package_of_the_installed_apps_is_in_the_distribution():
     include = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
     local_apps = [app for app in settings.INSTALLED_APPS if (ROOT / app / "__init__.py").is_file()]
-    assert set(local_apps) == {"orbit", "queues", "tasks", "workers", "plans"}
+    assert set(local_apps) == {"orbit", "queues", "tasks", "workers", "plans", "server", "console"}
     for app in local_apps:
         for init in (ROOT / app).rglob("__init__.py"):
             package = ".".join(init.parent.relative_to(ROOT).parts)
             assert any(fnmatch.fnmatchcase(package, pattern) for pattern in include), package
     for stray in ("tests", "bench", "examples", "scripts", "sdk", "orbit_sdk"):
         assert not any(fnmatch.fnmatchcase(stray, pattern) for pattern in include), stray
-    assert pyproject()["project"]["scripts"] == {"orbit": "orbit.cli:main"}
+    assert pyproject()["project"]["scripts"] == {"orbit": "server.cli:main"}
 
 
 def test_the_serve_address_comes_from_orbit_http_addr():
@@ -70,7 +70,7 @@ def test_the_serve_address_comes_from_orbit_http_addr():
 
 def test_commands_make_the_default_sqlite_directory(tmp_path, monkeypatch):
     # Installed, the default SQLite file is ./.local/orbit.sqlite3: `orbit migrate` must be able to create it.
-    from orbit.cli import make_local_dir
+    from server.cli import make_local_dir
 
     monkeypatch.delenv("ORBIT_SQLITE_PATH", raising=False)
     make_local_dir("orbit.db.mysql", tmp_path / "not-for-mysql")

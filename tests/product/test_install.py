@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
-from orbit.probes import database_settings, open_connection
+from server.probes import database_settings, open_connection
 from tests.support.live import ROOT, free_port
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db]
@@ -250,8 +250,8 @@ def test_both_distributions_build_versioned_wheels(server_venv: Path, source: Pa
     with zipfile.ZipFile(tmp_path / "orbit-0.1.0-py3-none-any.whl") as wheel:
         tops = {name.split("/")[0] for name in wheel.namelist()}
         entry_points = wheel.read("orbit-0.1.0.dist-info/entry_points.txt").decode()
-    assert tops == {"orbit", "queues", "tasks", "workers", "plans", "orbit-0.1.0.dist-info"}, tops
-    assert "orbit = orbit.cli:main" in entry_points
+    assert tops == {"orbit", "queues", "tasks", "workers", "plans", "server", "console", "orbit-0.1.0.dist-info"}, tops
+    assert "orbit = server.cli:main" in entry_points
     with zipfile.ZipFile(tmp_path / "orbit_sdk-0.1.0-py3-none-any.whl") as wheel:
         names = wheel.namelist()
     assert "orbit_sdk/py.typed" in names and {name.split("/")[0] for name in names} == {

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from orbit import probes
-from orbit.probes import Readiness, check_database, database_settings, open_connection
+from server import probes
+from server.probes import Readiness, check_database, database_settings, open_connection
 from tests.conftest import api_client
 from tests.product.conftest import closed_port, mysql_settings
 
@@ -88,7 +88,7 @@ def test_readyz_is_503_while_migrations_are_not_applied(readiness, empty_databas
 
 def assert_logged(caplog: pytest.LogCaptureFixture, detail: str) -> None:
     """The operator's detail is in the server log, at WARNING."""
-    logged = [r.getMessage() for r in caplog.records if r.name == "orbit.probes" and r.levelname == "WARNING"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "server.probes" and r.levelname == "WARNING"]
     assert any(detail in message for message in logged), logged
 
 
@@ -134,7 +134,7 @@ def test_readyz_names_no_database_user_host_port_or_name_without_a_credential(re
     caplog.clear()
     for _ in range(3):
         assert api_client(None).get("/readyz").status_code == 503
-    assert [r for r in caplog.records if r.name == "orbit.probes"] == []
+    assert [r for r in caplog.records if r.name == "server.probes"] == []
 
 
 @pytest.mark.django_db

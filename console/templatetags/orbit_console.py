@@ -12,8 +12,8 @@ from django.contrib.admin.exceptions import NotRegistered
 from django.db.models import Model
 from django.http import HttpRequest
 
-from orbit.admin_base import format_ms
-from orbit.console import data
+from console import data
+from console.admin_base import format_ms
 from queues.models import Queue
 from tasks.models import Task
 
@@ -47,7 +47,7 @@ def age(seconds: float | None) -> str:
 
 @register.filter
 def ms(value: datetime | None) -> str:
-    """RFC 3339, UTC, to the millisecond and below (orbit.admin_base.format_ms)."""
+    """RFC 3339, UTC, to the millisecond and below (console.admin_base.format_ms)."""
     return format_ms(value)
 
 

@@ -43,9 +43,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orbit import reason_phrases
 from orbit.errors import HeadersTooLarge
 from orbit.fields import new_id
+from server import reason_phrases
 
 # The request line and headers of one HTTP request, in all (Twisted's own
 # bound, stated); and the most header lines.

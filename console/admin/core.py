@@ -7,7 +7,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 
-from orbit.admin_base import ReadOnlyAdmin, fixed_choices_filter
+from console.admin_base import ReadOnlyAdmin, fixed_choices_filter
 from orbit.audit import AUDIT_ACTIONS
 from orbit.models import Application, ApplicationState, AuditEntry, Credential, Event, Namespace
 

@@ -8,8 +8,8 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.safestring import SafeString
 
-from orbit.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, link
-from orbit.console import data
+from console import data
+from console.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, link
 from orbit.models import Namespace
 from queues.models import Queue
 from tasks.actions import keys

@@ -6,17 +6,17 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
-from orbit.management.commands._credentials_file import (
+from orbit.models import Application, Namespace
+from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
+from queues.models import Queue, QueueState
+from queues.serializers import QueueCreateInput
+from server.management.commands._credentials_file import (
     check_name,
     file_content,
     mint_and_write,
     one_line_errors,
     refuse_existing,
 )
-from orbit.models import Application, Namespace
-from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
-from queues.models import Queue, QueueState
-from queues.serializers import QueueCreateInput
 
 MANAGE_SCOPES = ["queues:manage", "queues:read", "tasks:submit", "tasks:read", "tasks:cancel"]
 WORKER_SCOPES = ["workers:connect", "workers:consume"]

@@ -9,8 +9,8 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from orbit.admin_base import ReadOnlyAdmin, format_ms, link
-from orbit.console import data
+from console import data
+from console.admin_base import ReadOnlyAdmin, format_ms, link
 from queues.models import Queue, QueueState
 
 
@@ -18,7 +18,7 @@ from queues.models import Queue, QueueState
 class QueueAdmin(ReadOnlyAdmin):
     """One row per queue: its backlog by state, permits, start window and the
     oldest waiting task, from the counters and index-ordered LIMIT reads
-    (orbit.console.data), and a link to its tasks."""
+    (console.data), and a link to its tasks."""
 
     list_display = (
         "name",

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from orbit.admin_base import ReadOnlyAdmin
+from console.admin_base import ReadOnlyAdmin
 from tasks.models import WorkerIdentity
 
 

@@ -3,9 +3,9 @@
 A process of Python serves its requests and worker frames on one event loop and
 so uses at most one core's worth of Python. The supervisor binds the listening
 socket once (SO_REUSEADDR, a backlog of `BACKLOG`) and starts N children, each
-`python -m orbit.serve --fd FD [daphne's arguments] APPLICATION`: daphne on the
+`python -m server.serve --fd FD [daphne's arguments] APPLICATION`: daphne on the
 inherited socket, with its own round lanes, database pool and maintenance
-thread (orbit/asgi.py). Every child accepts from the one socket; the kernel
+thread (server/asgi.py). Every child accepts from the one socket; the kernel
 hands each connection to one of them. A worker's WebSocket lives in the child
 that accepted it; what another child's round makes available reaches this
 child's dispatchers as a wake-up through the directory the supervisor makes
@@ -29,7 +29,7 @@ an Orbit before that signal, or where there is none) SIGKILLs them and binds
 again for up to `RECLAIM_SECONDS` (`reclaim_port`, Linux's /proc); a port held
 by anything else fails as before, with daphne's "Listen failure" line.
 
-`python -m orbit.supervisor --processes N -b HOST -p PORT [daphne's arguments]
+`python -m server.supervisor --processes N -b HOST -p PORT [daphne's arguments]
 APPLICATION` is the same without `orbit serve`'s checks (the database, the
 migrations), as `python -m orbit.serve` is daphne without them."""
 
@@ -50,7 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-APPLICATION = "orbit.asgi:application"
+APPLICATION = "server.asgi:application"
 # Where the children find each other's wake-up sockets (tasks.wakeups reads it;
 # named here too, as the supervisor imports nothing of Django's).
 WAKEUP_DIR_ENV = "ORBIT_WAKEUP_DIR"
@@ -176,7 +176,7 @@ def reclaim_port(port: int, proc: Path = Path("/proc")) -> list[int]:
 
 
 def leftover_child(pid: int, proc: Path = Path("/proc")) -> bool:
-    """`python -m orbit.serve --fd N ...` started by a supervisor (its pid in the
+    """`python -m server.serve --fd N ...` (or an older `orbit.serve`) started by a supervisor (its pid in the
     child's environment, `PARENT_ENV`) that is no longer its parent: the
     supervisor died and the child was adopted by init."""
     try:
@@ -185,7 +185,10 @@ def leftover_child(pid: int, proc: Path = Path("/proc")) -> bool:
         parent = int((proc / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return False
-    is_server_child = any(argv[i : i + 2] == [b"-m", b"orbit.serve"] for i in range(len(argv))) and b"--fd" in argv
+    is_server_child = (
+        any(argv[i : i + 2] in ([b"-m", b"server.serve"], [b"-m", b"orbit.serve"]) for i in range(len(argv)))
+        and b"--fd" in argv
+    )
     prefix = PARENT_ENV.encode() + b"="
     supervisors = [entry[len(prefix) :] for entry in environ if entry.startswith(prefix)]
     return is_server_child and len(supervisors) == 1 and supervisors[0].isdigit() and int(supervisors[0]) != parent
@@ -264,7 +267,7 @@ class Supervisor:
         fd = self.sock.fileno()
         try:
             child.process = subprocess.Popen(
-                [self.python, "-m", "orbit.serve", "--fd", str(fd), *self.child_args],
+                [self.python, "-m", "server.serve", "--fd", str(fd), *self.child_args],
                 env=env,
                 pass_fds=(fd, write_end),
             )
@@ -417,7 +420,7 @@ def announce_line(addresses: Sequence[tuple[str, int]], processes: int, database
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m orbit.supervisor",
+        prog="python -m server.supervisor",
         description="N daphne processes of APPLICATION on one address (no start-up checks: see `orbit serve`). "
         "Other options are daphne's.",
     )

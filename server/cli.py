@@ -6,7 +6,7 @@
 server as `python -m orbit.serve -b HOST -p PORT orbit.asgi:application` does,
 after checking that it can serve: the database answers and has every migration.
 With N above 1 (the default: the number of cores) a supervisor binds the
-address and runs N such processes on it (orbit/supervisor.py); `--processes 1`
+address and runs N such processes on it (server/supervisor.py); `--processes 1`
 serves in this process. It prints one start-up line on stdout; a problem is one
 line on stderr and exit status 1."""
 
@@ -17,11 +17,11 @@ import os
 import sys
 from pathlib import Path
 
-from orbit import supervisor
+from server import supervisor
 
-SETTINGS_MODULE = "orbit.settings"
+SETTINGS_MODULE = "server.settings"
 DEFAULT_HTTP_ADDR = "127.0.0.1:8080"
-APPLICATION = "orbit.asgi:application"
+APPLICATION = "server.asgi:application"
 # The start-up check waits this long for the database: a production server
 # may be slow to accept right after it started, unlike a 1 s readiness poll.
 STARTUP_DB_SECONDS = 5.0
@@ -105,8 +105,8 @@ def serve(args: list[str]) -> int:
     port = default_port if options.port is None else options.port
 
     # Before Django's setup imports daphne (INSTALLED_APPS), which makes its
-    # event loop on import: orbit.serve sets uvloop's policy first.
-    from orbit import serve as server
+    # event loop on import: server.serve sets uvloop's policy first.
+    from server import serve as server
 
     problem = settings_problem()
     if problem is not None:
@@ -116,7 +116,7 @@ def serve(args: list[str]) -> int:
     django.setup()
     from django.conf import settings
 
-    from orbit.probes import check_database, database_settings, describe_database
+    from server.probes import check_database, database_settings, describe_database
 
     if settings.ORBIT_DEVELOPMENT_SECRET_KEY:
         print(

@@ -22,7 +22,7 @@ from django.db import connection
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from orbit.metrics_view import queue_gauges
+from console.metrics_view import queue_gauges
 from orbit.models import Application, Namespace
 from queues.models import Queue
 from tasks.models import Attempt, Task, TaskState

@@ -1,11 +1,12 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from orbit import probes, views
+from console.metrics_view import MetricsView
+from orbit import views
 from orbit.api.errors import json_error_view
 from orbit.api.pooled import pooled
 from orbit.api.schema import OpenApiDocumentView
-from orbit.metrics_view import MetricsView
+from server import probes
 from tasks import key_views
 
 urlpatterns = [

@@ -57,7 +57,7 @@ def count_text(count: int, capped: bool) -> str:
 
 def format_ms(value: datetime | None) -> str:
     """RFC 3339, UTC, with its milliseconds and microseconds always written
-    (the console's times, as orbit/console/formats writes the admin's fields)."""
+    (the console's times, as console/formats writes the admin's fields)."""
     if value is None:
         return "—"
     return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")

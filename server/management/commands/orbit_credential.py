@@ -5,15 +5,15 @@ from typing import Any, cast
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from orbit.errors import OrbitError
-from orbit.management.commands._credentials_file import (
+from orbit.models import Application, Credential, Namespace
+from orbit.tenancy import issue_credential, revoke_credential
+from queues.models import Queue
+from server.management.commands._credentials_file import (
     file_content,
     mint_and_write,
     one_line_errors,
     refuse_existing,
 )
-from orbit.models import Application, Credential, Namespace
-from orbit.tenancy import issue_credential, revoke_credential
-from queues.models import Queue
 
 
 class Command(BaseCommand):

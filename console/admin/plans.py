@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from orbit.admin_base import ReadOnlyAdmin, fixed_choices_filter
+from console.admin_base import ReadOnlyAdmin, fixed_choices_filter
 from plans.models import Plan, PlanState, PlanTrigger, PlanVersion
 
 

@@ -15,7 +15,7 @@ from http import HTTPStatus
 
 
 def install() -> None:
-    """Idempotent; call before serving (orbit.serving.tune_twisted)."""
+    """Idempotent; call before serving (server.serving.tune_twisted)."""
     from twisted.web import http
 
     for status in HTTPStatus:

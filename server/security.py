@@ -6,7 +6,7 @@ browsers that know only that header, and a Content-Security-Policy of
 `frame-ancestors 'none'` for the ones that prefer it. The policy names no
 other directive: the console's own inline scripts and styles stay allowed.
 
-The server has three ways to answer (orbit/asgi.py): Django's full handler
+The server has three ways to answer (server/asgi.py): Django's full handler
 (the console, the probes, static files), the API's handler (/v1/) and the
 API's own routes that answer from the ASGI scope (tasks/submit_route.py).
 Only a wrapper around the ASGI application sees all of them, so the headers
