@@ -42,18 +42,36 @@ def find_violations_in_snapshot() -> list[str]:
 
 
 def find_violations() -> list[str]:
-    problems: list[str] = []
-    unfinished_by_queue: Counter[str] = Counter()
-    unfinished_by_app: Counter[str] = Counter()
-    for queue_id, application_id, count in (
+    """Every drift between the counters, permits and tokens and the rows they
+    count, as one message each (none: consistent)."""
+    unfinished = _unfinished_tasks()
+    active = _active_attempts()
+    problems = _counter_violations(unfinished, active)
+    problems.extend(_task_attempt_violations(active))
+    problems.extend(_key_violations(active))
+    problems.extend(state_row_violations())
+    problems.extend(capacity_violations(active))
+    problems.extend(attempt_count_violations())
+    problems.extend(token_order_violations())
+    problems.extend(readiness_violations())
+    problems.extend(plan_trigger_violations())
+    problems.extend(event_cursor_violations())
+    return problems
+
+
+def _unfinished_tasks() -> list[tuple[str, str, int]]:
+    """(queue_id, application_id, count) of the unfinished tasks."""
+    return list(
         Task.objects.filter(state__in=UNFINISHED_STATES)
         .values_list("queue_id", "application_id")
         .annotate(n=Count("id"))
         .values_list("queue_id", "application_id", "n")
-    ):
-        unfinished_by_queue[queue_id] += count
-        unfinished_by_app[application_id] += count
-    active = list(
+    )
+
+
+def _active_attempts() -> list[Mapping[str, Any]]:
+    """The LEASED and RUNNING attempts, as the checks read them."""
+    return list(
         Attempt.objects.filter(state__in=list(ACTIVE_ATTEMPT_STATES)).values(
             "id",
             "task_id",
@@ -67,6 +85,18 @@ def find_violations() -> list[str]:
             "session_id",
         )
     )
+
+
+def _counter_violations(unfinished: list[tuple[str, str, int]], active: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Each queue's and application's counters are what its rows say: its
+    unfinished tasks, its active attempts (permits), its reserved Starts
+    (LEASED attempts)."""
+    problems: list[str] = []
+    unfinished_by_queue: Counter[str] = Counter()
+    unfinished_by_app: Counter[str] = Counter()
+    for queue_id, application_id, count in unfinished:
+        unfinished_by_queue[queue_id] += count
+        unfinished_by_app[application_id] += count
     active_by_queue = Counter(a["queue_id"] for a in active)
     reserved_by_queue = Counter(a["queue_id"] for a in active if a["state"] == AttemptState.LEASED)
     active_by_app = Counter(a["application_id"] for a in active)
@@ -91,9 +121,13 @@ def find_violations() -> list[str]:
                 f"application {app_state.application_id}: active_attempts={app_state.active_attempts} "
                 f"but rows say {active_by_app.get(app_state.application_id, 0)}"
             )
+    return problems
 
-    # Task state agrees with its attempts: one active attempt at most, and only
-    # for LEASED/RUNNING tasks, at the task's current epoch.
+
+def _task_attempt_violations(active: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Task state agrees with its attempts: one active attempt at most, and
+    only for LEASED/RUNNING tasks, in the task's state."""
+    problems: list[str] = []
     active_by_task = defaultdict(list)
     for attempt in active:
         active_by_task[attempt["task_id"]].append(attempt)
@@ -110,16 +144,27 @@ def find_violations() -> list[str]:
     for task_id in active_by_task:
         if task_id not in leased_or_running:
             problems.append(f"task {task_id}: has an active attempt but is not LEASED/RUNNING")
+    return problems
 
-    # Keys: one holder at most, and the holder is exactly the active keyed attempt.
-    active_keyed = defaultdict(list)
-    for attempt in active:
-        if attempt["concurrency_key"]:
-            active_keyed[(attempt["namespace_id"], attempt["concurrency_key"])].append(attempt["id"])
+
+def _key_violations(active: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The key rows against the attempts: their holders, their token sequences."""
     holders = {
         (row.namespace_id, row.key): row
         for row in ConcurrencyKey.objects.all().only("namespace_id", "key", "holder_attempt_id", "version")
     }
+    return _key_holder_violations(active, holders) + _token_sequence_violations(holders)
+
+
+def _key_holder_violations(
+    active: Sequence[Mapping[str, Any]], holders: Mapping[tuple[str, str], ConcurrencyKey]
+) -> list[str]:
+    """One holder at most, and the holder is exactly the active keyed attempt."""
+    problems: list[str] = []
+    active_keyed = defaultdict(list)
+    for attempt in active:
+        if attempt["concurrency_key"]:
+            active_keyed[(attempt["namespace_id"], attempt["concurrency_key"])].append(attempt["id"])
     for ident, attempt_ids in active_keyed.items():
         if len(attempt_ids) > 1:
             problems.append(f"key {ident}: {len(attempt_ids)} active permits")
@@ -129,8 +174,13 @@ def find_violations() -> list[str]:
     for ident, row in holders.items():
         if row.holder_attempt_id and ident not in active_keyed:
             problems.append(f"key {ident}: held by {row.holder_attempt_id}, which is not active")
-    # A key's row is its token sequence: it must exist wherever a token was
-    # issued (a new row would issue token 1 again) and be at or past the highest.
+    return problems
+
+
+def _token_sequence_violations(holders: Mapping[tuple[str, str], ConcurrencyKey]) -> list[str]:
+    """A key's row is its token sequence: it must exist wherever a token was
+    issued (a new row would issue token 1 again) and be at or past the highest."""
+    problems: list[str] = []
     issued = (
         Attempt.objects.exclude(concurrency_key="")
         .values_list("namespace_id", "concurrency_key")
@@ -142,13 +192,6 @@ def find_violations() -> list[str]:
             problems.append(f"key {(namespace_id, key)}: tokens issued up to {highest} but it has no key row")
         elif highest is not None and highest > row.version:
             problems.append(f"key {(namespace_id, key)}: token {highest} issued beyond row version {row.version}")
-    problems.extend(state_row_violations())
-    problems.extend(capacity_violations(active))
-    problems.extend(attempt_count_violations())
-    problems.extend(token_order_violations())
-    problems.extend(readiness_violations())
-    problems.extend(plan_trigger_violations())
-    problems.extend(event_cursor_violations())
     return problems
 
 
