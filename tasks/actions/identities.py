@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import IntegrityError
 from django.utils import timezone
@@ -49,6 +50,27 @@ def register_worker(
     is refused, an upgraded process must use a new worker_id. A live session
     whose queues this credential may not consume is not superseded: the hello
     is refused UNAVAILABLE (retry once that session has closed)."""
+    _require_queues(principal, queue_ids)
+    session = {
+        "session_id": session_id,
+        "credential_id": principal.credential_id,
+        "queue_ids": queue_ids,
+        "handlers": [list(pair) for pair in handlers],
+        "capacity": capacity,  # orbit_check holds the session's attempts to it
+    }
+    for _ in range(2):
+        taken = _take_over(principal, worker_id, concurrency_keys, session)
+        if taken is not None:
+            return taken
+        try:
+            return _create_identity(principal, worker_id, concurrency_keys, session)
+        except IntegrityError:
+            continue  # a twin connection registered first; compare with its row
+    raise StateConflict("worker registration raced; reconnect")
+
+
+def _require_queues(principal: Principal, queue_ids: list[str]) -> None:
+    """Every queue is in the credential's range and exists in its namespace."""
     for queue_id in queue_ids:
         principal.require_queue(queue_id)
     found = set(
@@ -57,62 +79,47 @@ def register_worker(
     missing = [queue_id for queue_id in queue_ids if queue_id not in found]
     if missing:
         raise NotFound(f"queue not found: {missing[0]}")
-    session = {
-        "session_id": session_id,
-        "credential_id": principal.credential_id,
-        "queue_ids": queue_ids,
-        "handlers": [list(pair) for pair in handlers],
-        "capacity": capacity,  # orbit_check holds the session's attempts to it
-    }
 
-    @outermost
-    def take_over() -> int | None:
-        """The existing identity for this session, or None when there is none yet."""
-        # Locked: waits for a lease of the previous session still deciding (it
-        # holds this row), so the hello's held attempts include that lease's;
-        # and two hellos of one worker_id decide one after the other.
-        identity = (
-            WorkerIdentity.objects.select_for_update()
-            .filter(namespace_id=principal.namespace_id, worker_id=worker_id)
-            .first()
+
+@outermost
+def _take_over(principal: Principal, worker_id: str, concurrency_keys: bool, session: dict[str, Any]) -> int | None:
+    """The existing identity, now for this session, or None when there is none yet."""
+    # Locked: waits for a lease of the previous session still deciding (it
+    # holds this row), so the hello's held attempts include that lease's;
+    # and two hellos of one worker_id decide one after the other.
+    identity = (
+        WorkerIdentity.objects.select_for_update()
+        .filter(namespace_id=principal.namespace_id, worker_id=worker_id)
+        .first()
+    )
+    if identity is None:
+        return None
+    now = timezone.now()
+    if identity.concurrency_keys != concurrency_keys:
+        raise StateConflict(
+            "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
         )
-        if identity is None:
-            return None
-        now = timezone.now()
-        if identity.concurrency_keys != concurrency_keys:
-            raise StateConflict(
-                "concurrency_keys is fixed for this worker_id; start the upgraded process under a new worker_id"
-            )
-        if not _may_take_over(identity, principal, now):
-            raise Unavailable(
-                "worker_id is in use by a live connection consuming queues outside this credential's range;"
-                " retry after it closes, or use another worker_id"
-            )
-        WorkerIdentity.objects.filter(pk=identity.pk).update(**session, connected_at=now, seen_at=now)
-        return identity.pk
-
-    @outermost
-    def create() -> int:
-        now = timezone.now()
-        created = WorkerIdentity.objects.create(
-            namespace_id=principal.namespace_id,
-            worker_id=worker_id,
-            concurrency_keys=concurrency_keys,
-            connected_at=now,
-            seen_at=now,
-            **session,
+    if not _may_take_over(identity, principal, now):
+        raise Unavailable(
+            "worker_id is in use by a live connection consuming queues outside this credential's range;"
+            " retry after it closes, or use another worker_id"
         )
-        return created.pk
+    WorkerIdentity.objects.filter(pk=identity.pk).update(**session, connected_at=now, seen_at=now)
+    return identity.pk
 
-    for _ in range(2):
-        taken = take_over()
-        if taken is not None:
-            return taken
-        try:
-            return create()
-        except IntegrityError:
-            continue  # a twin connection registered first; compare with its row
-    raise StateConflict("worker registration raced; reconnect")
+
+@outermost
+def _create_identity(principal: Principal, worker_id: str, concurrency_keys: bool, session: dict[str, Any]) -> int:
+    now = timezone.now()
+    created = WorkerIdentity.objects.create(
+        namespace_id=principal.namespace_id,
+        worker_id=worker_id,
+        concurrency_keys=concurrency_keys,
+        connected_at=now,
+        seen_at=now,
+        **session,
+    )
+    return created.pk
 
 
 def mark_session_alive(*, identity_id: int, session_id: str) -> bool:
