@@ -16,9 +16,10 @@ from orbit.audit import AUDIT_ACTIONS
 from orbit.models import AuditEntry
 from tasks.actions import rounds
 from tests.conftest import api_client, post_json
+from tests.support.api import make_queue
 from tests.support.factories import make_credential
 from tests.support.plans import change, plan_body
-from tests.support.tasks import cancel, configure_queue, ends_unknown, make_queue, resolve, submit_ok, worker_for
+from tests.support.tasks import cancel, configure_queue, ends_unknown, resolve, submit_ok, worker_for
 
 
 def ordering_of(response) -> tuple:

@@ -16,7 +16,8 @@ from django.urls import reverse
 
 from console import admin_base
 from tasks.models import Attempt, ConcurrencyKey, Task
-from tests.support.tasks import lease_one, make_queue, start, submit_ok
+from tests.support.api import make_queue
+from tests.support.tasks import lease_one, start, submit_ok
 
 pytestmark = pytest.mark.django_db
 

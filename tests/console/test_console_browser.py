@@ -13,8 +13,9 @@ from django.contrib import admin
 from tasks.models import Attempt, ConcurrencyKey
 from tests.conftest import api_client
 from tests.console.conftest import screenshot
+from tests.support.api import make_queue
 from tests.support.factories import NamespaceFactory, make_credential
-from tests.support.tasks import configure_queue, lease_one, make_queue, run_threads, start, submit_ok
+from tests.support.tasks import configure_queue, lease_one, run_threads, start, submit_ok
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,7 +25,8 @@ from orbit.principal import Actor, authenticate_token
 from tasks.actions.batch import Submission
 from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, Task
-from tests.support.tasks import make_queue, submit_ok, task_body, worker_for
+from tests.support.api import make_queue
+from tests.support.tasks import submit_ok, task_body, worker_for
 
 SEQ = itertools.count(1)  # orbit_event cursors are unique per namespace
 

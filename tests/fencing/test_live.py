@@ -27,6 +27,7 @@ import pytest
 import orbit_sdk
 from tests.fencing.dbs import ROOT
 from tests.fencing.worker_proc import guarded_writes, slug
+from tests.support.api import make_queue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,17 +36,8 @@ KEYS = [f"fence/live/{n}" for n in range(6)]
 CONTESTED = KEYS[:3]
 
 
-# The API calls this test needs, written out here so it depends only on the `tenant` and
-# `orbit_server` fixtures (tests/conftest.py), not on other suites' helper modules.
-
-
-def make_queue(tenant: Any, name: str) -> dict[str, Any]:
-    body = {"name": name, "max_concurrency": 8, "rate_per_second": 1000}
-    response = tenant.client.post(
-        "/v1/queues", data=json.dumps(body), content_type="application/json", HTTP_IDEMPOTENCY_KEY=f"create-{name}"
-    )
-    assert response.status_code == 201, response.content
-    return response.json()["data"]["queue"]
+# The API calls this test needs beside tests/support/api.py, written out here so it depends
+# only on the `tenant` and `orbit_server` fixtures (tests/conftest.py) and the shared helpers.
 
 
 def submit(tenant: Any, queue_id: str, key: str) -> dict[str, Any]:
@@ -100,7 +92,10 @@ def test_a_worker_paused_past_its_lease_is_refused_by_the_guard(tenant: Any, orb
     resources = {"token_only": resource(tmp_path / "token-only.sqlite3"), "lease": resource(tmp_path / "lease.sqlite3")}
     markers = tmp_path / "markers"
     markers.mkdir()
-    queue_a, queue_b = make_queue(tenant, "fence-a"), make_queue(tenant, "fence-b")
+    queue_a, queue_b = (
+        make_queue(tenant.client, "fence-a", rate_per_second=1000),
+        make_queue(tenant.client, "fence-b", rate_per_second=1000),
+    )
     first = {key: submit(tenant, queue_a["id"], key) for key in KEYS}
     spec = {
         "url": orbit_server.url,

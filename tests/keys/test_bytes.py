@@ -6,8 +6,8 @@ import pytest
 
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
-from tests.support.keys import assert_no_violations, key_row, make_queue, submit, task_body, wait_for
-from tests.support.queues import assert_invalid, assert_ok
+from tests.support.api import assert_invalid, assert_ok, make_queue
+from tests.support.keys import assert_no_violations, key_row, submit, task_body, wait_for
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -17,13 +17,13 @@ PAIRS = [("object/A", "object/a"), ("\u00e9", "e\u0301"), ("k", "k\u200b")]
 
 
 def test_trailing_space_twin_cannot_be_submitted(tenant):
-    queue = make_queue(tenant, "pad")
+    queue = make_queue(tenant.client, "pad", rate_per_second=1000)
     response = post_json(tenant.client, "/v1/tasks", task_body(queue["id"], concurrency_key="k "), key="pad")
     assert_invalid(response, "concurrency_key")
 
 
 def test_zero_width_space_key_is_accepted_as_its_own_key(tenant):
-    queue = make_queue(tenant, "zw")
+    queue = make_queue(tenant.client, "zw", rate_per_second=1000)
     task = submit(tenant, queue["id"], "zw", concurrency_key="k\u200b")
     assert task["concurrency_key"] == "k\u200b"
     found = assert_ok(tenant.client.get("/v1/tasks", {"concurrency_key": "k"}))["items"]
@@ -33,7 +33,10 @@ def test_zero_width_space_key_is_accepted_as_its_own_key(tenant):
 def test_pairs_hold_distinct_permits_while_identical_keys_exclude(tenant, connect):
     # given, across two queues, a task for each key of every pair, plus a twin
     # with the identical key of each
-    first, second = make_queue(tenant, "bytes-1"), make_queue(tenant, "bytes-2")
+    first, second = (
+        make_queue(tenant.client, "bytes-1", rate_per_second=1000),
+        make_queue(tenant.client, "bytes-2", rate_per_second=1000),
+    )
     tasks: dict[str, list[str]] = {}
     for index, pair in enumerate(PAIRS):
         for side, key in enumerate(pair):
@@ -78,7 +81,7 @@ def test_pairs_hold_distinct_permits_while_identical_keys_exclude(tenant, connec
 
 
 def test_filters_separate_the_pairs(tenant):
-    queue = make_queue(tenant, "filter")
+    queue = make_queue(tenant.client, "filter", rate_per_second=1000)
     ids = {
         key: submit(tenant, queue["id"], f"f-{i}", concurrency_key=key)["id"] for i, key in enumerate(sum(PAIRS, ()))
     }
@@ -89,7 +92,7 @@ def test_filters_separate_the_pairs(tenant):
 
 def test_longest_multibyte_keys_lease_with_their_own_rows(tenant, connect):
     # given keys of 191 four-byte and three-byte characters (764 and 573 UTF-8 bytes)
-    queue = make_queue(tenant, "long")
+    queue = make_queue(tenant.client, "long", rate_per_second=1000)
     keys = ["\U0001f600" * 191, "键" * 191, "\U0001f600" * 190 + "键"]
     ids = {submit(tenant, queue["id"], f"long-{i}", concurrency_key=key)["id"]: key for i, key in enumerate(keys)}
     # when a worker leases them

@@ -13,15 +13,8 @@ import pytest
 from django.utils import timezone
 
 from tasks.models import Attempt, AttemptState, Task, TaskState
-from tests.support.keys import (
-    Worker,
-    assert_no_violations,
-    attempt_row,
-    key_row,
-    make_queue,
-    submit,
-    wait_for,
-)
+from tests.support.api import make_queue
+from tests.support.keys import Worker, assert_no_violations, attempt_row, key_row, submit, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,7 +65,7 @@ def work(url: str, token: str, index: int, queue_ids: list[str], done: dict[str,
 
 def test_keys_never_overlap_under_load(tenant, orbit_server):
     # given two queues with room for all workers, and 200 tasks spread over 10 keys
-    queues = [make_queue(tenant, f"load-{i}", max_concurrency=8, rate_per_second=100_000) for i in range(2)]
+    queues = [make_queue(tenant.client, f"load-{i}", max_concurrency=8, rate_per_second=100_000) for i in range(2)]
     queue_ids = [q["id"] for q in queues]
     tasks = {}
     for i in range(TOTAL):
@@ -122,7 +115,7 @@ def test_keys_never_overlap_under_load(tenant, orbit_server):
 
 def test_a_killed_holder_keeps_the_key_until_its_lease_expires(tenant, orbit_server, connect):
     # given a worker running a keyed task with a 5 s lease, and the key's next task waiting
-    queue = make_queue(tenant, "killed")
+    queue = make_queue(tenant.client, "killed", rate_per_second=1000)
     first = submit(tenant, queue["id"], "t-first", concurrency_key="object/killed", lease_seconds=5)
     holder = connect(tenant, [queue["id"]], "w-killed", capacity=1)
     frame = holder.expect_assignment()
@@ -155,7 +148,7 @@ def test_a_killed_holder_keeps_the_key_until_its_lease_expires(tenant, orbit_ser
 
 def test_a_busy_key_does_not_hold_back_other_keys(tenant, orbit_server, connect):
     # given a key held by a running attempt
-    queue = make_queue(tenant, "busy", max_concurrency=16)
+    queue = make_queue(tenant.client, "busy", max_concurrency=16, rate_per_second=1000)
     holder = connect(tenant, [queue["id"]], "w-busy-holder", capacity=1)
     head = submit(tenant, queue["id"], "t-head", concurrency_key="object/busy")
     frame = holder.expect_assignment()

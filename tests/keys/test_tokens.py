@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.utils import timezone
@@ -12,6 +12,7 @@ from django.utils import timezone
 from orbit_sdk import Client
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
+from tests.support.api import assert_ok, make_queue, parse_time
 from tests.support.keys import (
     TOKEN,
     UINT64_MAX,
@@ -21,17 +22,12 @@ from tests.support.keys import (
     get_task,
     key_row,
     list_attempts,
-    make_queue,
     submit,
     wait_for,
 )
-from tests.support.queues import assert_ok, configure, configure_body
+from tests.support.queues import configure, configure_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def task_state(task_id: str) -> str:
@@ -40,7 +36,7 @@ def task_state(task_id: str) -> str:
 
 def test_token_is_a_decimal_string_iff_keyed_and_matches_the_attempt_views(tenant, connect):
     # given a keyed and an unkeyed task
-    queue = make_queue(tenant, "tok")
+    queue = make_queue(tenant.client, "tok", rate_per_second=1000)
     keyed = submit(tenant, queue["id"], "t-keyed", concurrency_key="object/42")
     plain = submit(tenant, queue["id"], "t-plain")
     # when a worker leases and completes both
@@ -65,7 +61,10 @@ def test_token_is_a_decimal_string_iff_keyed_and_matches_the_attempt_views(tenan
 
 def test_successive_attempts_of_a_key_get_increasing_tokens(tenant, connect):
     # given three tasks of one key on two queues
-    first, second = make_queue(tenant, "seq-1"), make_queue(tenant, "seq-2")
+    first, second = (
+        make_queue(tenant.client, "seq-1", rate_per_second=1000),
+        make_queue(tenant.client, "seq-2", rate_per_second=1000),
+    )
     ids = [submit(tenant, (first, second)[i % 2]["id"], f"t-{i}", concurrency_key="object/seq")["id"] for i in range(3)]
     worker = connect(tenant, [first["id"], second["id"]], "w-seq", capacity=3)
     tokens = []
@@ -104,7 +103,7 @@ def assert_released(row, frame, *, sibling_id):
 
 def test_safe_retry_releases_the_key_during_backoff(tenant, connect):
     # given a retryable task and a second task of the same key
-    queue = make_queue(tenant, "retry")
+    queue = make_queue(tenant.client, "retry", rate_per_second=1000)
     retried = submit(
         tenant,
         queue["id"],
@@ -142,7 +141,7 @@ def test_safe_retry_releases_the_key_during_backoff(tenant, connect):
 
 
 def test_unknown_outcome_releases_the_key_and_keeps_the_task_for_review(tenant, connect):
-    queue = make_queue(tenant, "unknown")
+    queue = make_queue(tenant.client, "unknown", rate_per_second=1000)
     doubtful = submit(tenant, queue["id"], "t-unknown", concurrency_key="object/unknown")
     after = submit(tenant, queue["id"], "t-after", concurrency_key="object/unknown")
     worker = connect(tenant, [queue["id"]], "w-unknown", capacity=2)
@@ -169,7 +168,7 @@ def test_a_reviewed_retry_through_the_sdk_runs_again_with_a_larger_token(tenant,
     """Live server, SDK client: RETRY of a NEEDS_REVIEW keyed task wakes the
     waiting worker, which gets it with a token above the unknown attempt's;
     the event log read through the SDK shows the whole story in order."""
-    queue = make_queue(tenant, "review")
+    queue = make_queue(tenant.client, "review", rate_per_second=1000)
     doubtful = submit(tenant, queue["id"], "t-review", concurrency_key="object/review")
     worker = connect(tenant, [queue["id"]], "w-review", capacity=1)
     first = worker.expect_assignment()
@@ -203,7 +202,7 @@ def test_a_reviewed_retry_through_the_sdk_runs_again_with_a_larger_token(tenant,
 
 
 def test_unstarted_cancel_releases_the_key(tenant, connect):
-    queue = make_queue(tenant, "cancel")
+    queue = make_queue(tenant.client, "cancel", rate_per_second=1000)
     cancelled = submit(tenant, queue["id"], "t-cancel", concurrency_key="object/cancel")
     after = submit(tenant, queue["id"], "t-after", concurrency_key="object/cancel")
     worker = connect(tenant, [queue["id"]], "w-cancel", capacity=2)
@@ -226,7 +225,7 @@ def test_unstarted_cancel_releases_the_key(tenant, connect):
 
 
 def test_renew_keeps_the_token_and_extends_the_permit(tenant, connect):
-    queue = make_queue(tenant, "renew")
+    queue = make_queue(tenant.client, "renew", rate_per_second=1000)
     task = submit(tenant, queue["id"], "t-renew", concurrency_key="object/renew", lease_seconds=5)
     waiting = submit(tenant, queue["id"], "t-waiting", concurrency_key="object/renew")
     worker = connect(tenant, [queue["id"]], "w-renew", capacity=2)
@@ -255,7 +254,7 @@ def test_renew_keeps_the_token_and_extends_the_permit(tenant, connect):
 
 
 def test_reconnect_and_resume_keep_the_attempt_and_token(tenant, connect):
-    queue = make_queue(tenant, "resume")
+    queue = make_queue(tenant.client, "resume", rate_per_second=1000)
     task = submit(tenant, queue["id"], "t-resume", concurrency_key="object/resume")
     first = connect(tenant, [queue["id"]], "w-resume", capacity=1)
     frame = first.expect_assignment()
@@ -287,7 +286,7 @@ def test_reconnect_and_resume_keep_the_attempt_and_token(tenant, connect):
 
 
 def test_replayed_result_does_not_release_the_next_holders_permit(tenant, connect):
-    queue = make_queue(tenant, "dup")
+    queue = make_queue(tenant.client, "dup", rate_per_second=1000)
     first_task = submit(tenant, queue["id"], "t-1", concurrency_key="object/dup")
     second_task = submit(tenant, queue["id"], "t-2", concurrency_key="object/dup")
     worker = connect(tenant, [queue["id"]], "w-dup", capacity=1)
@@ -324,7 +323,10 @@ def test_replayed_result_does_not_release_the_next_holders_permit(tenant, connec
 
 def test_pause_and_disconnect_do_not_release_until_the_lease_expires(tenant, connect):
     # given a running keyed attempt on one queue and a task of the same key on another
-    paused_queue, other_queue = make_queue(tenant, "pause-1"), make_queue(tenant, "pause-2")
+    paused_queue, other_queue = (
+        make_queue(tenant.client, "pause-1", rate_per_second=1000),
+        make_queue(tenant.client, "pause-2", rate_per_second=1000),
+    )
     held_task = submit(tenant, paused_queue["id"], "t-held", concurrency_key="object/pause", lease_seconds=5)
     holder = connect(tenant, [paused_queue["id"]], "w-holder", capacity=1)
     frame = holder.expect_assignment()
@@ -369,7 +371,7 @@ def test_pause_and_disconnect_do_not_release_until_the_lease_expires(tenant, con
 
 
 def test_release_and_unstarted_expiry_release_the_key(tenant, connect):
-    queue = make_queue(tenant, "handback")
+    queue = make_queue(tenant.client, "handback", rate_per_second=1000)
     task = submit(tenant, queue["id"], "t-handback", concurrency_key="object/handback")
     worker = connect(tenant, [queue["id"]], "w-handback", capacity=1)
     tokens = []
@@ -404,7 +406,7 @@ def test_release_and_unstarted_expiry_release_the_key(tenant, connect):
 @pytest.mark.mysql_only
 def test_token_space_is_never_wrapped(tenant, connect):
     # given a key whose row version is three short of the uint64 maximum
-    queue = make_queue(tenant, "overflow")
+    queue = make_queue(tenant.client, "overflow", rate_per_second=1000)
     ConcurrencyKey.objects.create(
         namespace_id=tenant.namespace_id, key="object/spent", version=UINT64_MAX - 2, updated_at=timezone.now()
     )
@@ -444,7 +446,7 @@ def test_token_space_is_never_wrapped(tenant, connect):
 
 def test_waiting_behind_a_busy_key_keeps_counting_toward_the_deadline(tenant, connect):
     # given a key held by a running attempt
-    queue = make_queue(tenant, "deadline")
+    queue = make_queue(tenant.client, "deadline", rate_per_second=1000)
     holder_task = submit(tenant, queue["id"], "t-holder", concurrency_key="object/deadline")
     worker = connect(tenant, [queue["id"]], "w-deadline", capacity=2)
     frame = worker.expect_assignment()
@@ -474,7 +476,10 @@ def test_the_same_key_in_another_namespace_is_another_resource(tenant, connect):
     issued = make_credential(namespace)
     neighbour = Tenant(namespace=namespace, token=issued.token, client=api_client(issued.token))
     # given one task of the same key in each of two namespaces
-    mine, theirs = make_queue(tenant, "ns-a"), make_queue(neighbour, "ns-b")
+    mine, theirs = (
+        make_queue(tenant.client, "ns-a", rate_per_second=1000),
+        make_queue(neighbour.client, "ns-b", rate_per_second=1000),
+    )
     submit(tenant, mine["id"], "t-mine", concurrency_key="object/shared-name")
     submit(neighbour, theirs["id"], "t-theirs", concurrency_key="object/shared-name")
     # when each namespace's worker leases and starts its task
@@ -494,7 +499,7 @@ def test_the_same_key_in_another_namespace_is_another_resource(tenant, connect):
 
 
 def test_pipelined_duplicate_results_release_the_key_once(tenant, connect):
-    queue = make_queue(tenant, "pipelined")
+    queue = make_queue(tenant.client, "pipelined", rate_per_second=1000)
     submit(tenant, queue["id"], "t-1", concurrency_key="object/pipelined")
     worker = connect(tenant, [queue["id"]], "w-pipelined", capacity=1)
     frame = worker.expect_assignment()

@@ -9,15 +9,15 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.models import Task
 from tests.conftest import post_json
-from tests.support.keys import TOKEN, assert_no_violations, get_task, make_queue, raw_task_json, submit, task_body
-from tests.support.queues import assert_invalid, assert_ok
+from tests.support.api import assert_invalid, assert_ok, make_queue
+from tests.support.keys import TOKEN, assert_no_violations, get_task, raw_task_json, submit, task_body
 
 EMOJI = "\U0001f600"
 
 
 @pytest.fixture
 def queue(tenant):
-    return make_queue(tenant, "keyed")
+    return make_queue(tenant.client, "keyed", rate_per_second=1000)
 
 
 def send(tenant, queue_id, key_value, idem="k-1"):
@@ -206,7 +206,7 @@ def test_key_shows_in_detail_and_summaries_and_filters_exactly(tenant, queue):
 @pytest.mark.django_db(transaction=True)
 def test_key_and_token_in_task_assign(tenant, connect):
     # given a keyed task (with characters outside ASCII) and an unkeyed one
-    queue = make_queue(tenant, "assign")
+    queue = make_queue(tenant.client, "assign", rate_per_second=1000)
     keyed = submit(tenant, queue["id"], "t-keyed", concurrency_key="对象/42 ✓", business_key="biz-1")
     plain = submit(tenant, queue["id"], "t-plain")
     # when an opted-in worker leases both

@@ -8,7 +8,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tasks.models import Attempt, Task, TaskState, WorkerIdentity
-from tests.support.keys import Worker, assert_no_violations, make_queue, submit
+from tests.support.api import make_queue
+from tests.support.keys import Worker, assert_no_violations, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,7 +21,7 @@ def hello_frame(queue_id: str, worker_id: str, **extra):
 @pytest.mark.parametrize("flag", [False, None], ids=["false", "omitted"])
 def test_worker_without_key_support_never_gets_keyed_tasks(tenant, orbit_server, connect, flag):
     # given keyed and unkeyed tasks interleaved, keyed first
-    queue = make_queue(tenant, "legacy")
+    queue = make_queue(tenant.client, "legacy", rate_per_second=1000)
     keyed, plain = [], []
     for i in range(3):
         keyed.append(submit(tenant, queue["id"], f"k-{i}", concurrency_key=f"object/{i}")["id"])
@@ -63,7 +64,7 @@ def _drain(worker: Worker) -> list[dict]:
 
 @pytest.mark.parametrize("first,then", [(True, False), (False, True), (True, None)], ids=["t-f", "f-t", "t-omit"])
 def test_reconnect_changing_the_flag_is_refused_and_closed(tenant, orbit_server, connect, first, then):
-    queue = make_queue(tenant, "fixed")
+    queue = make_queue(tenant.client, "fixed", rate_per_second=1000)
     original = connect(tenant, [queue["id"]], "w-fixed", capacity=1, concurrency_keys=first)
     original.close()
     # when the same worker_id says hello with another concurrency_keys
@@ -86,7 +87,7 @@ def test_reconnect_changing_the_flag_is_refused_and_closed(tenant, orbit_server,
 
 
 def test_same_flag_reconnects_and_a_new_worker_id_may_change_it(tenant, orbit_server, connect):
-    queue = make_queue(tenant, "upgrade")
+    queue = make_queue(tenant.client, "upgrade", rate_per_second=1000)
     keyed = submit(tenant, queue["id"], "k-1", concurrency_key="object/upgrade")["id"]
     old = connect(tenant, [queue["id"]], "w-old", capacity=1, concurrency_keys=False)
     assert old.next_assignment(timeout=1) is None
@@ -107,7 +108,7 @@ def test_same_flag_reconnects_and_a_new_worker_id_may_change_it(tenant, orbit_se
 
 @pytest.mark.parametrize("value", ["true", 1, 0, None, [True]], ids=repr)
 def test_non_boolean_flag_is_refused(tenant, orbit_server, value):
-    queue = make_queue(tenant, "flag")
+    queue = make_queue(tenant.client, "flag", rate_per_second=1000)
     worker = Worker(orbit_server.url, tenant.token)
     try:
         reply = worker.request("hello", **hello_frame(queue["id"], "w-flag", concurrency_keys=value))

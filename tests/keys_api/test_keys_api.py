@@ -10,8 +10,9 @@ import pytest
 from tasks.actions import rounds
 from tasks.models import ConcurrencyKey
 from tests.conftest import api_client, post_json
+from tests.support.api import assert_error, assert_ok, make_queue
 from tests.support.factories import make_credential
-from tests.support.tasks import assert_error, assert_ok, lease_one, make_queue, submit_ok, worker_for
+from tests.support.tasks import lease_one, submit_ok, worker_for
 
 pytestmark = pytest.mark.django_db
 

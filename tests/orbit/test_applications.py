@@ -8,10 +8,10 @@ import pytest
 from orbit.models import Application, AuditEntry, Event, IdempotencyRecord
 from tasks.actions import rounds
 from tests.conftest import Tenant, api_client, post_json
+from tests.support.api import assert_error, assert_invalid, assert_ok, make_queue
 from tests.support.factories import ALL_SCOPES, NamespaceFactory, make_credential
-from tests.support.queues import assert_error, assert_invalid, assert_ok
 from tests.support.race import race
-from tests.support.tasks import counters, make_queue, submit, submit_ok, worker_for
+from tests.support.tasks import counters, submit, submit_ok, worker_for
 
 APPLICATION_KEYS = {
     "id",

@@ -16,7 +16,8 @@ from django.db import OperationalError
 from orbit.models import Application, ApplicationState, Credential, Namespace
 from queues.models import Queue, QueueState
 from tests.conftest import api_client, post_json
-from tests.support.queues import HEX32, SEED_CREATE, assert_ok, get_queue
+from tests.support.api import HEX32, assert_ok
+from tests.support.queues import SEED_CREATE, get_queue
 
 FILE_KEYS = {"url", "token", "application_id", "namespace_id", "environment", "queue_id", "scopes"}
 MANAGE_SCOPES = ["queues:manage", "queues:read", "tasks:cancel", "tasks:read", "tasks:submit"]

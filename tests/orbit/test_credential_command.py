@@ -12,7 +12,8 @@ from django.core.management.base import CommandError
 
 from orbit.models import Credential
 from tests.conftest import api_client, post_json
-from tests.support.queues import SEED_CREATE, assert_error, assert_ok, create_queue, get_queue
+from tests.support.api import assert_error, assert_ok
+from tests.support.queues import SEED_CREATE, create_queue, get_queue
 
 FILE_KEYS = {"url", "token", "application_id", "namespace_id", "environment", "queue_id", "scopes"}
 

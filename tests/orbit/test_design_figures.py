@@ -36,8 +36,9 @@ from tasks.actions.identities import register_worker
 from tasks.actions.rounds import LeaseRequest, StartAhead, SubmitRequest
 from tasks.models import Task
 from tests.conftest import Tenant
+from tests.support.api import make_queue
 from tests.support.lock_order import split_statements
-from tests.support.tasks import make_queue, submit_ok, task_body, worker_for
+from tests.support.tasks import submit_ok, task_body, worker_for
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 

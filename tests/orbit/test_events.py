@@ -9,9 +9,9 @@ import pytest
 
 from orbit.models import Event
 from tests.conftest import api_client
+from tests.support.api import RFC3339_UTC, assert_error, assert_invalid, assert_ok, make_queue
 from tests.support.factories import NamespaceFactory, make_credential
-from tests.support.queues import RFC3339_UTC, assert_error, assert_invalid, assert_ok
-from tests.support.tasks import cancel, make_queue, submit_ok
+from tests.support.tasks import cancel, submit_ok
 
 
 def events(client, **params: str):

@@ -17,8 +17,9 @@ from django.db import connection
 
 from orbit.db.mysql.base import SERVING_IDLE_TRANSACTION_SECONDS
 from tasks.models import Task
+from tests.support.api import make_queue
 from tests.support.live import LiveServer, server_env
-from tests.support.tasks import assert_invariants, make_queue
+from tests.support.tasks import assert_invariants
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 

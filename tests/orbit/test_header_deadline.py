@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from server.serving import HEADER_DEADLINE_SECONDS
-from tests.support.keys import Worker, make_queue
+from tests.support.api import make_queue
+from tests.support.keys import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -86,7 +87,7 @@ def test_a_request_that_is_not_slow_is_served(orbit_server: Any) -> None:
 def test_a_websocket_a_steady_body_and_an_idle_kept_alive_connection_outlast_the_deadline(
     orbit_server: Any, tenant: Any
 ) -> None:
-    queue = make_queue(tenant, "header-deadline")
+    queue = make_queue(tenant.client, "header-deadline", rate_per_second=1000)
     results: dict[str, Any] = {}
 
     def keep(name: str, work: Callable[[], Any]) -> threading.Thread:

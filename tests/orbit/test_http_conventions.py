@@ -9,7 +9,8 @@ from django.db import OperationalError
 from orbit.models import IdempotencyRecord
 from queues.models import Queue
 from tests.conftest import api_client, post_json
-from tests.support.queues import HEX32, SEED_CREATE, assert_error, assert_invalid, assert_ok, create_queue
+from tests.support.api import HEX32, assert_error, assert_invalid, assert_ok
+from tests.support.queues import SEED_CREATE, create_queue
 
 
 def test_every_response_has_a_fresh_request_id_in_header_and_body(tenant):

@@ -30,6 +30,7 @@ from tasks.actions.identities import register_worker
 from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, Task
 from tests.conftest import Tenant, api_client, post_json
+from tests.support.api import assert_ok, make_queue
 from tests.support.factories import ALL_SCOPES, make_credential
 from tests.support.lock_order import (
     Lock,
@@ -41,8 +42,8 @@ from tests.support.lock_order import (
     violations,
 )
 from tests.support.plans import plan_body
-from tests.support.queues import assert_ok, configure_body
-from tests.support.tasks import cancel, make_queue, submit_ok, task_body, worker_for
+from tests.support.queues import configure_body
+from tests.support.tasks import cancel, submit_ok, task_body, worker_for
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import requests
 
-from tests.support.keys import make_queue, task_body
+from tests.support.api import make_queue
+from tests.support.keys import task_body
 from tests.support.live import ROOT, LiveServer, server_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +30,7 @@ def assert_not_frameable(response: requests.Response) -> None:
 
 
 def test_no_answer_of_the_live_server_may_be_framed(tenant, orbit_server):
-    queue = make_queue(tenant, "framed")
+    queue = make_queue(tenant.client, "framed", rate_per_second=1000)
     bearer = {"Authorization": f"Bearer {tenant.token}"}
     answers = [
         # the console: Django's full handler (the page the attack framed, and its login)

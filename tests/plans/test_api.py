@@ -8,11 +8,11 @@ import pytest
 from orbit.models import AuditEntry, IdempotencyRecord
 from plans.models import Plan, PlanVersion
 from tests.conftest import api_client, post_json
+from tests.support.api import HEX32, RFC3339_UTC, assert_error, assert_invalid, assert_ok, make_queue
 from tests.support.factories import make_credential
 from tests.support.plans import TASK, change, create_plan, plan_body
-from tests.support.queues import HEX32, RFC3339_UTC, assert_error, assert_invalid, assert_ok
 from tests.support.race import race
-from tests.support.tasks import configure_queue, make_queue
+from tests.support.tasks import configure_queue
 
 PLAN_KEYS = {
     "id",

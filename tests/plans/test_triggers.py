@@ -16,17 +16,10 @@ from plans.models import Plan, PlanTrigger, PlanVersion
 from tasks.actions import rounds
 from tasks.models import Task
 from tests.conftest import post_json
+from tests.support.api import assert_ok, make_queue
 from tests.support.plans import TASK, create_plan, plan_body
 from tests.support.race import race
-from tests.support.tasks import (
-    assert_invariants,
-    assert_ok,
-    cancel,
-    configure_queue,
-    make_queue,
-    wait_until,
-    worker_for,
-)
+from tests.support.tasks import assert_invariants, cancel, configure_queue, wait_until, worker_for
 
 
 def new_plan(planner, queue_id: str, name: str = "p", **overrides) -> tuple[str, datetime]:

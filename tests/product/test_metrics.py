@@ -12,8 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from orbit.models import Namespace
 from orbit.tenancy import revoke_credential
 from tests.conftest import api_client
+from tests.support.api import assert_error, make_queue
 from tests.support.factories import NamespaceFactory, QueueFactory, make_credential
-from tests.support.tasks import lease_one, make_queue, report, start, submit_ok
+from tests.support.tasks import lease_one, report, start, submit_ok
 
 TOKEN = "operator-scrape-token-0123456789"
 
@@ -27,12 +28,6 @@ def metrics_on(settings):
 
 def scrape(token: str | None = TOKEN):
     return api_client(token).get("/metrics")
-
-
-def assert_error(response, status: int, code: str) -> None:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert body["error"]["code"] == code and body["request_id"] == response["X-Request-Id"]
 
 
 def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:

@@ -21,13 +21,13 @@ from tasks.invariants import find_violations
 from tasks.management.commands.orbit_prune import parse_duration
 from tasks.models import Attempt, ConcurrencyKey, Task, TaskState
 from tests.conftest import api_client
+from tests.support.api import make_queue
 from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.tasks import (
     assert_invariants,
     cancel,
     ends_unknown,
     lease_one,
-    make_queue,
     report,
     run_threads,
     start,

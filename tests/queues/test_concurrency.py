@@ -10,7 +10,8 @@ import pytest
 from orbit.models import AuditEntry, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import api_client, post_json
-from tests.support.queues import SEED_CREATE, assert_error, assert_ok, configure, configure_body, create_queue
+from tests.support.api import assert_error, assert_ok
+from tests.support.queues import SEED_CREATE, configure, configure_body, create_queue
 from tests.support.race import race
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,16 +7,8 @@ import pytest
 from orbit.models import AuditEntry, Event, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import post_json
-from tests.support.queues import (
-    assert_error,
-    assert_invalid,
-    assert_ok,
-    assert_queue_shape,
-    configure,
-    configure_body,
-    create_queue,
-    get_queue,
-)
+from tests.support.api import assert_error, assert_invalid, assert_ok
+from tests.support.queues import assert_queue_shape, configure, configure_body, create_queue, get_queue
 
 SEED_CONFIGURE = (
     '{"expected_revision":"1","reason":"limit background traffic","paused":false,'

@@ -7,17 +7,9 @@ import pytest
 from orbit.models import AuditEntry, Event, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import api_client, post_json
+from tests.support.api import assert_error, assert_invalid, assert_ok
 from tests.support.factories import NamespaceFactory, make_credential
-from tests.support.queues import (
-    SEED_CREATE,
-    assert_error,
-    assert_invalid,
-    assert_ok,
-    assert_queue_shape,
-    configure_body,
-    create_queue,
-    record_count,
-)
+from tests.support.queues import SEED_CREATE, assert_queue_shape, configure_body, create_queue, record_count
 
 VALID = {"name": "q1", "max_concurrency": 8, "rate_per_second": 100}
 

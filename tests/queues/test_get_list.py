@@ -8,8 +8,9 @@ import pytest
 
 from queues.models import Queue, QueueState
 from tests.conftest import api_client
+from tests.support.api import assert_error, assert_invalid, assert_ok
 from tests.support.factories import NamespaceFactory, QueueFactory, make_credential
-from tests.support.queues import assert_error, assert_invalid, assert_ok, assert_queue_shape, create_queue, get_queue
+from tests.support.queues import assert_queue_shape, create_queue, get_queue
 
 
 def test_get_returns_the_queue_object_directly(tenant):

@@ -7,11 +7,9 @@ import pytest
 from orbit.models import AuditEntry, Event, IdempotencyRecord
 from queues.models import Queue, QueueState
 from tests.conftest import post_json
+from tests.support.api import assert_error, assert_invalid, assert_ok
 from tests.support.queues import (
     SEED_CREATE,
-    assert_error,
-    assert_invalid,
-    assert_ok,
     assert_queue_shape,
     configure,
     configure_body,

@@ -8,17 +8,9 @@ from orbit.models import IdempotencyRecord
 from orbit.tenancy import revoke_credential
 from queues.models import Queue
 from tests.conftest import api_client, post_json
+from tests.support.api import assert_error, assert_ok
 from tests.support.factories import NamespaceFactory, QueueFactory, make_credential
-from tests.support.queues import (
-    SEED_CREATE,
-    assert_error,
-    assert_ok,
-    configure,
-    configure_body,
-    create_queue,
-    get_queue,
-    retire,
-)
+from tests.support.queues import SEED_CREATE, configure, configure_body, create_queue, get_queue, retire
 
 ENDPOINTS = ["create", "get", "list", "configure", "retire"]
 

@@ -32,13 +32,6 @@ def submit(tenant: Any, queue_id: str, idem: str, **extra: Any) -> dict[str, Any
     return response.json()["data"]["task"]
 
 
-def make_queue(tenant: Any, name: str, **limits: Any) -> dict[str, Any]:
-    body = {"name": name, "max_concurrency": 8, "rate_per_second": 1000, **limits}
-    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
-    assert response.status_code == 201, response.content
-    return response.json()["data"]["queue"]
-
-
 def get_task(tenant: Any, task_id: str) -> dict[str, Any]:
     response = tenant.client.get(f"/v1/tasks/{task_id}")
     assert response.status_code == 200, response.content

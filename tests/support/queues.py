@@ -8,9 +8,7 @@ from typing import Any
 
 from orbit.models import IdempotencyRecord
 from tests.conftest import post_json
-
-HEX32 = re.compile(r"[0-9a-f]{32}")
-RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z")
+from tests.support.api import HEX32, RFC3339_UTC, assert_ok
 
 # The queue object exactly as the seed prints it; retired_at joins only once retired.
 QUEUE_KEYS = {
@@ -26,42 +24,6 @@ QUEUE_KEYS = {
 }
 
 SEED_CREATE = {"name": "images", "max_concurrency": 8, "rate_per_second": 100}
-
-
-def assert_envelope_ids(response: Any) -> dict[str, Any]:
-    body = response.json()
-    assert HEX32.fullmatch(body["request_id"]), body
-    assert response["X-Request-Id"] == body["request_id"]
-    return body
-
-
-def assert_ok(response: Any, status: int = 200) -> dict[str, Any]:
-    """The success envelope; returns its data."""
-    assert response.status_code == status, response.content
-    assert response["Content-Type"].startswith("application/json")
-    body = assert_envelope_ids(response)
-    assert set(body) == {"request_id", "data"}, body
-    return body["data"]
-
-
-def assert_error(response: Any, status: int, code: str) -> str:
-    """The error envelope; returns its message."""
-    assert response.status_code == status, response.content
-    assert response["Content-Type"].startswith("application/json")
-    body = assert_envelope_ids(response)
-    assert set(body) == {"request_id", "error"}, body
-    assert set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    message = body["error"]["message"]
-    assert isinstance(message, str) and message
-    return message
-
-
-def assert_invalid(response: Any, field: str) -> str:
-    """400 INVALID_ARGUMENT whose message names the offending field first."""
-    message = assert_error(response, 400, "INVALID_ARGUMENT")
-    assert message.startswith(f"{field}:"), message
-    return message
 
 
 def assert_queue_shape(queue: dict[str, Any], *, retired: bool = False) -> None:

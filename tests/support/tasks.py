@@ -4,7 +4,6 @@ checks, row snapshots, the invariant check, and a thread-friendly worker client.
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,10 +22,8 @@ from tasks.actions.context import WorkerContext
 from tasks.invariants import find_violations, find_violations_in_snapshot
 from tasks.models import Attempt, Task
 from tests.conftest import post_json
+from tests.support.api import assert_ok
 from tests.support.live import WorkerConnection
-
-HEX32 = re.compile(r"[0-9a-f]{32}")
-RFC3339_UTC = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z")
 
 # Every key a task object may carry (SPEC §5); the optional ones only when set.
 TASK_REQUIRED_KEYS = {
@@ -64,38 +61,8 @@ QUEUE_FULL_ERROR = {
 # --- HTTP ---------------------------------------------------------------
 
 
-def assert_ok(response: Any, status: int = 200) -> Any:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"request_id", "data"}, body
-    assert HEX32.fullmatch(body["request_id"]) and response["X-Request-Id"] == body["request_id"]
-    return body["data"]
-
-
-def assert_error(response: Any, status: int, code: str) -> str:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"request_id", "error"}, body
-    assert set(body["error"]) == {"code", "message"}, body
-    assert body["error"]["code"] == code, body
-    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
-    return body["error"]["message"]
-
-
-def assert_invalid(response: Any, field: str) -> str:
-    """400 INVALID_ARGUMENT whose message names `field` first."""
-    message = assert_error(response, 400, "INVALID_ARGUMENT")
-    assert message.startswith(f"{field}:"), message
-    return message
-
-
 def rfc3339(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def parse_time(text: str) -> datetime:
-    assert RFC3339_UTC.fullmatch(text), text
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def now() -> datetime:
@@ -131,11 +98,6 @@ def submit_ok(client: Any, queue_id: str, key: str, **overrides: Any) -> dict[st
     data = assert_ok(submit(client, queue_id, key, **overrides), 201)
     assert data["deduplicated"] is False
     return data["task"]
-
-
-def make_queue(client: Any, name: str = "q", **limits: Any) -> dict[str, Any]:
-    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
-    return assert_ok(post_json(client, "/v1/queues", body, key=f"create-{name}"), 201)["queue"]
 
 
 def get_queue(client: Any, queue_id: str) -> dict[str, Any]:

@@ -6,8 +6,8 @@ import itertools
 from typing import Any
 
 from channels.testing import WebsocketCommunicator
-
 from orbit.asgi import application
+
 from orbit.db.mysql import base as mysql_backend
 from tests.conftest import post_json
 
@@ -76,10 +76,3 @@ def submit(tenant, queue_id, key, **extra):
     response = post_json(tenant.client, "/v1/tasks", body, key=key)
     assert response.status_code == 201, response.content
     return response.json()["data"]["task"]
-
-
-def make_queue(tenant, name="q", **limits):
-    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
-    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
-    assert response.status_code == 201, response.content
-    return response.json()["data"]["queue"]

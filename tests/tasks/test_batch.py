@@ -12,15 +12,9 @@ from tasks.actions import batch
 from tasks.invariants import find_violations
 from tasks.models import Task
 from tests.conftest import api_client, post_json
+from tests.support.api import make_queue
 from tests.support.factories import make_credential
 from tests.support.tasks import numbered_task
-
-
-def make_queue(tenant, name="batch", **limits):
-    body = {"name": name, "max_concurrency": 8, "rate_per_second": 100, **limits}
-    response = post_json(tenant.client, "/v1/queues", body, key=f"create-{name}")
-    assert response.status_code == 201, response.content
-    return response.json()["data"]["queue"]
 
 
 def post_batch(client, items):
@@ -29,7 +23,7 @@ def post_batch(client, items):
 
 @pytest.mark.django_db
 def test_batch_accepts_each_item_with_its_own_receipt(tenant):
-    queue = make_queue(tenant)
+    queue = make_queue(tenant.client, "batch")
     items = [{"idempotency_key": f"b-{n}", "task": numbered_task(queue["id"], n)} for n in range(5)]
     response = post_batch(tenant.client, items)
     assert response.status_code == 200, response.content
@@ -50,7 +44,7 @@ def test_batch_accepts_each_item_with_its_own_receipt(tenant):
 def test_a_replay_outside_the_credentials_queue_range_is_not_found(tenant):
     """Permissions are checked on replays too (SPEC §2): a narrower credential
     of the namespace that learns another queue's key gets 404, not the task."""
-    mine, other = make_queue(tenant, "mine"), make_queue(tenant, "other")
+    mine, other = make_queue(tenant.client, "mine"), make_queue(tenant.client, "other")
     secret = {**numbered_task(other["id"], 1), "payload": {"secret": "s3cr3t"}}
     assert (
         post_batch(tenant.client, [{"idempotency_key": "theirs", "task": secret}]).json()["data"]["results"][0][
@@ -82,7 +76,7 @@ def nested(levels: int) -> list:
 @pytest.mark.django_db
 def test_items_a_database_cannot_store_are_refused_by_name_and_fail_alone(tenant):
     # given items with a payload nested past the limit and a time the offset moves out of range
-    queue = make_queue(tenant)
+    queue = make_queue(tenant.client, "batch")
     items = [
         {"idempotency_key": "ok", "task": {**numbered_task(queue["id"], 1), "payload": nested(20)}},
         {"idempotency_key": "deep", "task": {**numbered_task(queue["id"], 2), "payload": {"a": nested(20)}}},
@@ -106,7 +100,7 @@ def test_items_a_database_cannot_store_are_refused_by_name_and_fail_alone(tenant
 
 @pytest.mark.django_db
 def test_batch_items_fail_alone_and_refused_items_store_nothing(tenant):
-    queue = make_queue(tenant, max_unfinished_tasks=2)
+    queue = make_queue(tenant.client, "batch", max_unfinished_tasks=2)
     post_json(tenant.client, "/v1/tasks", numbered_task(queue["id"], 0), key="first")
     items = [
         {"idempotency_key": "ok", "task": numbered_task(queue["id"], 1)},
@@ -153,7 +147,7 @@ def test_malformed_batches_are_refused_whole(tenant, body, field):
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_batches_sharing_keys_create_each_task_once(tenant):
-    queue = make_queue(tenant)
+    queue = make_queue(tenant.client, "batch")
     items = [{"idempotency_key": f"shared-{n}", "task": numbered_task(queue["id"], n)} for n in range(40)]
     statuses: list[list[int]] = []
     barrier = threading.Barrier(6)
@@ -181,7 +175,7 @@ def test_concurrent_batches_sharing_keys_create_each_task_once(tenant):
 @pytest.mark.django_db
 def test_keys_differing_only_in_case_or_spaces_keep_their_own_receipts(tenant):
     # each record's receipt is written by its key: the keys compare byte for byte
-    queue = make_queue(tenant, "bytes")
+    queue = make_queue(tenant.client, "bytes")
     keys = ["k", "k ", "K", " k"]
     items = [{"idempotency_key": key, "task": numbered_task(queue["id"], n)} for n, key in enumerate(keys)]
     results = post_batch(tenant.client, items).json()["data"]["results"]

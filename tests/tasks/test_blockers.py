@@ -19,16 +19,9 @@ from tasks.actions import rounds
 from tasks.actions.blockers import MESSAGES
 from tasks.models import Attempt, ConcurrencyKey, WorkerIdentity
 from tests.conftest import api_client
+from tests.support.api import assert_error, assert_ok, make_queue
 from tests.support.factories import ALL_SCOPES, make_credential
-from tests.support.tasks import (
-    assert_error,
-    assert_ok,
-    configure_queue,
-    in_seconds,
-    make_queue,
-    submit_ok,
-    worker_for,
-)
+from tests.support.tasks import configure_queue, in_seconds, submit_ok, worker_for
 
 pytestmark = pytest.mark.django_db
 

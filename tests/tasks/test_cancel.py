@@ -9,12 +9,10 @@ from orbit.models import AuditEntry, Event
 from tasks.actions import rounds
 from tasks.models import Attempt, Task
 from tests.conftest import api_client, post_json
+from tests.support.api import assert_error, assert_invalid, assert_ok, make_queue, parse_time
 from tests.support.factories import make_credential
 from tests.support.tasks import (
-    assert_error,
-    assert_invalid,
     assert_invariants,
-    assert_ok,
     cancel,
     connect_fixture,  # noqa: F401 - fixture "connect"
     counters,
@@ -23,8 +21,6 @@ from tests.support.tasks import (
     idempotency_records,
     invariants_fixture,  # noqa: F401 - fixture "invariants"
     lease_one,
-    make_queue,
-    parse_time,
     submit_ok,
 )
 

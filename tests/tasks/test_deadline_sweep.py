@@ -12,7 +12,8 @@ import pytest
 
 from tasks.actions.endings import sweep_deadlines
 from tasks.models import Task
-from tests.support.tasks import in_seconds, make_queue, now, submit_ok
+from tests.support.api import make_queue
+from tests.support.tasks import in_seconds, now, submit_ok
 
 pytestmark = pytest.mark.django_db
 

@@ -15,6 +15,7 @@ from orbit.errors import LeaseLost, QueuePaused, RateLimited
 from queues.models import QueueState
 from tasks.actions import rounds
 from tasks.models import Attempt, Task
+from tests.support.api import make_queue
 from tests.support.tasks import (
     Background,
     assert_invariants,
@@ -22,7 +23,6 @@ from tests.support.tasks import (
     configure_queue,
     counters,
     in_seconds,
-    make_queue,
     now,
     submit_ok,
     worker_for,

@@ -12,7 +12,8 @@ from orbit.models import ApplicationState
 from queues.models import QueueState
 from tasks.actions import rounds
 from tasks.models import ConcurrencyKey, Task
-from tests.support.tasks import make_queue, submit_ok, worker_for
+from tests.support.api import make_queue
+from tests.support.tasks import submit_ok, worker_for
 
 pytestmark = pytest.mark.django_db(transaction=True)  # orbit_check reads in a transaction of its own
 

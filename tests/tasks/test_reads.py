@@ -6,21 +6,9 @@ import pytest
 
 from tasks.actions import endings, rounds
 from tests.conftest import api_client
+from tests.support.api import HEX32, assert_error, assert_invalid, assert_ok, make_queue, parse_time
 from tests.support.factories import NamespaceFactory, make_credential
-from tests.support.tasks import (
-    HEX32,
-    TASK_REQUIRED_KEYS,
-    assert_error,
-    assert_invalid,
-    assert_no_nulls,
-    assert_ok,
-    get_task,
-    in_seconds,
-    lease_one,
-    make_queue,
-    parse_time,
-    submit_ok,
-)
+from tests.support.tasks import TASK_REQUIRED_KEYS, assert_no_nulls, get_task, in_seconds, lease_one, submit_ok
 
 pytestmark = pytest.mark.django_db
 

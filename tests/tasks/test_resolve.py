@@ -12,13 +12,11 @@ from orbit.models import AuditEntry, Event
 from tasks.actions import rounds
 from tasks.models import Attempt, Task
 from tests.conftest import api_client, post_json
+from tests.support.api import assert_error, assert_invalid, assert_ok, make_queue
 from tests.support.factories import ALL_SCOPES, make_credential
 from tests.support.race import race
 from tests.support.tasks import (
-    assert_error,
-    assert_invalid,
     assert_invariants,
-    assert_ok,
     cancel,
     counters,
     ends_unknown,
@@ -26,7 +24,6 @@ from tests.support.tasks import (
     idempotency_records,
     invariants_fixture,  # noqa: F401 - fixture "invariants"
     lease_one,
-    make_queue,
     report,
     resolve,
     start,

@@ -17,8 +17,9 @@ from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
 from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, StartAhead, SubmitRequest, run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
+from tests.support.api import make_queue
 from tests.support.factories import make_credential
-from tests.support.tasks import assert_invariants, make_queue, submit_ok, task_body, worker_for
+from tests.support.tasks import assert_invariants, submit_ok, task_body, worker_for
 
 pytestmark = pytest.mark.django_db
 

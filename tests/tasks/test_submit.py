@@ -10,22 +10,17 @@ import pytest
 from orbit.models import IdempotencyRecord
 from tasks.models import Task
 from tests.conftest import api_client, post_json
+from tests.support.api import HEX32, assert_error, assert_invalid, assert_ok, make_queue, parse_time
 from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.tasks import (
-    HEX32,
     QUEUE_FULL_ERROR,
     TASK_REQUIRED_KEYS,
-    assert_error,
-    assert_invalid,
-    assert_ok,
     cancel,
     configure_queue,
     get_queue,
     idempotency_records,
     in_seconds,
-    make_queue,
     now,
-    parse_time,
     rfc3339,
     submit,
     submit_ok,

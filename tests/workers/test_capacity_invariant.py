@@ -6,9 +6,9 @@ import pytest
 
 from tasks.invariants import find_violations
 from tasks.models import WorkerIdentity
+from tests.support.api import make_queue
 from tests.support.tasks import (
     connect_fixture,  # noqa: F401 - fixture "connect"
-    make_queue,
     submit_ok,
 )
 

@@ -18,20 +18,19 @@ import pytest
 
 from queues.models import QueueState
 from tasks.models import Attempt, Task
+from tests.support.api import assert_ok, make_queue
 from tests.support.live import ROOT
 from tests.support.tasks import (
     Background,
     Worker,
     assert_error_frame,
     assert_invariants,
-    assert_ok,
     cancel,
     configure_queue,
     connect_fixture,  # noqa: F401 - fixture "connect"
     counters,
     get_queue,
     invariants_fixture,  # noqa: F401 - fixture "invariants"
-    make_queue,
     run_threads,
     submit_ok,
     wait_until,

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from tasks.models import Attempt
+from tests.support.api import make_queue
 from tests.support.tasks import (
     connect_fixture,  # noqa: F401 - fixture "connect"
     invariants_fixture,  # noqa: F401 - fixture "invariants"
-    make_queue,
     submit_ok,
 )
 

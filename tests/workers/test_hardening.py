@@ -16,8 +16,9 @@ from websockets.exceptions import ConnectionClosed
 
 from orbit.tenancy import revoke_credential
 from tasks.models import Attempt, AttemptState, Task, TaskState, WorkerIdentity
+from tests.support.api import make_queue
 from tests.support.factories import make_credential
-from tests.support.keys import Worker, assert_no_violations, make_queue, submit, wait_for
+from tests.support.keys import Worker, assert_no_violations, submit, wait_for
 from workers import consumers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,7 +66,10 @@ def close_code(worker: Worker, timeout: float = 15) -> tuple[int | None, list[di
 
 def test_a_live_worker_of_another_range_is_not_taken_over(tenant, orbit_server, opened):
     # given a worker serving queue B that is running B's task
-    queue_a, queue_b = make_queue(tenant, "range-a"), make_queue(tenant, "range-b")
+    queue_a, queue_b = (
+        make_queue(tenant.client, "range-a", rate_per_second=1000),
+        make_queue(tenant.client, "range-b", rate_per_second=1000),
+    )
     task = submit(tenant, queue_b["id"], "b-1", payload={"secret": "b"})
     legit = open_worker(orbit_server, tenant.token, opened)
     assert hello(legit, queue_b["id"], "w-b")["type"] == "hello.ok"
@@ -86,7 +90,10 @@ def test_a_live_worker_of_another_range_is_not_taken_over(tenant, orbit_server, 
 
 def test_attempts_outside_the_range_answer_as_unknown_attempts(tenant, orbit_server, opened):
     # given worker w-b holding a running attempt of queue B, then gone (its connection closed)
-    queue_a, queue_b = make_queue(tenant, "known-a"), make_queue(tenant, "known-b")
+    queue_a, queue_b = (
+        make_queue(tenant.client, "known-a", rate_per_second=1000),
+        make_queue(tenant.client, "known-b", rate_per_second=1000),
+    )
     submit(tenant, queue_b["id"], "b-1", payload={"secret": "b"})
     legit = open_worker(orbit_server, tenant.token, opened)
     hello(legit, queue_b["id"], "w-b")
@@ -128,7 +135,7 @@ def test_attempts_outside_the_range_answer_as_unknown_attempts(tenant, orbit_ser
 
 def test_nothing_is_granted_after_a_revocation_commits(tenant, orbit_server, opened):
     # given a worker with one leased (unstarted) and one running attempt
-    queue = make_queue(tenant, "revoked")
+    queue = make_queue(tenant.client, "revoked", rate_per_second=1000)
     issued = make_credential(tenant.namespace, scopes=WORKER_SCOPES)
     for index in range(2):
         submit(tenant, queue["id"], f"r-{index}")
@@ -160,7 +167,7 @@ def test_nothing_is_granted_after_a_revocation_commits(tenant, orbit_server, ope
 
 
 def test_a_revoked_credential_gets_no_new_assignment(tenant, orbit_server, opened):
-    queue = make_queue(tenant, "revoked-lease")
+    queue = make_queue(tenant.client, "revoked-lease", rate_per_second=1000)
     issued = make_credential(tenant.namespace, scopes=WORKER_SCOPES)
     worker = open_worker(orbit_server, issued.token, opened)
     hello(worker, queue["id"], "w-revoked-lease")
@@ -177,7 +184,7 @@ def test_a_revoked_credential_gets_no_new_assignment(tenant, orbit_server, opene
 
 def test_a_connection_that_never_reads_is_bounded_closed_and_its_leases_released(tenant, orbit_server, opened):
     # given 40 waiting tasks and a worker of capacity 1000 that says hello and then reads nothing
-    queue = make_queue(tenant, "silent", max_concurrency=100)
+    queue = make_queue(tenant.client, "silent", max_concurrency=100, rate_per_second=1000)
     task_ids = [submit(tenant, queue["id"], f"s-{index}")["id"] for index in range(40)]
     silent = open_worker(orbit_server, tenant.token, opened)
     assert hello(silent, queue["id"], "w-silent", capacity=1000)["type"] == "hello.ok"
@@ -205,7 +212,7 @@ def test_a_connection_that_never_reads_is_bounded_closed_and_its_leases_released
 
 def test_acknowledged_assignments_make_room_for_more(tenant, orbit_server, opened):
     # a worker that acknowledges keeps getting work past UNACKED_MAX, up to its capacity
-    queue = make_queue(tenant, "acked", max_concurrency=100)
+    queue = make_queue(tenant.client, "acked", max_concurrency=100, rate_per_second=1000)
     for index in range(consumers.UNACKED_MAX + 8):
         submit(tenant, queue["id"], f"a-{index}")
     worker = open_worker(orbit_server, tenant.token, opened)
@@ -261,7 +268,7 @@ def test_headers_within_the_limit_are_served(orbit_server, tenant):
 
 
 def test_a_frame_over_1_mib_gets_an_error_frame_then_close_1009(tenant, orbit_server, opened):
-    queue = make_queue(tenant, "big-frames")
+    queue = make_queue(tenant.client, "big-frames", rate_per_second=1000)
     worker = open_worker(orbit_server, tenant.token, opened)
     hello(worker, queue["id"], "w-big")
     worker.ws.send(json.dumps({"id": "big", "type": "task.renew", "pad": "x" * (1024 * 1024 + 10)}))
@@ -281,7 +288,7 @@ def rss_mib(pid: int) -> float:
 
 def test_a_silent_connection_leaves_the_server_memory_flat(tenant, orbit_server, opened):
     # given 150 waiting tasks of 200 KB each (the audit: 300 such tasks grew the server by 67 MiB)
-    queue = make_queue(tenant, "silent-big", max_concurrency=1000)
+    queue = make_queue(tenant.client, "silent-big", max_concurrency=1000, rate_per_second=1000)
     payload = {"blob": "x" * 200_000}
     for index in range(150):
         submit(tenant, queue["id"], f"big-{index}", payload=payload)
@@ -314,7 +321,7 @@ def test_an_authenticated_connection_that_never_says_hello_is_closed(tenant, orb
 
 
 def test_a_connection_that_said_hello_outlives_the_hello_deadline(tenant, orbit_server, opened):
-    queue = make_queue(tenant, "hello-in-time", max_concurrency=4)
+    queue = make_queue(tenant.client, "hello-in-time", max_concurrency=4, rate_per_second=1000)
     worker = open_worker(orbit_server, tenant.token, opened)
     assert hello(worker, queue["id"], "w-hello-in-time")["type"] == "hello.ok"
     time.sleep(consumers.HELLO_TIMEOUT_SECONDS + 1.5)

@@ -1,13 +1,14 @@
 import pytest
 
+from tests.support.api import make_queue
 from tests.support.live import WorkerConnection
-from tests.support.workers import make_queue, submit
+from tests.support.workers import submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_orbit_server_leases_and_completes(tenant, orbit_server):
-    queue = make_queue(tenant)
+    queue = make_queue(tenant.client)
     task = submit(tenant, queue["id"], "live-1")
     worker = WorkerConnection(orbit_server.url, tenant.token)
     worker.hello([queue["id"]], capacity=2, worker_id="live-w1")

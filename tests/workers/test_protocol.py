@@ -16,12 +16,11 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from tasks.models import Attempt, Task
+from tests.support.api import assert_error, assert_ok, make_queue, parse_time
 from tests.support.factories import make_credential
 from tests.support.tasks import (
-    assert_error,
     assert_error_frame,
     assert_invariants,
-    assert_ok,
     cancel,
     configure_queue,
     connect_fixture,  # noqa: F401 - fixture "connect"
@@ -29,9 +28,7 @@ from tests.support.tasks import (
     get_task,
     in_seconds,
     invariants_fixture,  # noqa: F401 - fixture "invariants"
-    make_queue,
     now,
-    parse_time,
     snapshot,
     submit,
     submit_ok,

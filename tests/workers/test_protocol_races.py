@@ -12,7 +12,8 @@ from asgiref.sync import sync_to_async
 from tasks.actions.dispatch import LeaseOutcome
 from tasks.actions.rounds import ROUNDS, run_round
 from tasks.models import Task
-from tests.support.tasks import assert_invariants, make_queue, submit_ok
+from tests.support.api import make_queue
+from tests.support.tasks import assert_invariants, submit_ok
 from tests.support.workers import ProtocolClient
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]

@@ -1,6 +1,7 @@
 import pytest
 
-from tests.support.workers import ProtocolClient, make_queue, submit
+from tests.support.api import make_queue
+from tests.support.workers import ProtocolClient, submit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -8,7 +9,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 async def test_lease_start_result_roundtrip(tenant):
     from asgiref.sync import sync_to_async
 
-    queue = await sync_to_async(make_queue)(tenant)
+    queue = await sync_to_async(make_queue)(tenant.client)
     task = await sync_to_async(submit)(tenant, queue["id"], "t1")
     worker = ProtocolClient(tenant.token)
     await worker.connect()

@@ -14,11 +14,11 @@ import pytest
 from orbit.models import Event
 from queues.models import QueueState
 from tasks.models import Attempt, AttemptState, Task, TaskState
+from tests.support.api import make_queue
 from tests.support.tasks import (
     assert_error_frame,
     connect_fixture,  # noqa: F401 - fixture "connect"
     invariants_fixture,  # noqa: F401 - fixture "invariants"
-    make_queue,
     submit_ok,
     wait_until,
 )
