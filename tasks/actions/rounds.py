@@ -316,6 +316,26 @@ def _granted(items: list[tuple[int, W]], revoked: set[str], decided: list[tuple[
     return granted
 
 
+def _decide_round(
+    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
+) -> None:
+    """Fills in `answers` for the round's results, starts, leases and `submits`
+    (unlocked first reads, then one transaction)."""
+    parts = _Parts.unanswered(items, answers, first)
+    submitting = submits if submits is not None and submits.pending else None  # the submits left to admit
+    if not (parts.reports or parts.starts or parts.leases or submitting):
+        return
+    round_ = _Round.of(parts, submitting, first)
+    with wakeups.collected() as woken:
+        decided = round_.decide()
+    wakeups.notify_work_available(woken - _exhausted(parts.leases, decided))
+    for index, outcome in decided:
+        item = items[index]
+        if isinstance(item, StartRequest):
+            outcome = _finish_start(parts.start_peeks[item.attempt_id], outcome)
+        answers[index] = outcome
+
+
 @dataclass(frozen=True)
 class _Parts:
     """A round's results, starts and leases (each with its index into the
@@ -464,26 +484,6 @@ class _Round:
                 decided.extend(zip([i for i, _ in starts], started, strict=True))
             _apply_leases(_current_sessions(leases, decided), freed, self.configuration, decided)
         return decided
-
-
-def _decide_round(
-    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
-) -> None:
-    """Fills in `answers` for the round's results, starts, leases and `submits`
-    (unlocked first reads, then one transaction)."""
-    parts = _Parts.unanswered(items, answers, first)
-    submitting = submits if submits is not None and submits.pending else None  # the submits left to admit
-    if not (parts.reports or parts.starts or parts.leases or submitting):
-        return
-    round_ = _Round.of(parts, submitting, first)
-    with wakeups.collected() as woken:
-        decided = round_.decide()
-    wakeups.notify_work_available(woken - _exhausted(parts.leases, decided))
-    for index, outcome in decided:
-        item = items[index]
-        if isinstance(item, StartRequest):
-            outcome = _finish_start(parts.start_peeks[item.attempt_id], outcome)
-        answers[index] = outcome
 
 
 def _apply_reports(
