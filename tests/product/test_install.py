@@ -170,7 +170,7 @@ def test_pip_install_dot_installs_the_apps_with_runtime_dependencies_only(server
     packages = site_packages(server_venv)
     for app in ("orbit", "queues", "tasks", "workers", "plans"):
         assert (packages / app / "migrations" / "0001_initial.py").is_file(), app
-    assert (packages / "orbit" / "management" / "commands" / "orbit_bootstrap.py").is_file()
+    assert (packages / "server" / "management" / "commands" / "orbit_bootstrap.py").is_file()
     assert (packages / "tasks" / "management" / "commands" / "orbit_check.py").is_file()
     for stray in ("tests", "bench", "examples", "scripts", "sdk", "orbit_sdk"):
         assert not (packages / stray).exists(), stray
