@@ -1,6 +1,6 @@
 """The console's server time at 1,000,000 tasks (not part of the suite).
 
-    .venv/bin/python bench/console_at_scale.py [--tasks 1000000] [--queues 20] [--runs 7]
+    .venv/bin/python -m bench.console_at_scale [--tasks 1000000] [--queues 20] [--runs 7]
 
 Makes a fresh MariaDB database (orbit_console_bench on 127.0.0.1:3306, root,
 no password; dropped at the end unless --keep), migrates it, creates the
@@ -19,14 +19,10 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 DATABASE = "orbit_console_bench"
 
 

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Run every workload for Orbit and its peers, one system at a time, and tabulate.
 
-    python3 bench/run_all.py                      # all systems, W0..W5, 5 runs each
-    python3 bench/run_all.py --quick              # small sizes, 1 run: a few minutes
-    python3 bench/run_all.py --systems orbit,procrastinate --workloads W1,W5 --runs 3
+    python3 -m bench.run_all                      # all systems, W0..W5, 5 runs each
+    python3 -m bench.run_all --quick              # small sizes, 1 run: a few minutes
+    python3 -m bench.run_all --systems orbit,procrastinate --workloads W1,W5 --runs 3
 
-Creates bench/.venv from bench/requirements.txt on first use (and again when that file
+Run from the repository root. Creates bench/.venv from bench/requirements.txt on first use (and again when that file
 changes); every run happens in a fresh child process of that venv, bounded in time,
 and whatever it started is ended afterwards. Results: bench/results/results.json (every
 run's metrics, medians and spread, environment, durability settings) and
@@ -32,11 +31,10 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH_DIR))
+from bench import common
+from bench.systems import ALL_WORKLOADS, REGISTRY, REQUIRES, WORKLOAD_TITLES
 
-import common  # noqa: E402
-from systems import ALL_WORKLOADS, REGISTRY, REQUIRES, WORKLOAD_TITLES  # noqa: E402
+BENCH_DIR = common.BENCH_DIR
 
 FULL = {
     "mode": "full",
@@ -124,7 +122,8 @@ def ensure_venv(skip: bool) -> None:
     if not common.VENV_PYTHON.exists():
         subprocess.run([sys.executable, "-m", "venv", str(common.VENV_DIR)], check=True)
     pip = [str(common.VENV_PYTHON), "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "-r", str(requirements)], check=True)
+    # cwd = the repository root: the file's `-e ./sdk` names Orbit's SDK from there
+    subprocess.run([*pip, "install", "-r", str(requirements)], cwd=common.ROOT, check=True)
     stamp.write_text(digest + "\n")
 
 
@@ -145,13 +144,14 @@ def clean_scratch(max_age_s: float = 3600) -> None:
 
 
 def child(args: list[str], timeout: float, pidfile: Path | None = None) -> tuple[int, str, str]:
-    """Run ``run_all.py <args>`` under the bench venv in its own session; kill that session
-    on timeout; end every process the child recorded in ``pidfile``."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(BENCH_DIR)}
+    """Run ``python -m bench.run_all <args>`` under the bench venv, from the repository root
+    (which ``-m`` puts on the import path), in its own session; kill that session on
+    timeout; end every process the child recorded in ``pidfile``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if pidfile is not None:
         env[common.PIDFILE_ENV] = str(pidfile)
     proc = subprocess.Popen(
-        [str(common.VENV_PYTHON), str(Path(__file__).resolve()), *args],
+        [str(common.VENV_PYTHON), "-m", "bench.run_all", *args],
         cwd=common.ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -221,7 +221,7 @@ def run_one(system: str, workload: str, scale: dict) -> dict:
 
 
 def child_one(system: str, workload: str, scale: dict, out: Path) -> None:
-    from systems import load  # noqa: PLC0415
+    from bench.systems import load  # noqa: PLC0415
 
     impl = load(system)
     metrics = impl.run(workload, scale)
@@ -231,7 +231,7 @@ def child_one(system: str, workload: str, scale: dict, out: Path) -> None:
 def child_describe(names: list[str]) -> None:
     from importlib import metadata  # noqa: PLC0415
 
-    from systems import load  # noqa: PLC0415
+    from bench.systems import load  # noqa: PLC0415
 
     systems = {}
     for name in names:
@@ -345,7 +345,7 @@ def render_markdown(data: dict) -> str:
     lines = [
         f"# Orbit benchmark results ({data['mode']})",
         "",
-        f"Generated {data['generated_at']} by `bench/run_all.py`; scale: "
+        f"Generated {data['generated_at']} by `python -m bench.run_all`; scale: "
         + ", ".join(f"{k}={v}" for k, v in data["scale"].items() if k != "mode")
         + f". Machine: {data['machine']['cpus']} CPUs, {data['machine']['memory_gib']} GiB, "
         f"kernel {data['machine']['kernel']}. Cells: median (min–max) over runs; – = not measured.",

@@ -19,8 +19,9 @@ says what the killed workers left:
 - tasks lost (not SUCCEEDED, NEEDS_REVIEW or WAITING) or duplicated (two
   SUCCEEDED attempts), and tasks whose handler ran in two attempts.
 
-    .venv/bin/python bench/start_ahead_kill.py                      # this checkout
-    .venv/bin/python bench/start_ahead_kill.py --repo /work/before  # another one
+    .venv/bin/python -m bench.start_ahead_kill                      # this checkout
+    .venv/bin/python -m bench.start_ahead_kill --repo /work/before  # another one
+(from this checkout's root: the harness and its private MariaDB come from here)
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ from typing import Any
 
 import httpx
 
+from reliability.mariadb import PrivateMariaDB
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from reliability.mariadb import PrivateMariaDB  # noqa: E402
 
 TAKEN_BACK_MESSAGE = "connection closed before the assignment was acknowledged"
 ACTIVE_STATES = ("LEASED", "RUNNING")

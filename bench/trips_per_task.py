@@ -10,10 +10,11 @@ transactions the database committed (MariaDB's Com_commit: every round, lease,
 start and result is one), per task, for N unkeyed tasks and N tasks over K
 keys. Run it from any checkout against another to compare:
 
-    .venv/bin/python bench/trips_per_task.py                       # this checkout
-    .venv/bin/python bench/trips_per_task.py --repo /tmp/before    # another one
-    .venv/bin/python bench/trips_per_task.py --no-ack              # Start as the acknowledgement
-    .venv/bin/python bench/trips_per_task.py --no-ack --start-next # and the Start sent ahead
+    .venv/bin/python -m bench.trips_per_task                       # this checkout
+    .venv/bin/python -m bench.trips_per_task --repo /tmp/before    # another one
+    .venv/bin/python -m bench.trips_per_task --no-ack              # Start as the acknowledgement
+    .venv/bin/python -m bench.trips_per_task --no-ack --start-next # and the Start sent ahead
+(from this checkout's root: the harness and its private MariaDB come from here)
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -33,9 +33,9 @@ from typing import Any
 import httpx
 from websockets.sync.client import connect
 
+from reliability.mariadb import PrivateMariaDB
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-from reliability.mariadb import PrivateMariaDB  # noqa: E402
 
 
 def free_port() -> int:

@@ -5,19 +5,14 @@ thread and prints milliseconds and SQL statements per verb. This is the
 number every other figure is built on: the application_state row lock is held
 for (roughly) one of these transactions at a time.
 
-    .venv/bin/python bench/verb_costs.py --tasks 500
+    .venv/bin/python -m bench.verb_costs --tasks 500
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:

@@ -19,10 +19,12 @@ the system exposes:
     Worker counts, concurrency, timeouts, versions: recorded verbatim in results.json.
 
 Rules for ``run``:
-- run_all.py calls it in a fresh child process (``bench/.venv/bin/python``), once per
-  repetition, with ``cwd`` = the repository root and ``bench/`` first on ``sys.path``
-  (so ``import common`` and ``import systems.x`` work). Orbit's own code is reached only
-  through subprocesses started with ``common.ORBIT_PYTHON``.
+- run_all.py calls it in a fresh child process (``bench/.venv/bin/python -m
+  bench.run_all``), once per repetition, with ``cwd`` = the repository root, which ``-m``
+  puts on the import path (so ``from bench import common`` and ``bench.systems.x`` work).
+  A process it starts runs from the root too, as ``python -m bench.systems.x`` (or the
+  peer's own ``-m`` entry point naming ``bench.systems.x``). Orbit's own code is reached
+  only through subprocesses started with ``common.ORBIT_PYTHON``.
 - It starts and stops everything it starts (servers, worker processes), using
   ``common.spawn`` / ``common.stop_process`` so run_all.py's safety net can end leftovers
   by pid; it never stops or reconfigures the shared services (MariaDB, PostgreSQL, Redis,
@@ -110,7 +112,7 @@ def load(name: str) -> Any:
     """The system object (module or attribute) registered under ``name``."""
     target = REGISTRY[name]
     module_name, _, attr = target.partition(":")
-    module: ModuleType = importlib.import_module(f"systems.{module_name}")
+    module: ModuleType = importlib.import_module(f"bench.systems.{module_name}")
     system = getattr(module, attr) if attr else module
     for required in ("NAME", "DURABILITY", "WORKLOADS", "run"):
         if not hasattr(system, required):

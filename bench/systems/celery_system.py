@@ -1,7 +1,7 @@
 """Celery 5 on RabbitMQ and on Redis (two systems: ``RABBITMQ`` and ``REDIS``).
 
 This module is both the harness-side adapter and the Celery app the worker processes
-load (``python -m celery -A systems.celery_system:app worker``); the worker side is
+load (``python -m celery -A bench.systems.celery_system:app worker``, from the repository root); the worker side is
 configured from environment variables set by the adapter.
 
 At-least-once settings: ``task_acks_late=True`` (ack after the task body) and
@@ -39,9 +39,10 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_ready
-from common import (
-    BENCH_DIR,
+
+from bench.common import (
     ROLE_ENV,
+    ROOT,
     EventLog,
     log_event,
     now,
@@ -50,8 +51,7 @@ from common import (
     wait_until,
     work_dir,
 )
-
-from systems import peerkit
+from bench.systems import peerkit
 
 QUEUE_ENV = "BENCH_CELERY_QUEUE"
 BROKER_ENV = "BENCH_CELERY_BROKER"
@@ -238,7 +238,6 @@ class CeleryPeer(peerkit.Peer):
         env = {
             **os.environ,
             **events.env(role),
-            "PYTHONPATH": str(BENCH_DIR),
             BROKER_ENV: self.url,
             QUEUE_ENV: self.queue,
             LEASE_ENV: str(self.lease),
@@ -247,13 +246,13 @@ class CeleryPeer(peerkit.Peer):
             env[RATE_ENV] = rate_limit
         name = f"{role}{index}-{self.queue}@bench"
         cmd = [
-            sys.executable, "-m", "celery", "-A", "systems.celery_system:app", "worker",
+            sys.executable, "-m", "celery", "-A", "bench.systems.celery_system:app", "worker",
             "--pool", os.environ.get("BENCH_CELERY_POOL", "threads"),
             "--concurrency", os.environ.get("BENCH_CELERY_CONCURRENCY", str(self.NODE_CONCURRENCY)),
             "--hostname", name, "--queues", self.queue,
             "--without-mingle", "--without-gossip", "--loglevel", "WARNING",
         ]  # fmt: skip
-        return spawn(cmd, env=env, cwd=BENCH_DIR, log=events.directory / f"node-{role}{index}.out")
+        return spawn(cmd, env=env, cwd=ROOT, log=events.directory / f"node-{role}{index}.out")
 
     # --- submission
     def submit_all(self, items: list[peerkit.Item], concurrency: int) -> dict[str, float]:

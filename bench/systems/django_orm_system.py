@@ -11,7 +11,7 @@ with ``SELECT … FOR UPDATE SKIP LOCKED`` but has no recovery for a worker that
 while running a task (the row stays RUNNING), runs one task at a time per worker process,
 and has no rate limit or per-key mutex — W4 would only show "lost".
 
-Project: ``systems/djq_site`` (own settings module; never Orbit's project), a fresh
+Project: ``bench/systems/djq_site`` (own settings module; never Orbit's project), a fresh
 MariaDB database ``bench_djq`` per run, dropped afterwards. Nodes: 4 ``qcluster``
 processes ("clusters"), each with 4 worker processes (django-q2 runs one task per worker
 process; 4 x 4 = 16 in flight, as many as 2 cores sensibly run), pusher ``bulk=1``,
@@ -29,13 +29,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from common import BENCH_DIR, EventLog, drop_mariadb, fresh_mariadb, spawn
+from bench.common import ROOT, EventLog, drop_mariadb, fresh_mariadb, spawn
+from bench.systems import peerkit
 
-from systems import peerkit
-
-SETTINGS = "systems.djq_site.settings"
+SETTINGS = "bench.systems.djq_site.settings"
 DB_NAME = "bench_djq"
-FUNCS = {"noop": "systems.djq_site.tasks.noop", "hold": "systems.djq_site.tasks.hold"}
+FUNCS = {"noop": "bench.systems.djq_site.tasks.noop", "hold": "bench.systems.djq_site.tasks.hold"}
 WORKERS_PER_NODE = 4
 
 
@@ -114,14 +113,13 @@ class DjangoQ2Peer(peerkit.Peer):
         env = {
             **os.environ,
             **events.env(role),
-            "PYTHONPATH": str(BENCH_DIR),
             "DJANGO_SETTINGS_MODULE": SETTINGS,
             "BENCH_DJQ_DB": DB_NAME,
             "BENCH_DJQ_WORKERS": str(WORKERS_PER_NODE),
             "BENCH_LEASE_SECONDS": str(self.lease),
         }
         log = events.directory / f"node-{role}{index}-{uuid.uuid4().hex[:6]}.out"
-        proc = spawn([sys.executable, "-m", "django", "qcluster"], env=env, cwd=BENCH_DIR, log=log)
+        proc = spawn([sys.executable, "-m", "django", "qcluster"], env=env, cwd=ROOT, log=log)
         self._logs[proc.pid] = log
         return proc
 

@@ -8,7 +8,7 @@ untimed, so the backlog keeps its size. The backlog rows are inserted with SQL
 (MariaDB's sequence engine) and the counters set to match: this measures
 leasing, not submitting.
 
-    .venv/bin/python bench/systems/orbit_backlog.py --small 1000 --large 1000000 --samples 200
+    .venv/bin/python -m bench.systems.orbit_backlog --small 1000 --large 1000000 --samples 200
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT))
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -7,22 +7,18 @@ submitters) until --tasks have been submitted, and samples the
 server's resident memory (VmRSS) once a second until every task is done.
 Prints RSS at each tenth of the run and the drift from the first tenth.
 
-    bench/.venv/bin/python bench/systems/orbit_memory.py --tasks 100000
+    bench/.venv/bin/python -m bench.systems.orbit_memory --tasks 100000
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE.parent), str(HERE)]
-
-import common  # noqa: E402
-from orbit_system import Server, stop_all, submit_one_by_one, task_body, wait_ready  # noqa: E402
+from bench import common
+from bench.systems.orbit_system import Server, stop_all, submit_one_by_one, task_body, wait_ready
 
 BATCH = 500
 PREFIX = "m"

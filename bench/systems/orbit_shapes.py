@@ -29,7 +29,7 @@ starts its leases and leases K more; filling and draining the pipeline count).
 Each of the two parts is sized to take about --seconds. Run with Orbit's
 interpreter (it migrates a fresh database first):
 
-    .venv/bin/python bench/systems/orbit_shapes.py --seconds 20
+    .venv/bin/python -m bench.systems.orbit_shapes --seconds 20
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 Orbit runs as a user runs it: `python -m orbit.serve orbit.asgi:application` (daphne on uvloop) against a fresh
 MariaDB database (with ORBIT_BENCH_PROCESSES=N above 1: `python -m server.supervisor --processes N`, that is
 `orbit serve --processes N` without its start-up checks: N daphne processes on one socket),
-real SDK Worker processes (bench/systems/orbit_worker.py),
+real SDK Worker processes (`python -m bench.systems.orbit_worker`),
 submitters in this process calling the SDK's Client (W1's one-by-one submits,
 from threads, as the Celery and django-q2 harnesses call theirs) or httpx (queue
 set-up and :batch pre-loads). W0 and W5 run in-process scripts with Orbit's
-interpreter (orbit_shapes.py, orbit_backlog.py).
+interpreter (`-m bench.systems.orbit_shapes`, `-m bench.systems.orbit_backlog`).
 """
 
 from __future__ import annotations
@@ -17,17 +17,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import common
 import httpx
 
-sys.path[:0] = [str(common.ROOT), str(common.ROOT / "sdk")]
-from orbit_sdk import Client, SubmitTaskRequest  # noqa: E402
+from bench import common
+from orbit_sdk import Client, SubmitTaskRequest
 
 NAME = "orbit"
 DURABILITY = (
@@ -56,7 +54,6 @@ CONFIG = {
     "sdk": "orbit_sdk.Worker",
 }
 
-HERE = Path(__file__).resolve().parent
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"}
 METRICS_TOKEN = "bench-metrics-token"
 # /metrics counters summed over the server processes, by the name they get here.
@@ -189,7 +186,8 @@ class Server:
         for n in range(count):
             argv = [
                 str(common.ORBIT_PYTHON),
-                str(HERE / "orbit_worker.py"),
+                "-m",
+                "bench.systems.orbit_worker",
                 self.url,
                 self.token,
                 ",".join(queue_ids),
@@ -529,9 +527,10 @@ async def w4(scale: dict, deadline: float) -> dict:
         await server.close()
 
 
-def in_process(script: str, *args: str, timeout: float) -> dict:
+def in_process(module: str, *args: str, timeout: float) -> dict:
+    """``python -m bench.systems.<module> <args>`` with Orbit's interpreter, from the root."""
     out = subprocess.run(
-        [str(common.ORBIT_PYTHON), str(HERE / script), *args],
+        [str(common.ORBIT_PYTHON), "-m", f"bench.systems.{module}", *args],
         cwd=common.ROOT,
         capture_output=True,
         text=True,
@@ -539,7 +538,7 @@ def in_process(script: str, *args: str, timeout: float) -> dict:
         check=False,
     )
     if out.returncode != 0:
-        raise RuntimeError(f"{script} failed: {out.stderr[-2000:]}")
+        raise RuntimeError(f"{module} failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -547,7 +546,7 @@ def run(workload: str, scale: dict) -> dict:
     deadline = time.monotonic() + scale["deadline_s"]
     if workload == "W0":
         return in_process(
-            "orbit_shapes.py",
+            "orbit_shapes",
             "--seconds",
             str(scale["w0_seconds"]),
             "--run",
@@ -556,7 +555,7 @@ def run(workload: str, scale: dict) -> dict:
         )
     if workload == "W5":
         return in_process(
-            "orbit_backlog.py",
+            "orbit_backlog",
             "--small",
             str(scale["backlog_small"]),
             "--large",

@@ -1,8 +1,8 @@
 """An Orbit worker process for the benchmark: the real SDK Worker, a no-op
 async handler that logs task start/finish to the harness's event log.
 
-Runs with Orbit's own interpreter (it needs orbit_sdk):
-    ORBIT_PYTHON bench/systems/orbit_worker.py URL TOKEN QUEUE_ID[,QUEUE_ID] CAPACITY WORKER_ID [LEDGER]
+Runs with Orbit's own interpreter (it needs orbit_sdk), from the repository root:
+    ORBIT_PYTHON -m bench.systems.orbit_worker URL TOKEN QUEUE_ID[,QUEUE_ID] CAPACITY WORKER_ID [LEDGER]
 
 Payload fields it understands: "k" (task label for the event log), "sleep"
 (seconds to hold the task), and with a LEDGER file, a fenced write of
@@ -16,14 +16,9 @@ import fcntl
 import json
 import os
 import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(BENCH), str(BENCH.parent), str(BENCH.parent / "sdk")]
-
-from common import log_event  # noqa: E402
-
-from orbit_sdk import Worker  # noqa: E402
+from bench.common import log_event
+from orbit_sdk import Worker
 
 
 def fenced_write(ledger: str, key: str, token: int) -> bool:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from common import (
+from bench.common import (
     CpuMeter,
     EventLog,
     crash_metrics,

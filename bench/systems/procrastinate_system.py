@@ -1,6 +1,6 @@
 """Procrastinate (PostgreSQL) — harness adapter and the worker app.
 
-Workers: 4 processes (``python -m systems.procrastinate_system worker``), each
+Workers: 4 processes (``python -m bench.systems.procrastinate_system worker`` from the root), each
 ``run_worker_async(concurrency=32)`` (async tasks, like Orbit's 4 connections x capacity
 32), LISTEN/NOTIFY on, psycopg pool of 4 connections per worker (psycopg_pool's default),
 jobs kept after success (``delete_jobs="never"``, Procrastinate's default, like Orbit
@@ -28,9 +28,10 @@ import sys
 from typing import Any
 
 import procrastinate
-from common import (
-    BENCH_DIR,
+
+from bench.common import (
     ROLE_ENV,
+    ROOT,
     EventLog,
     drop_postgres,
     fresh_postgres,
@@ -38,8 +39,7 @@ from common import (
     now,
     spawn,
 )
-
-from systems import peerkit
+from bench.systems import peerkit
 
 DSN_ENV = "BENCH_PG_DSN"
 LEASE_ENV = "BENCH_LEASE_SECONDS"
@@ -188,7 +188,6 @@ class ProcrastinatePeer(peerkit.Peer):
         env = {
             **os.environ,
             **events.env(role),
-            "PYTHONPATH": str(BENCH_DIR),
             DSN_ENV: self.dsn,
             LEASE_ENV: str(self.lease),
             "BENCH_WORKER_NAME": f"{role}{index}",
@@ -198,9 +197,9 @@ class ProcrastinatePeer(peerkit.Peer):
         if polling is not None:
             env[POLLING_ENV] = str(polling)
         return spawn(
-            [sys.executable, "-m", "systems.procrastinate_system", "worker"],
+            [sys.executable, "-m", "bench.systems.procrastinate_system", "worker"],
             env=env,
-            cwd=BENCH_DIR,
+            cwd=ROOT,
             log=events.directory / f"node-{role}{index}.out",
         )
 

@@ -1,6 +1,6 @@
 """Settings for the django-q2 peer: its own MariaDB database on the shared server.
 
-Environment (set by systems/django_orm_system.py): BENCH_DJQ_DB (database name),
+Environment (set by bench/systems/django_orm_system.py): BENCH_DJQ_DB (database name),
 BENCH_DJQ_WORKERS (worker processes per cluster node), BENCH_LEASE_SECONDS (``retry``:
 how long a dequeued task stays invisible before another cluster may take it again).
 """

@@ -3,7 +3,7 @@
 import os
 import time
 
-from common import ROLE_ENV, log_event
+from bench.common import ROLE_ENV, log_event
 
 HOLD_SECONDS = 600.0
 
