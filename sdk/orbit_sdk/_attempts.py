@@ -28,6 +28,8 @@ Invariants the code relies on:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import datetime
 import inspect
 import logging
@@ -213,6 +215,44 @@ class Attempt:
 
 def _is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
+
+
+async def _in_daemon_thread(handler: Handler, execution: Execution) -> Any:
+    """``handler(execution)`` on a daemon thread of its own; its value or exception, awaited.
+
+    Not ``asyncio.to_thread``: the default executor is joined when ``asyncio.run`` ends, and
+    its threads again at interpreter exit, so a handler sleeping 30 s would hold ``run()``
+    (and the process) 30 s after a stop meant to be at once. Here a hard stop cancels the
+    await and nothing joins the thread: the process may exit while it runs, and whatever it
+    returns later is dropped (the attempt is left to its lease).
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()  # as to_thread does: the handler sees the caller's context
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():  # cancelled: the worker stopped without waiting for this handler
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+    def call() -> None:
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = context.run(handler, execution)
+        except StopIteration as exc:  # a Future refuses StopIteration: reported as a coroutine's would be
+            error = RuntimeError(f"handler raised StopIteration: {exc}")
+            error.__cause__ = exc
+        except BaseException as exc:  # every outcome goes back to the loop, which classifies it
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: a stopped worker wants nothing
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=call, name=f"orbit-handler-{execution.attempt_id}", daemon=True).start()
+    return await future
 
 
 class Attempts:
@@ -583,7 +623,7 @@ class Attempts:
             if _is_async(handler):
                 value = await handler(execution)
             else:
-                value = await asyncio.to_thread(handler, execution)
+                value = await _in_daemon_thread(handler, execution)
                 if inspect.isawaitable(value):
                     value = await value
         except RetryableError as exc:

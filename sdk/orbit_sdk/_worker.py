@@ -40,8 +40,8 @@ class Worker:
     """Consumes ``queues``, running ``handlers`` for the tasks it is assigned.
 
     ``handlers`` maps ``(handler, handler_version)`` — or a bare handler name, meaning any
-    version — to a callable taking an :class:`Execution`. Sync callables run in a thread
-    (``asyncio.to_thread``); coroutine functions run on the worker's loop. The return value is
+    version — to a callable taking an :class:`Execution`. Sync callables run in a daemon thread
+    of their own (one per running attempt); coroutine functions run on the worker's loop. The return value is
     reported as SUCCEEDED with that output (``None`` → no output); :class:`RetryableError` →
     FAILED retryable; :class:`UnknownOutcome` → UNKNOWN; any other exception → FAILED, not
     retryable, error ``{"type": <class name>, "message": str(exc)}``.
@@ -179,7 +179,9 @@ class Worker:
         new leases), attempts not yet started are handed back, running handlers finish (their
         leases renewed meanwhile), their results are acknowledged, then the connection closes
         and ``run`` returns. A second signal ends it at once, as :meth:`stop` with
-        ``timeout=0``. The previous signal handlers are restored when ``run`` returns.
+        ``timeout=0``: handlers still running are abandoned, sync ones included (their daemon
+        threads are not waited for), and their attempts left to their leases. The previous
+        signal handlers are restored when ``run`` returns.
         """
         with self._control:
             if self._ran:
@@ -262,8 +264,9 @@ class Worker:
         the server: a running one then needs review). ``timeout=0`` ends at once.
 
         Thread-safe and non-blocking (callable from a handler); :meth:`join` waits for the end.
-        Sync handlers already running in a thread are not interrupted: ``run()`` returns once
-        they return.
+        Ending at once abandons handlers still running: ``run()`` returns without waiting for
+        them, no result is sent for them, and a sync handler's daemon thread is not interrupted
+        (it goes on until it returns, or until the process exits); its return value is dropped.
         """
         if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
             raise ValueError("timeout must be None or a number of seconds >= 0")
