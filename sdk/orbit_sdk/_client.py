@@ -30,6 +30,7 @@ from orbit_sdk._models import (
     Attempt,
     BatchItemResult,
     CancelTaskResult,
+    ConcurrencyKey,
     ConfigureApplicationResult,
     ConfigureQueueRequest,
     CreatePlanRequest,
@@ -45,6 +46,7 @@ from orbit_sdk._models import (
     SubmitTaskRequest,
     SubmitTaskResult,
     Task,
+    TaskBlockers,
     UpdatePlanRequest,
     _uint64_text,
 )
@@ -121,6 +123,14 @@ def _segment(value: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("resource id must be a non-empty string")
     return quote(value, safe="")
+
+
+def _key_segment(key: str) -> str:
+    """A concurrency key as one path segment. Every character but the unreserved ones is
+    percent-encoded ("/" too), and so are the dots of a key that is "." or "..": a URL parser
+    would otherwise take it for a dot segment and drop it (httpx does), asking for another path."""
+    segment = _segment(key)
+    return segment.replace(".", "%2E") if segment in (".", "..") else segment
 
 
 def _body_of(request: Any, kind: type[Any]) -> dict[str, Any]:
@@ -495,6 +505,11 @@ class _BaseClient:
         return _call("GET", "/v1/tasks", lambda data: _page(data, Task.from_json), params=params)
 
     @_Verb
+    def get_task_blockers(self, task_id: str) -> _Call[TaskBlockers]:
+        """Why the task is not running: every reason its next lease would not take it (a snapshot)."""
+        return _call("GET", f"/v1/tasks/{_segment(task_id)}/blockers", TaskBlockers.from_json)
+
+    @_Verb
     def list_attempts(
         self, task_id: str, page_size: int | None = None, page_token: str | None = None
     ) -> _Call[Page[Attempt]]:
@@ -519,6 +534,21 @@ class _BaseClient:
         path = f"/v1/tasks/{_segment(task_id)}:resolve"
         body = {"resolution": resolution, "reason": reason}
         return _call("POST", path, ResolveTaskResult.from_json, key=key, body=body)
+
+    # ------------------------------------------------------- concurrency keys
+
+    @_Verb
+    def list_concurrency_keys(
+        self, prefix: str | None = None, page_size: int | None = None, page_token: str | None = None
+    ) -> _Call[Page[ConcurrencyKey]]:
+        """The namespace's keys that ever leased, in byte order; ``prefix`` compares byte for byte."""
+        params = {"prefix": prefix, "page_size": page_size, "page_token": page_token}
+        return _call("GET", "/v1/concurrency-keys", lambda data: _page(data, ConcurrencyKey.from_json), params=params)
+
+    @_Verb
+    def get_concurrency_key(self, key: str) -> _Call[ConcurrencyKey]:
+        """One key, compared byte for byte (percent-encoded here: ``/`` and any other character are fine)."""
+        return _call("GET", f"/v1/concurrency-keys/{_key_segment(key)}", ConcurrencyKey.from_json)
 
 
 def _change_plan(verb: str, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:

@@ -460,6 +460,102 @@ class PlanTrigger:
 
 
 @dataclass(frozen=True)
+class Blocker:
+    """One reason the next lease would not take a WAITING task (``GET /v1/tasks/{id}/blockers``).
+
+    ``code`` is one of the server's blocker codes (``NOT_YET_AVAILABLE``, ``QUEUE_PAUSED``,
+    ``KEY_HELD``, ``NO_WORKER``, …); ``facts`` holds what the server says behind it, as sent
+    (for ``KEY_HELD``: the holder's ``attempt_id``, ``task_id``, ``worker_id`` and ``since``),
+    and only what the credential may read itself.
+    """
+
+    code: str
+    message: str
+    facts: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Blocker:
+        what = "blocker"
+        obj = _object(value, what)
+        facts = {name: fact for name, fact in obj.items() if name not in ("code", "message")}
+        return cls(code=_str(obj, "code", what), message=_str(obj, "message", what), facts=facts)
+
+
+@dataclass(frozen=True)
+class TaskBlockers:
+    """Why a task is not running: its ``state`` and, when WAITING, every ``Blocker`` of its next
+    lease. Empty ``items``: a lease would take it now (always empty unless WAITING). A snapshot,
+    read without locks; the next lease decides."""
+
+    state: str
+    items: list[Blocker]
+
+    @classmethod
+    def from_json(cls, value: Any) -> TaskBlockers:
+        what = "blockers"
+        obj = _object(value, what)
+        items = _required(obj, "items", what)
+        if not isinstance(items, list):
+            raise ProtocolError(f"{what}.items: expected a list")
+        return cls(state=_str(obj, "state", what), items=[Blocker.from_json(item) for item in items])
+
+
+@dataclass(frozen=True)
+class ConcurrencyKeyHolder:
+    """The attempt holding a key's one valid permit; ``token`` (uint64) is its permit token."""
+
+    attempt_id: str
+    task_id: str
+    since: datetime.datetime
+    worker_id: str | None = None
+    token: int | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> ConcurrencyKeyHolder:
+        what = "concurrency_key.holder"
+        obj = _object(value, what)
+        token = obj.get("token")
+        return cls(
+            attempt_id=_str(obj, "attempt_id", what),
+            task_id=_str(obj, "task_id", what),
+            since=_time(obj, "since", what),
+            worker_id=_opt_str(obj, "worker_id", what),
+            token=None if token is None else parse_uint64(token, f"{what}.token"),
+        )
+
+
+@dataclass(frozen=True)
+class ConcurrencyKey:
+    """A concurrency key of the namespace (``GET /v1/concurrency-keys/{key}``).
+
+    ``holder`` is None while the key is free. ``highest_token`` (uint64) is the key's token
+    sequence: every token issued is at most it, the next is above it. The sequence advances on
+    every lease and every release, so tokens strictly increase but are not consecutive (1, 3,
+    5, … for one attempt at a time): a resource compares them, never counts them.
+    ``updated_at`` (the last lease or release) is None for a key whose tasks never leased.
+    """
+
+    key: str
+    highest_token: int
+    waiting_tasks: int
+    holder: ConcurrencyKeyHolder | None = None
+    updated_at: datetime.datetime | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> ConcurrencyKey:
+        what = "concurrency_key"
+        obj = _object(value, what)
+        holder = obj.get("holder")
+        return cls(
+            key=_str(obj, "key", what),
+            highest_token=_uint64(obj, "highest_token", what),
+            waiting_tasks=_int(obj, "waiting_tasks", what),
+            holder=None if holder is None else ConcurrencyKeyHolder.from_json(holder),
+            updated_at=_opt_time(obj, "updated_at", what),
+        )
+
+
+@dataclass(frozen=True)
 class Page(Generic[T]):
     """One page of a list; ``next_page_token`` is None on the last page."""
 

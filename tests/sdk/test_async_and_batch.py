@@ -38,6 +38,7 @@ from tests.support.sdk import (
 )
 
 PLAN_ID = PLAN["id"]
+KEY = {"key": "object/42", "highest_token": "4", "waiting_tasks": 0, "updated_at": "2026-01-01T00:00:00Z"}
 TASK_SPEC = {"handler": "h", "handler_version": "v1", "payload_version": "v1", "payload": {}}
 REQUEST = SubmitTaskRequest(QUEUE_ID, "object.update", "v1", "v1", {"a": 1})
 
@@ -83,10 +84,13 @@ VERBS: list[tuple[str, tuple[Any, ...], Any]] = [
     ),
     ("get_task", (TASK_ID,), {**TASK_SUMMARY, "payload": {"a": 1}}),
     ("list_tasks", (QUEUE_ID, "WAITING", None, None, 5), {"items": [TASK_SUMMARY]}),
+    ("get_task_blockers", (TASK_ID,), {"state": "WAITING", "items": [{"code": "NO_WORKER", "message": "m"}]}),
     ("list_attempts", (TASK_ID,), {"items": [ATTEMPT]}),
     ("get_attempt", (ATTEMPT_ID,), ATTEMPT),
     ("cancel_task", (TASK_ID, "k12", "not needed"), {"deduplicated": False, "task": TASK_SUMMARY}),
     ("resolve_task", (TASK_ID, "k13", "FAILED", "checked"), {"deduplicated": False, "task": TASK_SUMMARY}),
+    ("list_concurrency_keys", ("object/", 2, "tok"), {"items": [KEY], "next_page_token": "next"}),
+    ("get_concurrency_key", ("object/42",), KEY),
 ]
 
 CLIENT_ONLY = {"close", "from_credentials_file"}
