@@ -13,10 +13,14 @@ must increase, and a replayed stale write must be refused.
 The resource is a SQLite file in a temporary directory, or MariaDB/MySQL when
 ORBIT_FENCE_MYSQL_DSN=mysql://user:password@host:port/database is set (the
 database must exist; the example creates its tables there and keeps them).
+MySQL is reached with mysqlclient (MySQLdb) when it is installed, else with
+PyMySQL; ORBIT_FENCE_MYSQL_DRIVER=pymysql (or MySQLdb) picks one. The guard tells
+the dialect from the connection either way.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sqlite3
 import sys
@@ -41,15 +45,30 @@ RESOURCE_DDL = {
 }
 
 
+def mysql_driver() -> Any:
+    """The DB-API module to reach MySQL with: ORBIT_FENCE_MYSQL_DRIVER's, else
+    mysqlclient (the server's own driver), else PyMySQL. Both take the same
+    connect() arguments and both are fenced the same way."""
+    chosen = os.environ.get("ORBIT_FENCE_MYSQL_DRIVER", "").strip()
+    if chosen not in ("", "MySQLdb", "pymysql"):
+        raise SystemExit(f"example: ORBIT_FENCE_MYSQL_DRIVER must be MySQLdb or pymysql, not {chosen!r}")
+    if chosen:
+        return importlib.import_module(chosen)
+    try:
+        return importlib.import_module("MySQLdb")
+    except ImportError:
+        return importlib.import_module("pymysql")
+
+
 def resource_connector() -> tuple[str, Any]:
     """(dialect, connect): a new connection per call, since each worker thread writes with its own."""
     dsn = os.environ.get("ORBIT_FENCE_MYSQL_DSN", "").strip()
     if dsn:
         parts = urlsplit(dsn)
-        import MySQLdb  # the server's own driver; PyMySQL works the same way
+        driver = mysql_driver()
 
         def connect_mysql() -> Any:
-            return MySQLdb.connect(
+            return driver.connect(
                 host=parts.hostname or "127.0.0.1",
                 port=parts.port or 3306,
                 user=unquote(parts.username or "root"),
@@ -70,7 +89,7 @@ class Resource:
         self.dialect, self.connect = resource_connector()
         conn = self.connect()
         try:
-            fencing.install(conn, self.dialect)
+            fencing.install(conn)  # the dialect is told from the connection: sqlite3, MySQLdb or PyMySQL
             cursor = conn.cursor()
             cursor.execute(RESOURCE_DDL[self.dialect])
             cursor.close()
@@ -96,7 +115,7 @@ class Resource:
 
         conn = self.connect()
         try:
-            fencing.Guard(conn, self.dialect).write(namespace, key, token, operation_ref, insert)
+            fencing.Guard(conn).write(namespace, key, token, operation_ref, insert)
         finally:
             conn.close()
 
