@@ -1,0 +1,24 @@
+"""sdk/README.md's blockers-and-keys block runs as written against a live server set up as
+`scripts/run` sets it up (the demo worker serving its queue), and prints what its comments say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.sdk.test_readme import like_scripts_run, run_block  # noqa: F401  (a fixture, used by name)
+from tests.support.readme import python_blocks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MARK = "blockers and keys"
+
+
+def test_the_blockers_and_keys_block_prints_what_it_says(like_scripts_run: Path) -> None:  # noqa: F811
+    (code,) = [code for mark, code in python_blocks() if mark == MARK]
+    result = run_block(code, like_scripts_run, "blockers_and_keys.py")
+    assert result.returncode == 0, f"{code}\n{result.stdout}{result.stderr}"
+    # Each print's comment is its documented output.
+    documented = [line.split("  # ", 1)[1] for line in code.splitlines() if line.lstrip().startswith("print(")]
+    assert result.stdout.splitlines() == documented
