@@ -1,9 +1,11 @@
 """GET /metrics: Prometheus metrics for the platform operator.
 
-The process's counters (orbit.metrics, counted by the verbs) and, per queue,
-gauges read from the queue_state rows the engine keeps anyway: a scrape reads
-one row per queue and never scans the task table. Apart from the counters
-so that the verbs, which count, do not import the HTTP layer."""
+The counters (orbit.metrics, counted by the verbs: this process's, or with
+several server processes all of theirs added up) and, per queue, gauges read
+from the queue_state rows the engine keeps anyway: a scrape reads one row per
+queue and never scans the task table, and they are one value whichever process
+answers. Apart from the counters so that the verbs, which count, do not import
+the HTTP layer."""
 
 from __future__ import annotations
 
@@ -18,11 +20,12 @@ from django.http import HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from orbit import metrics  # noqa: F401  its counters register in REGISTRY on import; a scrape answers them
+from orbit import metrics  # its counters register in REGISTRY on import; a scrape answers them
 from orbit.errors import NotFound, PermissionDenied, Unauthenticated
 from orbit.models import Application, Namespace
 from orbit.principal import TOKEN_PATTERN, authenticate_token, token_from_header
@@ -183,8 +186,8 @@ def authorize_scrape(header: str | None) -> None:
 
 
 class MetricsView(APIView):
-    """GET /metrics: this process's counters and every queue's gauges in
-    Prometheus' text format, for the bearer of ORBIT_METRICS_TOKEN."""
+    """GET /metrics: the counters and every queue's gauges in Prometheus' text
+    format, for the bearer of ORBIT_METRICS_TOKEN."""
 
     schema = None  # not part of the v1 API document
     # The token is checked here, not by the API's credential authentication.
@@ -194,6 +197,18 @@ class MetricsView(APIView):
     def get(self, request: Request) -> HttpResponse:
         authorize_scrape(request.META.get("HTTP_AUTHORIZATION"))
         scrape = CollectorRegistry(auto_describe=False)
+        scrape.register(metrics.AnsweringProcess())
         scrape.register(QueueCollector(queue_gauges()))
-        body = generate_latest(REGISTRY) + generate_latest(scrape)
-        return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+        return HttpResponse(generate_latest(counters()) + generate_latest(scrape), content_type=CONTENT_TYPE_LATEST)
+
+
+def counters() -> CollectorRegistry:
+    """Where the counters are read from: this process's REGISTRY, or with several
+    server processes every process's files (the REGISTRY then holds this one's
+    alone, and its process_* and python_* figures would be one process's among N)."""
+    directory = metrics.multiprocess_dir()
+    if directory is None:
+        return REGISTRY
+    every_process = CollectorRegistry(auto_describe=False)
+    MultiProcessCollector(every_process, path=directory)
+    return every_process

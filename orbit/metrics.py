@@ -1,13 +1,26 @@
-"""Prometheus counters of this process, counted by the verbs.
+"""Prometheus counters, counted by the verbs.
 
 Exposed at /metrics, with per-queue gauges, by console.metrics_view: the verbs
-import this module, so it holds no HTTP and reads no table."""
+import this module, so it holds no HTTP and reads no table.
+
+Under `orbit serve --processes N` the supervisor gives every child one fresh
+directory in `MULTIPROCESS_DIR_ENV` (prometheus-client's multiprocess mode,
+chosen by the client when it is imported): each process writes its counters to
+files there, and a scrape answered by any of them adds up every process's,
+the dead ones' too, so a counter never goes back when a child is restarted.
+Without the variable (one process) they live in this process's REGISTRY."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# prometheus-client's own name for it; server/supervisor.py sets it for its children.
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 TASKS_SUBMITTED = Counter("orbit_tasks_submitted_total", "Tasks accepted by submit")
 ATTEMPTS_LEASED = Counter("orbit_attempts_leased_total", "Attempts created by dispatch")
@@ -22,10 +35,24 @@ GROUPS_DECIDED = Counter(
     "orbit_groups_decided_total", "Group commits decided (rounds, in one transaction each)", ["lane"]
 )
 
-# Every figure here is this process's: under `orbit serve --processes N` a
-# scrape is answered by one of the N, and this says which.
-SERVER_PROCESS = Gauge("orbit_server_process", "The server process that answered this scrape (1)", ["pid"])
-SERVER_PROCESS.labels(pid=str(os.getpid())).set(1)
+
+def multiprocess_dir() -> str | None:
+    """Where every server process's counters are, when there are several."""
+    return os.environ.get(MULTIPROCESS_DIR_ENV) or None
+
+
+class AnsweringProcess(Collector):
+    """orbit_server_process{pid}: which process answered the scrape, read when
+    it is answered. Not a multiprocess gauge: the client would add a pid label
+    of its own to every process's value, and the question is who answered."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "orbit_server_process", "The server process that answered this scrape (1)", labels=["pid"]
+        )
+        family.add_metric([str(os.getpid())], 1)
+        yield family
+
 
 _finished_by_state: dict[str, Counter] = {}
 

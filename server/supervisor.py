@@ -10,6 +10,10 @@ hands each connection to one of them. A worker's WebSocket lives in the child
 that accepted it; what another child's round makes available reaches this
 child's dispatchers as a wake-up through the directory the supervisor makes
 for them (tasks.wakeups, `SIBLINGS_DIR_ENV`), and by polling if one is lost.
+The children's /metrics counters add up in another directory, fresh at every
+start (prometheus-client's multiprocess mode, `METRICS_DIR_ENV`): a scrape
+answered by any child reads every child's files, those of children that died
+too, so a counter never goes back when one is restarted (orbit.metrics).
 
 The supervisor:
 - announces once, when every child listens (each writes a line to its own
@@ -50,10 +54,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prometheus_client import multiprocess
+
 APPLICATION = "server.asgi:application"
 # Where the children find each other's wake-up sockets (tasks.wakeups reads it;
 # named here too, as the supervisor imports nothing of Django's).
 WAKEUP_DIR_ENV = "ORBIT_WAKEUP_DIR"
+# Where the children's counters add up (orbit.metrics.MULTIPROCESS_DIR_ENV,
+# prometheus-client's name; read when the client is imported, so only a child's
+# environment has it, never the supervisor's own).
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 READY_FD_ENV = "ORBIT_SERVE_READY_FD"  # a child writes "ready\n" there once it listens
 PARENT_ENV = "ORBIT_SERVE_SUPERVISOR"  # the supervisor's pid, for PR_SET_PDEATHSIG
 BACKLOG = 1024
@@ -255,6 +265,7 @@ class Supervisor:
         self.selector = selectors.DefaultSelector()
         self.stop_signal: int | None = None
         self.wakeup_dir: str | None = None
+        self.metrics_dir: str | None = None
 
     # -- children ----------------------------------------------------------------
 
@@ -264,6 +275,10 @@ class Supervisor:
         env = {**os.environ, READY_FD_ENV: str(write_end), PARENT_ENV: str(os.getpid())}
         if self.wakeup_dir is not None:
             env[WAKEUP_DIR_ENV] = self.wakeup_dir
+        # Set or not, never inherited: another run's files would be added in.
+        env.pop(METRICS_DIR_ENV, None)
+        if self.metrics_dir is not None:
+            env[METRICS_DIR_ENV] = self.metrics_dir
         fd = self.sock.fileno()
         try:
             child.process = subprocess.Popen(
@@ -296,6 +311,12 @@ class Supervisor:
                 self.say(f"server process {child.index} serving again (pid {child.process.pid})")
         self.forget_pipe(child)  # one line, or EOF: the pipe has served its purpose
 
+    def forget_metrics(self, pid: int) -> None:
+        """A child that is gone: its counters stay in the sum, the values of live
+        gauges (multiprocess_mode live*) it wrote go."""
+        if self.metrics_dir is not None:
+            multiprocess.mark_process_dead(pid, self.metrics_dir)
+
     def live(self) -> list[subprocess.Popen]:
         return [c.process for c in self.children if c.process is not None and c.process.poll() is None]
 
@@ -318,6 +339,7 @@ class Supervisor:
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select
         if len(self.children) > 1:
             self.wakeup_dir = tempfile.mkdtemp(prefix="orbit-wakeups-")
+        self.metrics_dir = tempfile.mkdtemp(prefix="orbit-metrics-")
         try:
             return self._serve(on_ready, wake_read)
         finally:
@@ -325,6 +347,9 @@ class Supervisor:
             if self.wakeup_dir is not None:
                 shutil.rmtree(self.wakeup_dir, ignore_errors=True)
                 self.wakeup_dir = None
+            if self.metrics_dir is not None:
+                shutil.rmtree(self.metrics_dir, ignore_errors=True)
+                self.metrics_dir = None
             signal.set_wakeup_fd(old_wakeup)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -362,6 +387,7 @@ class Supervisor:
                 if child.ready_fd is not None:  # it may have written "ready" and died at once
                     self.read_ready(child)
                 self.forget_pipe(child)
+                self.forget_metrics(child.process.pid)
                 if not announced:
                     self.say(
                         f"server process {child.index} (pid {child.process.pid}) exited with "
