@@ -1,16 +1,25 @@
 """Lease recovery, deadline sweeps and plan triggers, run by every server process.
 
 Every node may run this at once: candidates are read without locks and each
-transition re-checks under the global lock order."""
+transition re-checks under the global lock order.
+
+A database that is unreachable fails every sweep until it is back: the
+outage is logged once as it starts and once as it ends, with how long it
+lasted and how many sweeps failed (`SweepOutage`), not a traceback per sweep.
+Any other failure is a fault: its traceback is logged each time."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 
 from django.db import close_old_connections, connection
 
+from orbit.api.errors import translate
+from orbit.errors import Unavailable
 from plans.actions import fire_due_plans
 from tasks.actions.endings import recover_expired_leases, sweep_deadlines
 
@@ -26,13 +35,59 @@ def run_sweep() -> int:
     return recover_expired_leases() + sweep_deadlines() + fire_due_plans()
 
 
+def database_unreachable(exc: BaseException) -> bool:
+    """The database is not there right now (orbit.api.errors.translate, as a
+    request's 503 UNAVAILABLE), as opposed to a fault of the sweep."""
+    return isinstance(translate(exc), Unavailable)
+
+
+class SweepOutage:
+    """How the sweeps fare while the database is unreachable, told in two lines."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.started: float | None = None
+        self.failed_sweeps = 0
+
+    def sweep_failed(self, exc: Exception) -> None:
+        if self.started is not None:
+            self.failed_sweeps += 1
+        if not database_unreachable(exc):
+            logger.warning("maintenance sweep failed", exc_info=exc)
+            return
+        if self.started is None:
+            self.started, self.failed_sweeps = self.clock(), 1
+            # One line: the cause is the database's, a traceback says nothing more.
+            logger.warning(
+                "maintenance sweeps failing: the database is unreachable (%s: %s); retrying every %g s",
+                type(exc).__name__,
+                exc,
+                SWEEP_INTERVAL_SECONDS,
+            )
+
+    def sweep_succeeded(self) -> None:
+        if self.started is None:
+            return
+        lasted = self.clock() - self.started
+        logger.warning(
+            "maintenance sweeps work again: the database was unreachable for %.1f s, %d %s failed",
+            lasted,
+            self.failed_sweeps,
+            "sweep" if self.failed_sweeps == 1 else "sweeps",
+        )
+        self.started, self.failed_sweeps = None, 0
+
+
 def maintenance_loop(stop: threading.Event) -> None:
+    outage = SweepOutage()
     while not stop.is_set():
         try:
             run_sweep()
-        except Exception:  # the database may be down; keep trying
-            logger.warning("maintenance sweep failed", exc_info=True)
+        except Exception as exc:  # the database may be down; keep trying
+            outage.sweep_failed(exc)
             connection.close()
+        else:
+            outage.sweep_succeeded()
         finally:
             close_old_connections()
         stop.wait(SWEEP_INTERVAL_SECONDS)
