@@ -21,8 +21,12 @@ from orbit.serializers import ApplicationConfigureInput
 
 
 class ApplicationDetailView(OrbitView):
-    @documented(data="Application")
+    @documented(data="Application", operation_id="applications_get")
     def get(self, request: Request, application_id: str) -> Response:
+        """Get an application.
+
+        The application's quotas over all its namespaces (max_active_attempts,
+        max_unfinished_tasks) and its revision (applications:manage)."""
         principal = self.principal(request)
         principal.require("applications:manage")
         return ok(request, applications.application_get(principal=principal, application_id=application_id))
@@ -34,8 +38,13 @@ class ApplicationConfigureView(OrbitView):
         scope="applications:manage",
         operation="application.configure",
         data="ApplicationReceipt",
+        operation_id="applications_configure",
     )
     def post(self, actor: Actor, fields: dict[str, Any], application_id: str) -> tuple[int, dict[str, Any]]:
+        """Configure an application's quotas.
+
+        Sets max_active_attempts and max_unfinished_tasks with the revision it was read at
+        (another one is 409 STATE_CONFLICT) and a reason for the audit log."""
         application = applications.application_configure(
             actor=actor,
             application_id=application_id,
@@ -62,9 +71,15 @@ def cursor_of(request: Request) -> int:
 class EventListView(OrbitView):
     @documented(
         data="EventPage",
+        operation_id="events_list",
         extra_parameters=(uint64_query("after", "cursor of the last event read"), PAGE_SIZE),
     )
     def get(self, request: Request) -> Response:
+        """List events.
+
+        The namespace's event log after a cursor, oldest first (tasks:read and queues:read over
+        every queue): read on from next_cursor; an empty page means no newer
+        event yet."""
         principal = self.principal(request)
         principal.require("tasks:read", "queues:read")
         principal.require_all_queues()

@@ -26,6 +26,10 @@ def body_of(fields: dict[str, Any], body: dict[str, Any]) -> actions.PlanBody:
 class PlanCollectionView(OrbitView):
     @documented(data="PlanPage", operation_id="plans_list", paged=True)
     def get(self, request: Request) -> Response:
+        """List plans.
+
+        The namespace's plans (plans:manage), in id order, one page at a time: pass a page's
+        next_page_token as page_token for the next; an empty one ends the list."""
         principal = self.principal(request)
         principal.require("plans:manage")
         items, last_id = actions.plan_list(
@@ -41,8 +45,14 @@ class PlanCollectionView(OrbitView):
         as_sent=True,
         created=True,
         not_found=True,
+        operation_id="plans_create",
     )
     def post(self, actor: Actor, fields: dict[str, Any], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Create a plan.
+
+        A schedule (a cron expression in a time zone, or every interval_seconds) that submits a
+        task made from its definition to a queue at each point, with a misfire policy for points
+        missed. 201 with the plan; the same Idempotency-Key with the same body replays it (200)."""
         plan = actions.plan_create(
             actor=actor, name=fields["name"], queue_id=fields["queue_id"], body=body_of(fields, body)
         )
@@ -50,16 +60,24 @@ class PlanCollectionView(OrbitView):
 
 
 class PlanDetailView(OrbitView):
-    @documented(data="Plan")
+    @documented(data="Plan", operation_id="plans_get")
     def get(self, request: Request, plan_id: str) -> Response:
+        """Get a plan.
+
+        The plan's state, current version (schedule, misfire policy, definition) and next fire
+        time (plans:manage)."""
         principal = self.principal(request)
         principal.require("plans:manage")
         return ok(request, actions.plan_get(principal=principal, plan_id=plan_id))
 
 
 class PlanTriggersView(OrbitView):
-    @documented(data="TriggerPage", operation_id="plan_triggers_list", paged=True)
+    @documented(data="TriggerPage", operation_id="plans_triggers_list", paged=True)
     def get(self, request: Request, plan_id: str) -> Response:
+        """List a plan's triggers.
+
+        Each point of the schedule the plan decided on: the task it submitted or why it did not,
+        oldest first, one page at a time."""
         principal = self.principal(request)
         principal.require("plans:manage")
         after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,19}")
@@ -70,10 +88,22 @@ class PlanTriggersView(OrbitView):
 
 
 class PlanUpdateView(OrbitView):
-    @mutation(PlanUpdateInput, scope="plans:manage", operation="plan.update", data="PlanReceipt", as_sent=True)
+    @mutation(
+        PlanUpdateInput,
+        scope="plans:manage",
+        operation="plan.update",
+        data="PlanReceipt",
+        as_sent=True,
+        operation_id="plans_update",
+    )
     def post(
         self, actor: Actor, fields: dict[str, Any], plan_id: str, body: dict[str, Any]
     ) -> tuple[int, dict[str, Any]]:
+        """Update a plan: a new version.
+
+        A new schedule, misfire policy and definition, with the revision it was read at and a
+        reason; the schedule starts over from now (points of the old version not yet decided are
+        dropped, never fired twice)."""
         plan = actions.plan_update(
             actor=actor,
             plan_id=plan_id,
@@ -84,27 +114,53 @@ class PlanUpdateView(OrbitView):
         return 200, {"plan": plan}
 
 
-def change_view(verb: Callable[..., dict[str, Any]], operation: str) -> type[OrbitView]:
-    """:pause, :resume and :retire: `{expected_revision, reason}`, the plan back."""
+def change_view(verb: Callable[..., dict[str, Any]], operation: str, doc: str) -> type[OrbitView]:
+    """:pause, :resume and :retire: `{expected_revision, reason}`, the plan back.
+    `doc`: the endpoint's docstring (its OpenAPI summary and description)."""
+    verb_name = operation.split(".")[1]
+
+    def change(self: OrbitView, actor: Actor, fields: dict[str, Any], plan_id: str) -> tuple[int, dict[str, Any]]:
+        plan = verb(
+            actor=actor, plan_id=plan_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
+        )
+        return 200, {"plan": plan}
+
+    # mutation() reads the effect's docstring when it documents the endpoint.
+    change.__doc__ = doc
 
     class PlanChangeView(OrbitView):
-        @mutation(
+        post = mutation(
             PlanChangeInput,
             scope="plans:manage",
             operation=operation,
             data="PlanReceipt",
-            operation_id=operation.replace(".", "_"),
-        )
-        def post(self, actor: Actor, fields: dict[str, Any], plan_id: str) -> tuple[int, dict[str, Any]]:
-            plan = verb(
-                actor=actor, plan_id=plan_id, expected_revision=fields["expected_revision"], reason=fields["reason"]
-            )
-            return 200, {"plan": plan}
+            operation_id=f"plans_{verb_name}",
+        )(change)
 
-    PlanChangeView.__name__ = PlanChangeView.__qualname__ = f"Plan{operation.split('.')[1].title()}View"
+    PlanChangeView.__name__ = PlanChangeView.__qualname__ = f"Plan{verb_name.title()}View"
     return PlanChangeView
 
 
-PlanPauseView = change_view(actions.plan_pause, "plan.pause")
-PlanResumeView = change_view(actions.plan_resume, "plan.resume")
-PlanRetireView = change_view(actions.plan_retire, "plan.retire")
+PlanPauseView = change_view(
+    actions.plan_pause,
+    "plan.pause",
+    """Pause a plan.
+
+    An ACTIVE plan stops submitting tasks until it is resumed (409 STATE_CONFLICT otherwise),
+    with the revision it was read at and a reason for the audit log.""",
+)
+PlanResumeView = change_view(
+    actions.plan_resume,
+    "plan.resume",
+    """Resume a paused plan.
+
+    Points that fell while it was paused are not made up: the next is the first after now. Its
+    queue must still accept tasks.""",
+)
+PlanRetireView = change_view(
+    actions.plan_retire,
+    "plan.retire",
+    """Retire a plan, for good.
+
+    It never fires again; its name stays taken, and the plan and its triggers stay readable.""",
+)

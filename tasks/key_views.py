@@ -60,6 +60,10 @@ shapes.OBJECTS.setdefault("ConcurrencyKeyPage", shapes.page_of("ConcurrencyKey")
 class ConcurrencyKeyCollectionView(OrbitView):
     @documented(data="ConcurrencyKeyPage", operation_id="concurrency_keys_list", paged=True, extra_parameters=(PREFIX,))
     def get(self, request: Request) -> Response:
+        """List concurrency keys.
+
+        The namespace's concurrency keys in key order, those starting with prefix if given: who
+        holds each, its token sequence and how many tasks wait for it, one page at a time."""
         principal = self.principal(request)
         after = decode_page_token(request, cursor_pattern=KEY_CURSOR)
         size = page_size_of(request)
@@ -72,4 +76,8 @@ class ConcurrencyKeyCollectionView(OrbitView):
 class ConcurrencyKeyDetailView(OrbitView):
     @documented(data="ConcurrencyKey", operation_id="concurrency_keys_get")
     def get(self, request: Request, key: str) -> Response:
+        """Get a concurrency key.
+
+        Who holds the key (the task and attempt), its highest token issued and how many WAITING
+        tasks wait for it; 404 for a key no lease has taken yet."""
         return ok(request, keys.key_get(principal=self.principal(request), key=key))

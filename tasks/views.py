@@ -32,6 +32,11 @@ class TaskCollectionView(OrbitView):
         paged=True,
     )
     def get(self, request: Request) -> Response:
+        """List tasks.
+
+        The tasks the credential may read (tasks:read), filtered by exact queue_id, state,
+        business_key or concurrency_key, one page at a time: pass a page's next_page_token as
+        page_token for the next; an empty one ends the list."""
         principal = self.principal(request)
         principal.require("tasks:read")
         filters = {
@@ -44,8 +49,22 @@ class TaskCollectionView(OrbitView):
         )
         return ok(request, page(items, encode_page_token(last_id) if last_id else ""))
 
-    @documented(SubmitTaskInput, data="TaskReceipt", created=True, idempotent=True, not_found=True, queue_full=True)
+    @documented(
+        SubmitTaskInput,
+        data="TaskReceipt",
+        operation_id="tasks_submit",
+        created=True,
+        idempotent=True,
+        not_found=True,
+        queue_full=True,
+    )
     def post(self, request: Request) -> Response:
+        """Submit a task.
+
+        A task for a queue (tasks:submit): its handler and payload, optionally when it may start
+        (available_at), its deadline, retry policy, business_key and concurrency_key. 201 with the
+        task; the same Idempotency-Key with the same body replays it (200); a queue at its
+        max_unfinished_tasks is 429 with Retry-After."""
         principal = self.principal(request)
         principal.require("tasks:submit")
         body = self.body(request)
@@ -56,24 +75,37 @@ class TaskCollectionView(OrbitView):
 
 
 class TaskDetailView(OrbitView):
-    @documented(data="Task")
+    @documented(data="Task", operation_id="tasks_get")
     def get(self, request: Request, task_id: str) -> Response:
+        """Get a task.
+
+        The task's state, its definition and its latest attempt's outcome (tasks:read); 404 for
+        a task the credential may not see."""
         principal = self.principal(request)
         principal.require("tasks:read")
         return ok(request, reads.task_get(principal=principal, task_id=task_id))
 
 
 class TaskBlockersView(OrbitView):
-    @documented(data="Blockers")
+    @documented(data="Blockers", operation_id="tasks_blockers_get")
     def get(self, request: Request, task_id: str) -> Response:
+        """Say why a task is not running.
+
+        The task's state and, while it is WAITING, every reason the next lease would pass it by
+        (its queue paused or full, a held concurrency key, a start time not reached...); an empty
+        list means a worker would take it now."""
         principal = self.principal(request)
         principal.require("tasks:read")
         return ok(request, blockers.task_blockers(principal=principal, task_id=task_id))
 
 
 class TaskAttemptsView(OrbitView):
-    @documented(data="AttemptPage", paged=True)
+    @documented(data="AttemptPage", operation_id="tasks_attempts_list", paged=True)
     def get(self, request: Request, task_id: str) -> Response:
+        """List a task's attempts.
+
+        Every attempt of the task, in the order they were made (tasks:read), one page at a time:
+        pass a page's next_page_token as page_token for the next; an empty one ends the list."""
         principal = self.principal(request)
         principal.require("tasks:read")
         after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,8}")  # an epoch
@@ -87,8 +119,11 @@ class TaskAttemptsView(OrbitView):
 
 
 class AttemptDetailView(OrbitView):
-    @documented(data="Attempt")
+    @documented(data="Attempt", operation_id="attempts_get")
     def get(self, request: Request, attempt_id: str) -> Response:
+        """Get an attempt.
+
+        One run of a task by a worker: its lease, its outcome and its error, if any (tasks:read)."""
         principal = self.principal(request)
         principal.require("tasks:read")
         return ok(request, reads.attempt_get(principal=principal, attempt_id=attempt_id))
@@ -96,9 +131,19 @@ class AttemptDetailView(OrbitView):
 
 class TaskCancelView(OrbitView):
     @mutation(
-        CancelTaskInput, scope="tasks:cancel", operation="task.cancel", data="TaskReceipt", check=reads.visible_task
+        CancelTaskInput,
+        scope="tasks:cancel",
+        operation="task.cancel",
+        data="TaskReceipt",
+        check=reads.visible_task,
+        operation_id="tasks_cancel",
     )
     def post(self, actor: Actor, fields: dict[str, Any], task_id: str) -> tuple[int, dict[str, Any]]:
+        """Cancel a task.
+
+        With a reason for the audit log (tasks:cancel): a task not yet running is CANCELLED at
+        once, a RUNNING one is marked cancel_requested for its worker. A task that succeeded,
+        failed or needs review is 409 STATE_CONFLICT."""
         return 200, endings.cancel_task(actor=actor, task_id=task_id, reason=fields["reason"])
 
 
@@ -107,9 +152,18 @@ class TaskResolveView(OrbitView):
     effect was unknown (SPEC §7); held by the same scope as cancel."""
 
     @mutation(
-        ResolveTaskInput, scope="tasks:cancel", operation="task.resolve", data="TaskReceipt", check=reads.visible_task
+        ResolveTaskInput,
+        scope="tasks:cancel",
+        operation="task.resolve",
+        data="TaskReceipt",
+        check=reads.visible_task,
+        operation_id="tasks_resolve",
     )
     def post(self, actor: Actor, fields: dict[str, Any], task_id: str) -> tuple[int, dict[str, Any]]:
+        """Resolve a task that needs review.
+
+        A person's decision about a NEEDS_REVIEW task, whose last attempt's effect is unknown:
+        SUCCEEDED, FAILED, or RETRY (run it again), with a reason for the audit log."""
         return 200, endings.resolve_task(
             actor=actor, task_id=task_id, resolution=fields["resolution"], reason=fields["reason"]
         )
@@ -119,8 +173,12 @@ class TaskBatchView(OrbitView):
     """POST /v1/tasks:batch — each item carries its own Idempotency-Key and gets
     its own result; the request as a whole is not idempotent and needs no header."""
 
-    @documented(Documented("SubmitBatchInput"), data="BatchResults")
+    @documented(Documented("SubmitBatchInput"), data="BatchResults", operation_id="tasks_submit_batch", tags=["tasks"])
     def post(self, request: Request) -> Response:
+        """Submit several tasks at once.
+
+        1 to 500 tasks, each with its own idempotency_key (no Idempotency-Key header): every item
+        gets its own result, the created or replayed task or its error, in the order sent."""
         principal = self.principal(request)
         principal.require("tasks:submit")
         body = self.body(request)

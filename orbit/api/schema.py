@@ -267,6 +267,9 @@ def documented(
     *,
     data: str,
     operation_id: str | None = None,
+    summary: str | None = None,
+    description: str | None = None,
+    tags: list[str] | None = None,
     created: bool = False,
     idempotent: bool = False,
     filters: tuple[str, ...] = (),
@@ -280,9 +283,17 @@ def documented(
     replay's 200 for a create), every error status it can answer, its query
     parameters and the Idempotency-Key header of a mutating call. A method
     with path parameters (a resource's id) answers 404; `not_found`: one
-    that looks up a resource its body names."""
+    that looks up a resource its body names.
+
+    `operation_id`: `<resource>_<verb>` (queues_configure, tasks_list), the
+    name a generated client gives the call. `summary` and `description`
+    default to the method's docstring: its first paragraph, then the rest
+    (a mutation's effect lends its docstring to the view method). `tags`:
+    the resource a generator groups the call under, by default the path's
+    first segment (which, for `/v1/tasks:batch`, is not the resource)."""
 
     def decorate(method: Any) -> Any:
+        doc_summary, doc_description = summary_and_description(inspect.getdoc(method))
         path_parameters = len(inspect.signature(method).parameters) > 2  # self, request, ids...
         errors = [401, 403, 431, 503]
         if request is not None or paged or filters or extra_parameters or idempotent:
@@ -310,10 +321,21 @@ def documented(
             request=request,
             responses=_responses(data, created, sorted(errors)),
             operation_id=operation_id,
+            summary=summary or doc_summary,
+            description=description or doc_description,
+            tags=tags,
             parameters=parameters,
         )(method)
 
     return decorate
+
+
+def summary_and_description(doc: str | None) -> tuple[str | None, str | None]:
+    """A docstring's first paragraph (on one line) and the rest."""
+    if not doc:
+        return None, None
+    first, _, rest = doc.strip().partition("\n\n")
+    return " ".join(first.split()), rest.strip() or None
 
 
 _document_lock = threading.Lock()

@@ -17,7 +17,7 @@ from orbit.api.fields import ReasonField, Uint64StringField, canonical_uint64
 from orbit.api.openapi_objects import decimal_up_to
 from orbit.fields import UINT64_MAX
 from plans.openapi import CRON_PATTERN
-from plans.serializers import ScheduleInput
+from plans.serializers import ScheduleInput, iana_zone_names
 from tasks.serializers import TimeField
 
 ENDPOINTS = {
@@ -45,6 +45,38 @@ ENDPOINTS = {
     "/v1/tasks/{task_id}/blockers": {"get"},
     "/v1/concurrency-keys": {"get"},
     "/v1/concurrency-keys/{key}": {"get"},
+}
+
+
+# Each operation's id: `<resource>_<verb>`, the name generated clients give the call.
+OPERATION_IDS = {
+    ("get", "/v1/queues"): "queues_list",
+    ("post", "/v1/queues"): "queues_create",
+    ("get", "/v1/queues/{queue_id}"): "queues_get",
+    ("post", "/v1/queues/{queue_id}:configure"): "queues_configure",
+    ("post", "/v1/queues/{queue_id}:retire"): "queues_retire",
+    ("get", "/v1/tasks"): "tasks_list",
+    ("post", "/v1/tasks"): "tasks_submit",
+    ("post", "/v1/tasks:batch"): "tasks_submit_batch",
+    ("get", "/v1/tasks/{task_id}"): "tasks_get",
+    ("post", "/v1/tasks/{task_id}:cancel"): "tasks_cancel",
+    ("post", "/v1/tasks/{task_id}:resolve"): "tasks_resolve",
+    ("get", "/v1/tasks/{task_id}/attempts"): "tasks_attempts_list",
+    ("get", "/v1/tasks/{task_id}/blockers"): "tasks_blockers_get",
+    ("get", "/v1/attempts/{attempt_id}"): "attempts_get",
+    ("get", "/v1/applications/{application_id}"): "applications_get",
+    ("post", "/v1/applications/{application_id}:configure"): "applications_configure",
+    ("get", "/v1/events"): "events_list",
+    ("get", "/v1/plans"): "plans_list",
+    ("post", "/v1/plans"): "plans_create",
+    ("get", "/v1/plans/{plan_id}"): "plans_get",
+    ("post", "/v1/plans/{plan_id}:update"): "plans_update",
+    ("post", "/v1/plans/{plan_id}:pause"): "plans_pause",
+    ("post", "/v1/plans/{plan_id}:resume"): "plans_resume",
+    ("post", "/v1/plans/{plan_id}:retire"): "plans_retire",
+    ("get", "/v1/plans/{plan_id}/triggers"): "plans_triggers_list",
+    ("get", "/v1/concurrency-keys"): "concurrency_keys_list",
+    ("get", "/v1/concurrency-keys/{key}"): "concurrency_keys_get",
 }
 
 
@@ -244,3 +276,40 @@ def test_the_cron_pattern_is_the_schedules_rule(cron):
     # agrees with the server on everything else.
     serializer = ScheduleInput(data={"cron": cron})
     assert bool(re.search(CRON_PATTERN, cron)) == serializer.is_valid(), cron
+
+
+def test_every_operation_has_a_plain_verb_id_a_summary_and_a_description():
+    """What a generated client names and documents each call by (issue 37:
+    ids read `queues_:configure_create`, 25 of 27 operations had neither)."""
+    schema = document()
+    operations = {
+        (method, path): operation
+        for path, methods in schema["paths"].items()
+        for method, operation in methods.items()
+        if method in ("get", "post")
+    }
+    assert {key: operation["operationId"] for key, operation in operations.items()} == OPERATION_IDS
+    for key, operation in operations.items():
+        assert re.fullmatch(r"[a-z]+(_[a-z]+)+", operation["operationId"]), key
+        summary, description = operation.get("summary", ""), operation.get("description", "")
+        assert summary.strip() and "\n" not in summary and len(summary) <= 80, key
+        assert description.strip() and description.strip() != summary.strip(), key
+    # One tag per resource: the batch submit is grouped with the tasks, not under "tasks:batch".
+    assert operations[("post", "/v1/tasks:batch")]["tags"] == ["tasks"]
+
+
+def test_a_time_zone_is_a_documented_string_not_an_enum_of_names():
+    """~600 zone names as an enum collapse in generators (Etc/GMT+0, Etc/GMT-0
+    and Etc/GMT0 make one identifier); the document states the format and the
+    server checks the name against the tz database, as before."""
+    zone = document()["components"]["schemas"]["CronSchedule"]["properties"]["timezone"]
+    assert zone["type"] == "string" and "enum" not in zone
+    assert "IANA time zone name" in zone["description"] and "Europe/Berlin" in zone["description"]
+    assert zone["example"] == "Europe/Berlin"
+    names = ScheduleInput().fields["timezone"]  # the documented form holds every name the server accepts
+    assert zone["maxLength"] == names.max_length
+    assert all(re.fullmatch(zone["pattern"], name) for name in iana_zone_names())
+    assert len(iana_zone_names()) > 400
+    for name, accepted in (("Europe/Berlin", True), ("Etc/GMT+0", True), ("Mars/Olympus_Mons", False), ("", False)):
+        body = {"cron": "30 2 * * *", "timezone": name}
+        assert ScheduleInput(data=body).is_valid() is accepted, name
