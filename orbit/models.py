@@ -132,6 +132,7 @@ class AuditEntry(models.Model):
 
     class Meta:
         db_table = "orbit_audit_entry"
+        verbose_name_plural = "audit entries"
         db_table_comment = "管理审计：与变更同事务写入"
         indexes = [models.Index(fields=["namespace_id", "target_id"], name="idx_audit_ns_target")]
 

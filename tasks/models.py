@@ -208,5 +208,6 @@ class WorkerIdentity(models.Model):
 
     class Meta:
         db_table = "orbit_worker_identity"
+        verbose_name_plural = "worker identities"
         db_table_comment = "Worker 身份：注册属性（资源键支持）按进程身份固定"
         constraints = [models.UniqueConstraint(fields=["namespace_id", "worker_id"], name="uniq_worker_ns_identity")]
