@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, cast
 
+from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
@@ -79,14 +80,78 @@ def key_url(namespace_id: str, key: str) -> str:
     return reverse("admin:tasks_concurrencykey_by_key") + "?" + urlencode({"namespace": namespace_id, "key": key})
 
 
+def short_id(value: str) -> SafeString:
+    """A 32-hex id as a list prints it: its first 8, the whole in the tooltip
+    (the full ids made the task and attempt lists wider than the window)."""
+    if len(value) <= 12:
+        return format_html("{}", value)
+    return format_html('<span class="orbit-id" title="{}">{}…</span>', value, value[:8])
+
+
+# Id columns the console shows as the named row they point to, linked to its
+# page: (model, the fields of its label; none: the id itself, shortened in lists).
+NAMED_IDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "namespace_id": ("orbit.Namespace", ("environment", "name")),
+    "application_id": ("orbit.Application", ("name",)),
+    "credential_id": ("orbit.Credential", ("name",)),
+    "queue_id": ("queues.Queue", ("name",)),
+    "plan_id": ("plans.Plan", ("name",)),
+    "task_id": ("tasks.Task", ()),
+    "holder_task_id": ("tasks.Task", ()),
+    "holder_attempt_id": ("tasks.Attempt", ()),
+}
+
+
+def labels_of(field: str, ids: set[str]) -> dict[str, str]:
+    """The labels of these ids of one NAMED_IDS field: one query, by primary key."""
+    model_name, label_fields = NAMED_IDS[field]
+    ids = {value for value in ids if value}
+    if not label_fields or not ids:
+        return {}
+    model = apps.get_model(model_name)
+    rows = model.objects.filter(pk__in=ids).values_list("pk", *label_fields)
+    return {pk: "/".join(str(part) for part in parts if part) or pk for pk, *parts in rows}
+
+
+def named_id_display(field: str, in_list: bool) -> Callable[[Any], SafeString | str]:
+    model_name, label_fields = NAMED_IDS[field]
+
+    def display(obj: Any) -> SafeString | str:
+        value = getattr(obj, field)
+        if not value:
+            return "—"
+        labels = getattr(obj, "console_labels", None)
+        label = (labels if labels is not None else labels_of(field, {value})).get(value)
+        if label is None:
+            text: Any = short_id(value) if in_list or not label_fields else value
+        else:
+            text = label
+        return link(change_url(apps.get_model(model_name), value), text)
+
+    description = field.removeprefix("holder_").removesuffix("_id").replace("_", " ")
+    return admin.display(description=f"holder {description}" if field.startswith("holder_") else description)(display)
+
+
+def plain_boolean(field: str, description: str) -> Callable[[Any], str]:
+    """A boolean as words: Django's red ✗ read as an alarm on a normal state."""
+
+    def display(obj: Any) -> str:
+        return "yes" if getattr(obj, field) else "no"
+
+    return admin.display(description=description)(display)
+
+
 class IndexOrderChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         capped = getattr(self.paginator, "capped", False)
         self.result_count_text = count_text(self.result_count, capped)
+        self.result_list = list(self.result_list)
+        attach = getattr(self.model_admin, "attach_labels", None)
+        if attach is not None:
+            attach(self.result_list)
         decorate = getattr(self.model_admin, "decorate_results", None)
         if decorate is not None:
-            self.result_list = list(self.result_list)
             decorate(request, self.result_list)
 
     def get_ordering_field(self, field_name: Any) -> Any:
@@ -131,6 +196,64 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     # The same, for fields whose index starts with namespace_id: matched with
     # every namespace id in front, so that index serves the search.
     namespaced_search_fields: tuple[str, ...] = ()
+
+    def __init__(self, model: Any, admin_site: Any) -> None:
+        super().__init__(model, admin_site)
+        # The model's id columns that name a row, and its booleans, each as a
+        # display of this admin (list_display and the page take them by name).
+        self.replaced_fields: dict[str, str] = {}
+        for model_field in model._meta.fields:
+            name = model_field.name
+            if name in NAMED_IDS and not model_field.primary_key:
+                setattr(self, f"{name}_link", named_id_display(name, in_list=True))
+                setattr(self, f"{name}_page", named_id_display(name, in_list=False))
+                self.replaced_fields[name] = f"{name}_link"
+            elif model_field.get_internal_type() == "BooleanField":
+                setattr(self, f"{name}_text", plain_boolean(name, str(model_field.verbose_name)))
+                self.replaced_fields[name] = f"{name}_text"
+
+    def attach_labels(self, rows: list[Any]) -> None:
+        """Every named id of a list page, one query per kind of id."""
+        fields = [name for name in self.replaced_fields if name in NAMED_IDS]
+        labels = {field: labels_of(field, {getattr(row, field) for row in rows}) for field in fields}
+        for row in rows:
+            row.console_labels = {
+                getattr(row, field): labels[field][getattr(row, field)]
+                for field in fields
+                if getattr(row, field) in labels[field]
+            }
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        # In place: a column's ?o= index stays what it was.
+        return [self.replaced_fields.get(name, name) if isinstance(name, str) else name for name in self.list_display]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        page_names = {
+            name: f"{name}_page" if name in NAMED_IDS else replaced for name, replaced in self.replaced_fields.items()
+        }
+        return [
+            # Orbit's fieldsets are flat lists of names (get_fields), never nested tuples.
+            (title, {**options, "fields": [page_names.get(cast(str, name), name) for name in options["fields"]]})
+            for title, options in super().get_fieldsets(request, obj)
+        ]
+
+    def object_label(self, obj: Any) -> str:
+        """The page's name for a row: its own, else its model's and primary key
+        (Django's "AuditEntry object (1)" read as a fault)."""
+        text = str(obj)
+        if text.endswith(f"object ({obj.pk})"):
+            return f"{self.opts.verbose_name} {obj.pk}"
+        return text
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        context = dict(extra_context or {})
+        obj = self.get_object(request, object_id)
+        if obj is not None:
+            context.setdefault("console_label", self.object_label(obj))
+            context.setdefault("subtitle", context["console_label"])
+        return super().change_view(request, object_id, form_url, extra_context=context)
 
     def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
         return self.exact_search_fields + self.namespaced_search_fields

@@ -53,6 +53,11 @@ admin.site.site_header = "Orbit console"
 admin.site.site_title = "Orbit console"
 admin.site.index_title = "Dashboard"
 admin.site.index_template = "admin/orbit_dashboard.html"
+# The console has no public site: "View site" led to a 404.
+admin.site.site_url = None
+# The console's own top navigation; Django's sidebar took 300 px of a
+# 1440 px window and cut the task and attempt lists off after two columns.
+admin.site.enable_nav_sidebar = False
 
 
 class SuperusersOnly:

@@ -10,7 +10,8 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from console import data
-from console.admin_base import ReadOnlyAdmin, format_ms, link
+from console.admin_base import ReadOnlyAdmin, change_url, format_ms, link
+from orbit.models import Namespace
 from queues.models import Queue, QueueState
 
 
@@ -50,15 +51,17 @@ class QueueAdmin(ReadOnlyAdmin):
         return getattr(queue, "console", None)
 
     @admin.display(description="namespace")
-    def namespace(self, queue: Queue) -> str:
+    def namespace(self, queue: Queue) -> SafeString:
         row = self._row(queue)
-        return row.namespace if row else queue.namespace_id
+        return link(change_url(Namespace, queue.namespace_id), row.namespace if row else queue.namespace_id)
 
     @admin.display(description="state")
     def status(self, queue: Queue) -> str:
         if queue.retired_at is not None:
             return f"retired {format_ms(queue.retired_at)}"
-        return "paused" if queue.paused else "open"
+        # Plain words, the normal state unmarked: Django's red ✗ for
+        # paused=False read as an alarm on a queue that is running.
+        return "paused" if queue.paused else "running"
 
     def _count(self, queue: Queue, name: str) -> str:
         row = self._row(queue)
@@ -125,7 +128,8 @@ class QueueAdmin(ReadOnlyAdmin):
 
     # A list of field names is one of the layouts Django takes (the stubs' list is invariant).
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]
-        return ["console_figures", *[f.name for f in Queue._meta.fields]]
+        # Its state in words where the paused flag was.
+        return ["console_figures", *["status" if f.name == "paused" else f.name for f in Queue._meta.fields]]
 
 
 @admin.register(QueueState)

@@ -9,11 +9,34 @@ from django.urls import URLPattern, path, reverse
 from django.utils.safestring import SafeString
 
 from console import data
-from console.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, link
+from console.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, link, short_id
 from orbit.models import Namespace
 from queues.models import Queue
 from tasks.actions import keys
-from tasks.models import Attempt, ConcurrencyKey, Task
+from tasks.models import Attempt, ConcurrencyKey, Task, WorkerIdentity
+
+# The task's fields its page leaves out: key_ready is a dispatch flag of the
+# engine (true on unkeyed tasks too), not something an operator acts on.
+TASK_INTERNAL_FIELDS = ("key_ready",)
+
+
+def fact_url(name: str, value: Any) -> str:
+    """The console page a blocker's fact names, where it has one."""
+    if not isinstance(value, str) or not value:
+        return ""
+    if name == "attempt_id":
+        return change_url(Attempt, value)
+    if name == "task_id":
+        return change_url(Task, value)
+    if name == "worker_id":
+        return reverse(f"admin:{WorkerIdentity._meta.app_label}_workeridentity_changelist") + f"?q={value}"
+    return ""
+
+
+def with_fact_links(item: dict[str, Any]) -> dict[str, Any]:
+    facts = [(name, value, fact_url(name, value)) for name, value in item.items() if name not in ("code", "message")]
+    return {**item, "facts": facts}
+
 
 # Shown on a task's page below its fields, readable (orbit.console: pretty JSON).
 TASK_JSON_FIELDS = ("payload", "output", "last_error")
@@ -31,16 +54,26 @@ def task_blockers(task: Task) -> dict[str, Any] | None:
     if operator_view is None:
         return None
     if task.state != "WAITING":
-        return {"state": task.state, "items": []}
+        # What the state means, with the attempt that holds it (the newest).
+        attempts = data.task_attempts(task.id)
+        return {"state": task.state, "items": [], "attempt": attempts[-1] if attempts else None}
     answer = operator_view(task)
     items = answer["items"] if isinstance(answer, dict) else answer
-    return {"state": task.state, "items": items}
+    return {"state": task.state, "items": [with_fact_links(item) for item in items]}
+
+
+def with_queue_names(tasks: list[Task]) -> list[Task]:
+    """The tasks, each with its queue's name (the key page's table)."""
+    names = dict(Queue.objects.filter(id__in={t.queue_id for t in tasks}).values_list("id", "name"))
+    for task in tasks:
+        task.queue_name = names.get(task.queue_id, task.queue_id)  # type: ignore[attr-defined]  # read by the template
+    return tasks
 
 
 @admin.register(Task)
 class TaskAdmin(ReadOnlyAdmin):
     list_display = (
-        "id",
+        "task_id_short",
         "queue_link",
         "handler",
         "state",
@@ -59,7 +92,36 @@ class TaskAdmin(ReadOnlyAdmin):
     # A list of field names is one of the layouts Django takes (the stubs' list is invariant).
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]
         # The generated sweep columns repeat the deadlines shown; the JSON fields have their own panel.
-        return [f.name for f in Task._meta.fields if f.name not in TASK_JSON_FIELDS and not f.generated]
+        return [
+            f.name
+            for f in Task._meta.fields
+            if f.name not in TASK_JSON_FIELDS and f.name not in TASK_INTERNAL_FIELDS and not f.generated
+        ]
+
+    def queue_of_search(self, request: HttpRequest) -> Queue | None:
+        """The queue a search term names (every console link to a queue's tasks is ?q=<queue id>)."""
+        term = request.GET.get("q", "").strip()
+        if len(term) != 32:
+            return None
+        return Queue.objects.filter(id=term).only("id", "namespace_id").first()
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        # Newest first within a queue: idx_task_ns_queue (namespace_id,
+        # queue_id, created_at) orders it, the search below fixing both. The
+        # whole table has no index on created_at: unnarrowed, the id orders it.
+        if self.queue_of_search(request) is not None:
+            return ("-created_at",)
+        return super().get_ordering(request)
+
+    def get_search_results(self, request: HttpRequest, queryset: Any, search_term: str) -> Any:
+        queue = self.queue_of_search(request)
+        if queue is not None and search_term.strip() == queue.id:
+            return queryset.filter(namespace_id=queue.namespace_id, queue_id=queue.id), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="id")
+    def task_id_short(self, task: Task) -> SafeString:
+        return short_id(task.id)
 
     def decorate_results(self, request: HttpRequest, tasks: list[Task]) -> None:
         names = dict(Queue.objects.filter(id__in={t.queue_id for t in tasks}).values_list("id", "name"))
@@ -101,7 +163,7 @@ class AttemptAdmin(ReadOnlyAdmin):
     """Token history: every attempt of a key with its token, in lease order."""
 
     list_display = (
-        "id",
+        "attempt_id_short",
         "task_link",
         "state",
         "epoch",
@@ -122,11 +184,16 @@ class AttemptAdmin(ReadOnlyAdmin):
 
     # A list of field names is one of the layouts Django takes (the stubs' list is invariant).
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:  # type: ignore[override]
-        return ["task_link", "key_link", *[f.name for f in Attempt._meta.fields]]
+        # task_id is shown as the task's link (console.admin_base.NAMED_IDS).
+        return ["key_link", *[f.name for f in Attempt._meta.fields]]
+
+    @admin.display(description="id")
+    def attempt_id_short(self, attempt: Attempt) -> SafeString:
+        return short_id(attempt.id)
 
     @admin.display(description="task")
     def task_link(self, attempt: Attempt) -> SafeString:
-        return link(change_url(Task, attempt.task_id), attempt.task_id)
+        return link(change_url(Task, attempt.task_id), short_id(attempt.task_id))
 
     @admin.display(description="concurrency key")
     def key_link(self, attempt: Attempt) -> SafeString | str:
@@ -143,6 +210,9 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
     list_display = ("key", "namespace_id", "version", "holder_attempt_id", "holder_task_id", "updated_at")
     namespaced_search_fields = ("key",)
     change_form_template = "admin/tasks/concurrencykey/change_form.html"
+
+    def object_label(self, obj: Any) -> str:
+        return str(obj.key)
 
     def get_urls(self) -> list[URLPattern]:
         return [
@@ -174,7 +244,7 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
             "namespace": Namespace.objects.filter(id=namespace_id).first(),
             "described": described,
             "history": [],
-            "waiting": data.key_waiting_tasks(namespace_id, key),
+            "waiting": with_queue_names(data.key_waiting_tasks(namespace_id, key)),
         }
         return TemplateResponse(request, "admin/tasks/concurrencykey/unleased.html", context)
 
@@ -196,7 +266,7 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
                 holder_task_url=change_url(Task, row.holder_task_id) if row.holder_task_id else "",
                 history=data.key_history(row.namespace_id, row.key),
                 history_limit=data.TOKEN_HISTORY,
-                waiting=data.key_waiting_tasks(row.namespace_id, row.key),
+                waiting=with_queue_names(data.key_waiting_tasks(row.namespace_id, row.key)),
                 namespace=Namespace.objects.filter(id=row.namespace_id).first(),
                 updated=format_ms(row.updated_at),
             )

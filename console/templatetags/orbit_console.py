@@ -13,7 +13,7 @@ from django.db.models import Model
 from django.http import HttpRequest
 
 from console import data
-from console.admin_base import format_ms
+from console.admin_base import format_ms, short_id
 from queues.models import Queue
 from tasks.models import Task
 
@@ -62,3 +62,9 @@ def count(value: int | None) -> str:
     if value is None:
         return "—"
     return f"{value:,}"
+
+
+@register.filter(name="short_id")
+def short_id_filter(value: str) -> str:
+    """An id's first 8, the whole in the tooltip (console.admin_base.short_id)."""
+    return short_id(str(value))

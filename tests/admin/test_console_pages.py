@@ -52,7 +52,7 @@ def test_the_dashboard_is_the_first_page_and_charts_every_queue(operator, busy):
 def test_the_queue_list_shows_the_backlog_by_state_permits_window_and_age(operator, busy):
     page = operator.get("/admin/queues/queue/").content.decode()
     row = page[page.index("billing") :]
-    for text in ("open", "1 of 8", "1 of 50/s", " s<", "?q=" + busy["queue"]["id"]):
+    for text in ("running", "1 of 8", "1 of 50/s", " s<", "?q=" + busy["queue"]["id"]):
         assert text in row, text
     cl = operator.get("/admin/queues/queue/").context["cl"]
     (queue,) = cl.result_list

@@ -89,7 +89,7 @@ def test_a_queue_a_task_with_its_attempts_and_a_keys_token_history(operator_page
     page = operator_page
     page.goto("/admin/queues/queue/")
     row = page.locator("#result_list tbody tr", has_text="billing")
-    assert "1 of 4" in row.inner_text() and "open" in row.inner_text()
+    assert "1 of 4" in row.inner_text() and "running" in row.inner_text()
     assert "paused" in page.locator("#result_list tbody tr", has_text="reports").inner_text()
     screenshot(page, "queues.png")
     row.locator("a", has_text="tasks").click()
