@@ -8,7 +8,14 @@ after checking that it can serve: the database answers and has every migration.
 With N above 1 (the default: the number of cores) a supervisor binds the
 address and runs N such processes on it (server/supervisor.py); `--processes 1`
 serves in this process. It prints one start-up line on stdout; a problem is one
-line on stderr and exit status 1."""
+line on stderr and exit status 1.
+
+Every other command that cannot use the database (missing, unreachable, the
+credentials refused, or never migrated) also says so in one line on stderr,
+naming the database and what to do, and exits 1: `orbit migrate: database
+"orbit" does not exist on 127.0.0.1:3306; create it (CREATE DATABASE ...)`.
+Other errors are reported as Django reports them (`--traceback` shows the
+traceback of a database error too)."""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from server import supervisor
 
@@ -25,6 +33,18 @@ APPLICATION = "server.asgi:application"
 # The start-up check waits this long for the database: a production server
 # may be slow to accept right after it started, unlike a 1 s readiness poll.
 STARTUP_DB_SECONDS = 5.0
+# The line server.probes.explain() writes for an error it cannot name a cause of.
+UNNAMED_DATABASE_ERROR = "database error: "
+
+# Set by main() for `orbit <command>`: the commands that turn database errors
+# into a CommandError of their own (orbit_bootstrap, orbit_credential) then
+# raise DatabaseUnusable instead, so every command says it the same way;
+# called from Python (call_command) they keep raising their CommandError.
+_reporting_database_errors = False
+
+
+class DatabaseUnusable(Exception):  # noqa: N818 - what it says, like Django's ImproperlyConfigured
+    """The database cannot be used; the message is the one line to print."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,13 +55,83 @@ def main(argv: list[str] | None = None) -> None:
     problem = settings_problem()
     if problem is not None:
         sys.exit(f"{os.path.basename(argv[0])}: {problem}")
+    if argv[1:3] == ["help", "serve"]:
+        # serve's options are its own parser's (management/commands/serve.py only lists it).
+        sys.exit(serve(["--help"]))
     make_local_dir()
-    from django.core.management import execute_from_command_line
+    sys.exit(run_command(argv))
 
-    execute_from_command_line(argv)
-    if argv[1:] in ([], ["help"], ["--help"], ["-h"]):
-        # serve is not a management command (see serve()): list it beside them.
-        print(f"\n[server]\n    serve    (`{os.path.basename(argv[0])} serve --help`)")
+
+def run_command(argv: list[str]) -> int:
+    """Django's command line, with a database it cannot use said in one line."""
+    global _reporting_database_errors
+    from django.core.management import execute_from_command_line
+    from django.db import DatabaseError
+
+    command = argv[1] if len(argv) > 1 else "help"
+    prefix = f"{os.path.basename(argv[0])} {command}"
+    wants_traceback = "--traceback" in argv
+    _reporting_database_errors = not wants_traceback
+    try:
+        execute_from_command_line(argv)
+    except DatabaseUnusable as exc:
+        print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except DatabaseError as exc:
+        problem = None if wants_traceback else database_problem(exc, migrating=command == "migrate")
+        if problem is None:
+            raise
+        print(f"{prefix}: {problem}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        _reporting_database_errors = False
+    return 0
+
+
+def reporting_database_errors() -> bool:
+    """True while main() runs a command (see _reporting_database_errors)."""
+    return _reporting_database_errors
+
+
+def database_problem(exc: BaseException, *, migrating: bool = False) -> str | None:
+    """The one line for a command's database error when the cause is the
+    database itself (missing, unreachable, credentials refused, or never
+    migrated), or None for any other error (a bug, a lock wait, bad data)."""
+    from server.probes import check_database, database_settings, explain
+
+    database = database_settings()
+    line = explain(exc, database)
+    if not line.startswith(UNNAMED_DATABASE_ERROR):
+        return with_advice(line, database)
+    if migrating:
+        return None  # migrate's own error: pending migrations are what it applies
+    # e.g. "no such table" from a database that was never migrated: ask the start-up check.
+    found = check_database(database, timeout=STARTUP_DB_SECONDS)
+    if found is None or found.startswith(UNNAMED_DATABASE_ERROR):
+        return None
+    return with_advice(found, database)
+
+
+def with_advice(problem: str, database: dict[str, Any]) -> str:
+    """server.probes' one-line reason, with what the operator can do about it."""
+    name = database["NAME"]
+    if "does not exist on " in problem:
+        return f"{problem}; create it ({create_database_sql(database)}) or set ORBIT_MYSQL_DSN to another"
+    if "refused the credentials" in problem:
+        return f"{problem}; check the user and password in ORBIT_MYSQL_DSN and the user's GRANT on `{name}`.*"
+    if "cannot reach the database server" in problem:
+        return f"{problem}; start it, or set ORBIT_MYSQL_DSN to a server that runs"
+    return problem  # the others say what to do already (`orbit migrate`)
+
+
+def create_database_sql(database: dict[str, Any]) -> str:
+    """The statement README's Production gives, with the settings' TEST character
+    set and collation: the ones the test suite runs on."""
+    test = database.get("TEST") or {}
+    collation = test.get("COLLATION")
+    return f"CREATE DATABASE `{database['NAME']}` CHARACTER SET {test.get('CHARSET') or 'utf8mb4'}" + (
+        f" COLLATE {collation}" if collation else ""
+    )
 
 
 def settings_problem() -> str | None:
@@ -128,7 +218,7 @@ def serve(args: list[str]) -> int:
     database = database_settings()
     problem = check_database(database, timeout=STARTUP_DB_SECONDS)
     if problem is not None:
-        return fail(problem)
+        return fail(with_advice(problem, database))
 
     def announce(addresses: list[tuple[str, int]]) -> None:
         print(supervisor.announce_line(addresses, options.processes, describe_database(database)), flush=True)

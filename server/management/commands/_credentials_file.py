@@ -10,20 +10,39 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.management.base import CommandError
 from django.db import DatabaseError, transaction
 
+from server import cli
 
-def server_url() -> str:
-    return os.environ.get("ORBIT_URL") or f"http://{settings.ORBIT_HTTP_ADDR}"
+URL_HELP = (
+    "the server's URL to write into the file, as its clients reach it "
+    "(default: ORBIT_URL, else http:// + ORBIT_HTTP_ADDR, else http://127.0.0.1:8080)"
+)
 
 
-def file_content(issued: Any, namespace: Any, queue_id: str) -> dict[str, Any]:
+def server_url(given: str | None = None) -> str:
+    """--url, else ORBIT_URL, else the address `orbit serve` takes by default:
+    a server started with `-b`/`-p` of its own needs --url (or ORBIT_URL)."""
+    return given or os.environ.get("ORBIT_URL") or f"http://{settings.ORBIT_HTTP_ADDR}"
+
+
+def check_url(given: str | None) -> None:
+    """Checked before anything is created: a file whose url no client can use helps nobody."""
+    if given is None:
+        return
+    parts = urlsplit(given)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise CommandError(f"--url: must be an http:// or https:// URL with a host, not {given!r}")
+
+
+def file_content(issued: Any, namespace: Any, queue_id: str, url: str | None = None) -> dict[str, Any]:
     """What the file holds for a credential just issued (orbit.tenancy.issue_credential)."""
     return {
-        "url": server_url(),
+        "url": server_url(url),
         "token": issued.token,
         "application_id": namespace.application_id,
         "namespace_id": namespace.id,
@@ -52,6 +71,10 @@ def one_line_errors() -> Iterator[None]:
     try:
         yield
     except DatabaseError as exc:
+        if cli.reporting_database_errors():
+            problem = cli.database_problem(exc)
+            if problem is not None:  # as every `orbit` command says it
+                raise cli.DatabaseUnusable(problem) from exc
         raise CommandError(f"database: {exc.args[-1] if exc.args else exc}") from exc
     except OSError as exc:
         raise CommandError(f"{exc.filename or 'output'}: {exc.strerror or exc}") from exc

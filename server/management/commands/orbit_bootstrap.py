@@ -11,7 +11,9 @@ from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
 from queues.models import Queue, QueueState
 from queues.serializers import QueueCreateInput
 from server.management.commands._credentials_file import (
+    URL_HELP,
     check_name,
+    check_url,
     file_content,
     mint_and_write,
     one_line_errors,
@@ -49,6 +51,7 @@ class Command(BaseCommand):
         parser.add_argument("--worker-access", action="store_true", help="also grant workers:connect/consume")
         parser.add_argument("--output", required=True, help="credentials file to write (mode 0600)")
         parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+        parser.add_argument("--url", help=URL_HELP)
 
     def handle(self, *args: Any, **options: Any) -> None:
         with one_line_errors():
@@ -56,6 +59,7 @@ class Command(BaseCommand):
 
     def bootstrap(self, options: dict[str, Any]) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
+        check_url(options["url"])
         # CharFields: each has its max_length.
         check_name("--application", options["application"], cast(int, Application._meta.get_field("name").max_length))
         check_name(
@@ -81,7 +85,7 @@ class Command(BaseCommand):
             elif queue.retired_at is not None:
                 raise CommandError(f"queue {options['queue']!r} of this namespace is retired; choose another name")
             issued = issue_credential(namespace, scopes=scopes, queue_ids=None, name="bootstrap")
-            return file_content(issued, namespace, queue.id), issued.credential.id
+            return file_content(issued, namespace, queue.id, options["url"]), issued.credential.id
 
         content, credential_id = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
         self.stdout.write(f"wrote {options['output']} (credential {credential_id}, queue {content['queue_id']})")

@@ -9,6 +9,8 @@ from orbit.models import Application, Credential, Namespace
 from orbit.tenancy import issue_credential, revoke_credential
 from queues.models import Queue
 from server.management.commands._credentials_file import (
+    URL_HELP,
+    check_url,
     file_content,
     mint_and_write,
     one_line_errors,
@@ -30,6 +32,7 @@ class Command(BaseCommand):
         create.add_argument("--name", default="")
         create.add_argument("--output", required=True)
         create.add_argument("--overwrite", action="store_true")
+        create.add_argument("--url", help=URL_HELP)
         revoke = sub.add_parser("revoke")
         revoke.add_argument("credential_id")
         sub.add_parser("list")
@@ -43,6 +46,7 @@ class Command(BaseCommand):
 
     def handle_create(self, options: dict[str, Any]) -> None:
         refuse_existing(options["output"], overwrite=options["overwrite"])
+        check_url(options["url"])
         longest = cast(int, Credential._meta.get_field("name").max_length)  # a CharField's
         if len(options["name"]) > longest:
             raise CommandError(f"--name: must be at most {longest} characters")
@@ -70,7 +74,7 @@ class Command(BaseCommand):
                 queue_ids=queue_ids,
                 name=options["name"],
             )
-            return file_content(issued, namespace, (queue_ids or [""])[0]), issued.credential.id
+            return file_content(issued, namespace, (queue_ids or [""])[0], options["url"]), issued.credential.id
 
         _, credential_id = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
         self.stdout.write(f"wrote {options['output']} (credential {credential_id})")
