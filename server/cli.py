@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         # serve's options are its own parser's (management/commands/serve.py only lists it).
         sys.exit(serve(["--help"]))
     make_local_dir()
-    sys.exit(run_command(argv))
+    status = run_command(argv)
+    if status:  # a command that succeeds returns, as Django's command line does
+        sys.exit(status)
 
 
 def run_command(argv: list[str]) -> int:
