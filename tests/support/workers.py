@@ -6,8 +6,8 @@ import itertools
 from typing import Any
 
 from channels.testing import WebsocketCommunicator
-from orbit.asgi import application
 
+from orbit.asgi import application
 from orbit.db.mysql import base as mysql_backend
 from tests.conftest import post_json
 
