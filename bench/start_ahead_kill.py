@@ -32,7 +32,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from typing import Any
 
 import httpx
 
+from bench.private_orbit import private_orbit
 from reliability.mariadb import PrivateMariaDB
 
 HERE = Path(__file__).resolve().parent
@@ -99,12 +99,6 @@ worker.run()
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def query(db: PrivateMariaDB, database: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     connection = db.connect(database)
     try:
@@ -113,18 +107,6 @@ def query(db: PrivateMariaDB, database: str, sql: str, params: tuple[Any, ...] =
         return list(cursor.fetchall())
     finally:
         connection.close()
-
-
-def wait_for_port(port: int, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 def task_states(db: PrivateMariaDB, database: str, queue_id: str) -> dict[str, int]:
@@ -140,7 +122,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ).stdout.strip()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="orbit-start-ahead-kill-"))
-    work.chmod(0o755)  # the private server runs as the mysql user
     worker_env = {**os.environ, "PYTHONPATH": f"{repo / 'sdk'}:{repo}"}
     # The SDK must be the checkout's own: the .venv's editable install points elsewhere.
     sdk_file = subprocess.run(
@@ -160,36 +141,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ledger.touch()
     frames = work / "frames.txt"  # type and attempt id of each frame naming an attempt, noted before sending
     frames.touch()
-    db = PrivateMariaDB(work / "mariadb")
-    db.start()
-    database = "orbit_kill"
-    server = None
-    try:
-        db.create_database(database)
-        env = {**os.environ, "ORBIT_MYSQL_DSN": db.dsn(database), "ORBIT_MAINTENANCE": "1"}
-        env.pop("ORBIT_INLINE_DB", None)
-        subprocess.run([python, "manage.py", "migrate", "-v0"], cwd=repo, env=env, check=True)
-        credentials = work / "credentials.json"
-        subprocess.run(
-            [python, "manage.py", "orbit_bootstrap", "--application", "kill", "--namespace", "kill"]
-            + ["--environment", "bench", "--queue", "kill", "--worker-access", "--output", str(credentials)],
-            cwd=repo,
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        server_log = open(work / "server.log", "w")  # noqa: SIM115
-        server = subprocess.Popen(
-            [python, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(port), "orbit.asgi:application"],
-            cwd=repo,
-            env=env,
-            stdout=server_log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_for_port(port, 30)
-        token = json.loads(credentials.read_text())["token"]
+    with private_orbit(repo, "kill", work) as orbit:
+        db, database, url, token = orbit.db, orbit.database, orbit.url, orbit.token
         queue_id = create_queue_and_tasks(args, url, token)
 
         def start_worker(label: str) -> tuple[str, subprocess.Popen[str]]:
@@ -275,11 +228,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "work_dir": str(work),
             **summary,
         }
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
-        db.cleanup()
 
 
 def create_queue_and_tasks(args: argparse.Namespace, url: str, token: str) -> str:

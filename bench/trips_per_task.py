@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import tempfile
 import time
 import uuid
@@ -33,15 +30,10 @@ from typing import Any
 import httpx
 from websockets.sync.client import connect
 
+from bench.private_orbit import private_orbit
 from reliability.mariadb import PrivateMariaDB
 
 HERE = Path(__file__).resolve().parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def commits(db: PrivateMariaDB) -> int:
@@ -55,47 +47,8 @@ def commits(db: PrivateMariaDB) -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    repo = Path(args.repo).resolve()
-    python = str(repo / ".venv" / "bin" / "python")
-    work = Path(tempfile.mkdtemp(prefix="orbit-trips-"))
-    work.chmod(0o755)  # the private server runs as the mysql user
-    db = PrivateMariaDB(work / "mariadb")
-    db.start()
-    server = None
-    try:
-        db.create_database("orbit_trips")
-        env = {**os.environ, "ORBIT_MYSQL_DSN": db.dsn("orbit_trips"), "ORBIT_MAINTENANCE": "1"}
-        env.pop("ORBIT_INLINE_DB", None)
-        subprocess.run([python, "manage.py", "migrate", "-v0"], cwd=repo, env=env, check=True)
-        credentials = work / "credentials.json"
-        subprocess.run(
-            [python, "manage.py", "orbit_bootstrap", "--application", "trips", "--namespace", "trips"]
-            + ["--environment", "bench", "--queue", "trips", "--worker-access", "--output", str(credentials)],
-            cwd=repo,
-            env=env,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = open(work / "server.log", "w")  # noqa: SIM115
-        server = subprocess.Popen(
-            [python, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(port), "orbit.asgi:application"],
-            cwd=repo,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        token = json.loads(credentials.read_text())["token"]
+    with private_orbit(Path(args.repo).resolve(), "trips", Path(tempfile.mkdtemp(prefix="orbit-trips-"))) as orbit:
+        db, url, token = orbit.db, orbit.url, orbit.token
         # Its own queue, with room to spare: the bootstrap queue's defaults (8 at once, 100
         # starts a second) would be what is measured, not the trips.
         limits = {"max_concurrency": args.max_concurrency, "rate_per_second": args.rate}
@@ -111,11 +64,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for label, keys in (("unkeyed", 0), (f"keyed, {args.keys} keys", args.keys)):
             figures[label] = measure(args, db, url, token, queue_id, keys)
         return figures
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=10)
-        db.cleanup()
 
 
 def measure(args: argparse.Namespace, db: PrivateMariaDB, url: str, token: str, queue_id: str, keys: int) -> dict:
