@@ -42,8 +42,7 @@ from typing import Any
 
 import httpx
 
-from bench.private_orbit import private_orbit
-from reliability.mariadb import PrivateMariaDB
+from bench.private_orbit import PrivateOrbit, private_orbit
 
 HERE = Path(__file__).resolve().parent
 
@@ -99,18 +98,8 @@ worker.run()
 """
 
 
-def query(db: PrivateMariaDB, database: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    connection = db.connect(database)
-    try:
-        cursor = connection.cursor()
-        cursor.execute(sql, params)
-        return list(cursor.fetchall())
-    finally:
-        connection.close()
-
-
-def task_states(db: PrivateMariaDB, database: str, queue_id: str) -> dict[str, int]:
-    rows = query(db, database, "SELECT state, COUNT(*) FROM orbit_task WHERE queue_id = %s GROUP BY state", (queue_id,))
+def task_states(orbit: PrivateOrbit, queue_id: str) -> dict[str, int]:
+    rows = orbit.query("SELECT state, COUNT(*) FROM orbit_task WHERE queue_id = %s GROUP BY state", (queue_id,))
     return {state: int(count) for state, count in rows}
 
 
@@ -142,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     frames = work / "frames.txt"  # type and attempt id of each frame naming an attempt, noted before sending
     frames.touch()
     with private_orbit(repo, "kill", work) as orbit:
-        db, database, url, token = orbit.db, orbit.database, orbit.url, orbit.token
+        url, token = orbit.url, orbit.token
         queue_id = create_queue_and_tasks(args, url, token)
 
         def start_worker(label: str) -> tuple[str, subprocess.Popen[str]]:
@@ -184,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"kill {n + 1}/{args.kills} after {ran:.2f} s, {runs} handler runs", file=sys.stderr)
 
         _, final = start_worker("final")
-        finish(args, db, database, queue_id, final)
+        finish(args, orbit, queue_id, final)
         final.send_signal(signal.SIGTERM)  # graceful: running handlers report
         try:
             final.wait(timeout=30)
@@ -193,21 +182,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             final.wait()
         # Until every lease the killed workers left has run out and been swept.
         deadline = time.monotonic() + args.lease_seconds + 30
-        while query(
-            db,
-            database,
+        while orbit.query(
             "SELECT COUNT(*) FROM orbit_attempt WHERE queue_id = %s AND state IN %s",
             (queue_id, ACTIVE_STATES),
         )[0][0]:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-        summary = read_outcome(db, database, queue_id, ledger, frames)
+        summary = read_outcome(orbit, queue_id, ledger, frames)
         # What each killed worker's attempts came to, after the sweep.
         per_worker: dict[str, dict[str, int]] = collections.defaultdict(dict)
-        for worker_id, state, count in query(
-            db,
-            database,
+        for worker_id, state, count in orbit.query(
             "SELECT worker_id, state, COUNT(*) FROM orbit_attempt WHERE queue_id = %s GROUP BY worker_id, state",
             (queue_id,),
         ):
@@ -264,15 +249,13 @@ def create_queue_and_tasks(args: argparse.Namespace, url: str, token: str) -> st
     return queue_id
 
 
-def finish(
-    args: argparse.Namespace, db: PrivateMariaDB, database: str, queue_id: str, worker: subprocess.Popen[str]
-) -> None:
+def finish(args: argparse.Namespace, orbit: PrivateOrbit, queue_id: str, worker: subprocess.Popen[str]) -> None:
     """Lets the last worker run until nothing is left to do, or nothing moves for longer than a lease."""
     deadline = time.monotonic() + args.finish_seconds
     last: dict[str, int] = {}
     moved = time.monotonic()
     while time.monotonic() < deadline and worker.poll() is None:
-        states = task_states(db, database, queue_id)
+        states = task_states(orbit, queue_id)
         if not any(states.get(state, 0) for state in ("WAITING", *ACTIVE_STATES)):
             return
         if states != last:
@@ -282,7 +265,7 @@ def finish(
         time.sleep(0.5)
 
 
-def read_outcome(db: PrivateMariaDB, database: str, queue_id: str, ledger: Path, frames: Path) -> dict[str, Any]:
+def read_outcome(orbit: PrivateOrbit, queue_id: str, ledger: Path, frames: Path) -> dict[str, Any]:
     ran: dict[str, str] = {}  # attempt id -> task id, of every attempt a handler ran
     for line in ledger.read_text().splitlines():
         attempt_id, task_id = line.split()
@@ -298,10 +281,8 @@ def read_outcome(db: PrivateMariaDB, database: str, queue_id: str, ledger: Path,
         last_position[attempt_id] = (worker_id, per_worker[worker_id])
     for attempt_id, (worker_id, position) in last_position.items():
         sent_after[attempt_id] = per_worker[worker_id] - position
-    tasks = dict(query(db, database, "SELECT id, state FROM orbit_task WHERE queue_id = %s", (queue_id,)))
-    attempts = query(
-        db,
-        database,
+    tasks = dict(orbit.query("SELECT id, state FROM orbit_task WHERE queue_id = %s", (queue_id,)))
+    attempts = orbit.query(
         "SELECT id, task_id, state, number, started_at, leased_at, error, worker_id, lease_expires_at"
         " FROM orbit_attempt WHERE queue_id = %s",
         (queue_id,),
