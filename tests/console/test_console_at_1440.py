@@ -19,8 +19,8 @@ from queues.models import Queue
 from tasks.models import Attempt, ConcurrencyKey
 from tests.conftest import api_client, post_json
 from tests.console.conftest import OPERATOR, screenshot
-from tests.console.test_console_browser import make_world
 from tests.support.api import make_queue
+from tests.support.console import make_world
 from tests.support.factories import make_credential
 from tests.support.plans import plan_body
 from tests.support.tasks import ends_unknown, run_threads, submit_ok

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.product.test_serve_processes import Served, alive, children, wait_for
 from tests.support.live import LIVE_METRICS_TOKEN, server_env
+from tests.support.serve_processes import Served, alive, children, wait_for
 from tests.support.tasks import numbered_task
 
 pytestmark = [

@@ -14,15 +14,17 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
 
 import orbit_sdk
-from tests.support.live import ROOT, LiveServer
-from tests.support.readme import SIGNATURE, python_blocks
+from tests.support.readme import (
+    SIGNATURE,
+    like_scripts_run_fixture,  # noqa: F401 - fixture "like_scripts_run"
+    python_blocks,
+    run_block,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,45 +33,6 @@ LONG_RUNNING = "runs until SIGTERM"
 
 def runnable_blocks() -> list[str]:
     return [code for mark, code in python_blocks() if not mark]
-
-
-@pytest.fixture
-def like_scripts_run(orbit_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A working directory whose .local/dev.credentials.json is what scripts/run writes, for
-    this live server, with the demo worker scripts/run starts serving its queue."""
-    (tmp_path / ".local").mkdir()
-    credentials = tmp_path / ".local" / "dev.credentials.json"
-    monkeypatch.setenv("ORBIT_URL", orbit_server.url)  # the file's url, as scripts/run exports it
-    call_command(
-        "orbit_bootstrap",
-        application="demo",
-        namespace="default",
-        environment="development",
-        queue="demo",
-        worker_access=True,
-        output=str(credentials),
-    )
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ORBIT_CREDENTIALS_FILE": str(credentials)}
-    demo = subprocess.Popen(
-        [sys.executable, "examples/demo_worker.py"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        yield tmp_path
-    finally:
-        demo.terminate()
-        demo.wait(timeout=10)
-
-
-def run_block(code: str, cwd: Path, name: str) -> subprocess.CompletedProcess[str]:
-    script = cwd / name
-    script.write_text(code)
-    # No ORBIT_* variables: the blocks must find everything where they say they do.
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    return subprocess.run([sys.executable, name], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def test_the_readme_has_the_blocks_this_test_expects():

@@ -7,8 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.sdk.test_readme import like_scripts_run, run_block  # noqa: F401  (a fixture, used by name)
-from tests.support.readme import python_blocks
+from tests.support.readme import (
+    like_scripts_run_fixture,  # noqa: F401 - fixture "like_scripts_run"
+    python_blocks,
+    run_block,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

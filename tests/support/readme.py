@@ -1,10 +1,19 @@
-"""The Python blocks of sdk/README.md, as the README and typing tests read them."""
+"""The Python blocks of sdk/README.md, as the README and typing tests read them, and the
+working directory `scripts/run` would leave for them to run in."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
-from tests.support.live import ROOT
+import pytest
+from django.core.management import call_command
+
+from tests.support.live import ROOT, LiveServer
 
 README = ROOT / "sdk" / "README.md"
 
@@ -17,3 +26,44 @@ SIGNATURE = "signature of "
 
 def python_blocks() -> list[tuple[str, str]]:
     return [(match["mark"] or "", match["code"]) for match in BLOCK.finditer(README.read_text())]
+
+
+@pytest.fixture(name="like_scripts_run")
+def like_scripts_run_fixture(
+    orbit_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """A working directory whose .local/dev.credentials.json is what scripts/run writes, for
+    this live server, with the demo worker scripts/run starts serving its queue."""
+    (tmp_path / ".local").mkdir()
+    credentials = tmp_path / ".local" / "dev.credentials.json"
+    monkeypatch.setenv("ORBIT_URL", orbit_server.url)  # the file's url, as scripts/run exports it
+    call_command(
+        "orbit_bootstrap",
+        application="demo",
+        namespace="default",
+        environment="development",
+        queue="demo",
+        worker_access=True,
+        output=str(credentials),
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ORBIT_CREDENTIALS_FILE": str(credentials)}
+    demo = subprocess.Popen(
+        [sys.executable, "examples/demo_worker.py"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield tmp_path
+    finally:
+        demo.terminate()
+        demo.wait(timeout=10)
+
+
+def run_block(code: str, cwd: Path, name: str) -> subprocess.CompletedProcess[str]:
+    script = cwd / name
+    script.write_text(code)
+    # No ORBIT_* variables: the blocks must find everything where they say they do.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    return subprocess.run([sys.executable, name], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
