@@ -128,7 +128,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.ending: set[str] = set()
         # Started ahead and sent, not yet acknowledged, by epoch: their handler
         # has not run here, so their Start is taken back if the worker hands
-        # them back or the connection goes first (take_back_undelivered).
+        # them back or the connection goes first (disconnect).
         self.undelivered: dict[str, int] = {}
         self.closed = False
         self.unacked_bytes = 0
@@ -184,7 +184,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # never run: it goes back to its queue now, not to review at expiry.
         self.closed = True
         registry.unregister(self.wake)
-        await self.take_back_undelivered(dict(self.undelivered))
+        await self.hand_back(
+            [{"attempt_id": held, "epoch": epoch, "state": "RUNNING"} for held, epoch in self.undelivered.items()],
+            reason=TAKEN_BACK_ON_CLOSE,
+        )
         for task in (self.dispatcher, self.heartbeat, self.hello_deadline):
             if task is not None:
                 task.cancel()
@@ -406,8 +409,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             )
             assignments = leased.assignments if isinstance(leased, LeaseOutcome) else []
             if isinstance(recorded, BaseException):
-                # The result was refused: its attempt may still hold the slot.
-                await self.hand_back(assignments, reason="result refused")
+                # Refused: its attempt may still hold the slot, and its hand-off
+                # took nothing (rounds.LeaseRequest.after).
                 raise recorded
             # The answer and the assignment go out together, not interleaved
             # with another hand-off's (one write, as the loop sends them).
@@ -464,13 +467,6 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                     reason=reason,
                     undelivered_start=entry.get("state") == "RUNNING",
                 )
-
-    async def take_back_undelivered(self, undelivered: dict[str, int]) -> None:
-        """Starts ahead the worker never acknowledged: no handler ran them here."""
-        await self.hand_back(
-            [{"attempt_id": attempt, "epoch": epoch, "state": "RUNNING"} for attempt, epoch in undelivered.items()],
-            reason=TAKEN_BACK_ON_CLOSE,
-        )
 
     def free_slots(self, leaving: int = 0) -> int:
         """Assignments this connection may be sent now (`leaving`: held

@@ -70,28 +70,20 @@ from tasks.models import Attempt, Task, WorkerIdentity
 
 
 @dataclass(frozen=True)
-class StartAhead:
-    """A Start sent ahead in a result's frame (task.result's start_next) for
-    what the lease decided with that result takes. `handler`: the handler and
-    version of the task the result ends, which its worker evidently serves."""
-
-    result: ResultReport
-    handler: tuple[str, str]
-
-
-@dataclass(frozen=True)
 class LeaseRequest:
     """A lease for a worker's connection. `after`: a hand-off, leasing into
     the slot that result frees, so it leases only if the same round records
     that result now; a refused result, or a replay of one recorded before,
     frees nothing and the lease takes nothing (a replay must never add work
-    to a connection: SPEC §6). `start_ahead`: the result's frame also sent
-    the Start of what the lease takes (dispatch.lease's `starting`)."""
+    to a connection: SPEC §6). `start_ahead`: that result's frame also sent
+    the Start of what the lease takes, a task of this handler and version
+    (the one the result ends, which its worker evidently serves): dispatch.lease's
+    `starting`. Only a hand-off starts ahead: nothing else vouches for it."""
 
     worker: WorkerContext
     limit: int
-    start_ahead: StartAhead | None = None
     after: ResultReport | None = None
+    start_ahead: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -528,17 +520,12 @@ def _apply_leases(
                 dispatch.lease(
                     [(lease.worker, lease.limit) for _, lease in group],
                     configuration,
-                    starting=[_start_ahead_for(lease, freed) for _, lease in group],
+                    starting=[lease.start_ahead if lease.after is not None else None for _, lease in group],
                 )
             )
         except OrbitError as error:
             leased = [error] * len(group)
         decided.extend(zip([index for index, _ in group], leased, strict=True))
-
-
-def _start_ahead_for(lease: LeaseRequest, freed: set[int]) -> tuple[str, str] | None:
-    ahead = lease.start_ahead
-    return ahead.handler if ahead is not None and id(ahead.result) in freed else None
 
 
 def _exhausted(leases: list[tuple[int, LeaseRequest]], decided: list[tuple[int, Any]]) -> set[str]:
@@ -653,10 +640,9 @@ async def record_result_and_lease_async(
     applies results before leases, so the slot (and a keyed attempt's key) the
     result frees can go to the worker's next task in the same transaction.
     `start_ahead_for`: the result's frame sent the Start of that task ahead,
-    and its own task has this handler and version (StartAhead)."""
+    and its own task has this handler and version."""
     worker = report.worker
-    ahead = StartAhead(report, start_ahead_for) if start_ahead_for is not None else None
-    lease = LeaseRequest(worker, limit, ahead, after=report)
+    lease = LeaseRequest(worker, limit, after=report, start_ahead=start_ahead_for)
     reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, lease])
     return (
         reply if isinstance(reply, BaseException) else _reply(reply),

@@ -33,7 +33,7 @@ from tasks.actions.batch import Submission
 from tasks.actions.context import WorkerContext
 from tasks.actions.endings import ResultReport
 from tasks.actions.identities import register_worker
-from tasks.actions.rounds import LeaseRequest, StartAhead, SubmitRequest
+from tasks.actions.rounds import LeaseRequest, SubmitRequest
 from tasks.models import Task
 from tests.conftest import Tenant
 from tests.support.api import make_queue
@@ -232,7 +232,7 @@ def test_a_keyed_result_with_its_hand_off(tenant, ahead):
     def result_and_lease(entry: dict[str, Any]) -> list[Any]:
         report = ResultReport(worker, entry["attempt_id"], entry["epoch"], "SUCCEEDED", False, None, None)
         return rounds.run_round(
-            [report, LeaseRequest(worker, 1, StartAhead(report, ("echo", "v1")) if ahead else None)]
+            [report, LeaseRequest(worker, 1, after=report, start_ahead=("echo", "v1") if ahead else None)]
         )
 
     result_and_lease(leased[0])

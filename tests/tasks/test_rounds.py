@@ -15,7 +15,7 @@ from tasks.actions import batch, rounds
 from tasks.actions.batch import Submission
 from tasks.actions.dispatch import LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
-from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, StartAhead, SubmitRequest, run_round
+from tasks.actions.rounds import CredentialNotConfirmed, LeaseRequest, SubmitRequest, run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.support.api import make_queue
 from tests.support.factories import make_credential
@@ -55,7 +55,8 @@ def test_a_hand_off_that_starts_ahead_is_served_before_the_leases_beside_it(tena
     rounds.approve_start(worker=holder, attempt_id=first["attempt_id"], epoch=first["epoch"])
     # when one round holds the other's lease, then the holder's result with its hand-off
     result = report(holder, first)
-    answers = run_round([LeaseRequest(other, 16), result, LeaseRequest(holder, 1, StartAhead(result, ("echo", "v1")))])
+    hand_off = LeaseRequest(holder, 1, after=result, start_ahead=("echo", "v1"))
+    answers = run_round([LeaseRequest(other, 16), result, hand_off])
     # then the released key goes on with the result that asked for its next Start, started
     assert answers[0].assignments == []
     (handed,) = answers[2].assignments
