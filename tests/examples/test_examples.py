@@ -1,34 +1,14 @@
 """The seed examples, run as a user runs them: a subprocess against a live server."""
 
 import re
-import subprocess
-import sys
 
 import pytest
-from django.core.management import call_command
 
-from tests.support.live import ROOT
+from tests.support.examples import run_example
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HEX = "[0-9a-f]{32}"
-
-
-def run_example(name, orbit_server, tmp_path):
-    credentials = tmp_path / "credentials.json"
-    call_command(
-        "orbit_bootstrap",
-        application="examples",
-        namespace="default",
-        environment="test",
-        queue="initial",
-        worker_access=True,
-        output=str(credentials),
-    )
-    env = {"PATH": "/usr/bin:/bin", "ORBIT_URL": orbit_server.url, "ORBIT_CREDENTIALS_FILE": str(credentials)}
-    return subprocess.run(
-        [sys.executable, f"examples/{name}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
 
 
 def test_resources_example_prints_the_seed_lines(orbit_server, tmp_path):

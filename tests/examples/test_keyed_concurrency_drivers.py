@@ -4,16 +4,10 @@ ORBIT_FENCE_MYSQL_DRIVER names), the guard telling the dialect from the connecti
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
-from django.core.management import call_command
 
 from tests.fencing.dbs import MYSQL, server_database
-from tests.support.live import ROOT
+from tests.support.examples import run_example
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,28 +15,6 @@ SEED_LINES = [
     "queues=2 completed=2 tokens_increasing=true",
     "resource_writes=2 stale_write_rejected=true worker_drained=true",
 ]
-
-
-def run_keyed_example(orbit_server: Any, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    credentials = tmp_path / "credentials.json"
-    call_command(
-        "orbit_bootstrap",
-        application="examples",
-        namespace="default",
-        environment="test",
-        queue="initial",
-        worker_access=True,
-        output=str(credentials),
-    )
-    base = {"PATH": "/usr/bin:/bin", "ORBIT_URL": orbit_server.url, "ORBIT_CREDENTIALS_FILE": str(credentials)}
-    return subprocess.run(
-        [sys.executable, "examples/keyed_concurrency.py"],
-        cwd=ROOT,
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def fenced_writes(name: str) -> list[tuple[str, int]]:
@@ -70,8 +42,12 @@ def test_without_mysqlclient_the_example_fences_mariadb_through_pymysql(orbit_se
     (shadow / "__init__.py").write_text('raise ImportError("mysqlclient is not installed here")\n')
     with server_database("mysql", str(tmp_path)) as db:
         # when the example runs against a MariaDB resource
-        result = run_keyed_example(
-            orbit_server, tmp_path, ORBIT_FENCE_MYSQL_DSN=dsn(db.name), PYTHONPATH=str(shadow.parent)
+        result = run_example(
+            "keyed_concurrency.py",
+            orbit_server,
+            tmp_path,
+            ORBIT_FENCE_MYSQL_DSN=dsn(db.name),
+            PYTHONPATH=str(shadow.parent),
         )
         # then it prints the seed lines, and its two writes landed in MariaDB with increasing tokens
         assert result.returncode == 0, result.stdout + result.stderr
@@ -85,8 +61,12 @@ def test_without_mysqlclient_the_example_fences_mariadb_through_pymysql(orbit_se
 def test_the_driver_named_in_the_environment_is_the_one_used(orbit_server, tmp_path, driver):
     pytest.importorskip(driver)
     with server_database("mysql", str(tmp_path)) as db:
-        result = run_keyed_example(
-            orbit_server, tmp_path, ORBIT_FENCE_MYSQL_DSN=dsn(db.name), ORBIT_FENCE_MYSQL_DRIVER=driver
+        result = run_example(
+            "keyed_concurrency.py",
+            orbit_server,
+            tmp_path,
+            ORBIT_FENCE_MYSQL_DSN=dsn(db.name),
+            ORBIT_FENCE_MYSQL_DRIVER=driver,
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert result.stdout.splitlines() == SEED_LINES
@@ -94,8 +74,12 @@ def test_the_driver_named_in_the_environment_is_the_one_used(orbit_server, tmp_p
 
 
 def test_an_unknown_driver_name_is_refused_in_one_line(orbit_server, tmp_path):
-    result = run_keyed_example(
-        orbit_server, tmp_path, ORBIT_FENCE_MYSQL_DSN=dsn("unused"), ORBIT_FENCE_MYSQL_DRIVER="mysql-connector"
+    result = run_example(
+        "keyed_concurrency.py",
+        orbit_server,
+        tmp_path,
+        ORBIT_FENCE_MYSQL_DSN=dsn("unused"),
+        ORBIT_FENCE_MYSQL_DRIVER="mysql-connector",
     )
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [

@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 import pytest
-from django.core.management import call_command
 
 from tests.support.live import LIVE_METRICS_TOKEN, ROOT, LiveServer, server_env
+from tests.support.readme import bootstrap_demo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,15 +179,7 @@ def like_scripts_run(orbit_server: LiveServer, tmp_path: Path, monkeypatch: pyte
     (root / ".local").mkdir(mode=0o700)
     credentials = root / ".local" / "dev.credentials.json"
     monkeypatch.setenv("ORBIT_URL", orbit_server.url)  # the file's url, as scripts/run exports it
-    call_command(
-        "orbit_bootstrap",
-        application="demo",
-        namespace="default",
-        environment="development",
-        queue="demo",
-        worker_access=True,
-        output=str(credentials),
-    )
+    bootstrap_demo(credentials)
     demo = subprocess.Popen(
         [sys.executable, "examples/demo_worker.py"],
         cwd=ROOT,

@@ -28,15 +28,8 @@ def python_blocks() -> list[tuple[str, str]]:
     return [(match["mark"] or "", match["code"]) for match in BLOCK.finditer(README.read_text())]
 
 
-@pytest.fixture(name="like_scripts_run")
-def like_scripts_run_fixture(
-    orbit_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Path]:
-    """A working directory whose .local/dev.credentials.json is what scripts/run writes, for
-    this live server, with the demo worker scripts/run starts serving its queue."""
-    (tmp_path / ".local").mkdir()
-    credentials = tmp_path / ".local" / "dev.credentials.json"
-    monkeypatch.setenv("ORBIT_URL", orbit_server.url)  # the file's url, as scripts/run exports it
+def bootstrap_demo(credentials: Path) -> None:
+    """The credential scripts/run writes to .local/dev.credentials.json (its url from ORBIT_URL)."""
     call_command(
         "orbit_bootstrap",
         application="demo",
@@ -46,6 +39,18 @@ def like_scripts_run_fixture(
         worker_access=True,
         output=str(credentials),
     )
+
+
+@pytest.fixture(name="like_scripts_run")
+def like_scripts_run_fixture(
+    orbit_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """A working directory whose .local/dev.credentials.json is what scripts/run writes, for
+    this live server, with the demo worker scripts/run starts serving its queue."""
+    (tmp_path / ".local").mkdir()
+    credentials = tmp_path / ".local" / "dev.credentials.json"
+    monkeypatch.setenv("ORBIT_URL", orbit_server.url)  # the file's url, as scripts/run exports it
+    bootstrap_demo(credentials)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ORBIT_CREDENTIALS_FILE": str(credentials)}
     demo = subprocess.Popen(
         [sys.executable, "examples/demo_worker.py"],
