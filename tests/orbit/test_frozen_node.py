@@ -53,6 +53,7 @@ class Submitter:
         self.client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         self.queue_id, self.node, self.next = queue_id, node, first
         self.answers: list[tuple[int, float, int | None]] = []  # (n, sent at, status or None)
+        self.slowest = 0.0  # seconds, the longest wait for an answer
 
     def submit(self) -> int | None:
         n, self.next = self.next, self.next + 1
@@ -71,7 +72,7 @@ class Submitter:
         except httpx.HTTPError:
             status = None
         self.answers.append((n, sent, status))
-        self.slowest = max(getattr(self, "slowest", 0.0), time.monotonic() - sent)
+        self.slowest = max(self.slowest, time.monotonic() - sent)
         return status
 
 

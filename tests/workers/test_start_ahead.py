@@ -27,9 +27,9 @@ from workers import consumers
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("invariants")]
 
 
-def result_frames(worker: Any, assign: dict[str, Any], **fields: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Sends the attempt's result; its answer and the assignment right behind it, if any."""
-    request = worker.send(
+def send_result(worker: Any, assign: dict[str, Any], **fields: Any) -> str:
+    """Sends the attempt's SUCCEEDED result without waiting for its answer; the request id."""
+    return worker.send(
         "task.result",
         attempt_id=assign["attempt_id"],
         epoch=assign["epoch"],
@@ -37,6 +37,11 @@ def result_frames(worker: Any, assign: dict[str, Any], **fields: Any) -> tuple[d
         retryable=False,
         **fields,
     )
+
+
+def result_frames(worker: Any, assign: dict[str, Any], **fields: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Sends the attempt's result; its answer and the assignment right behind it, if any."""
+    request = send_result(worker, assign, **fields)
     answer = worker.recv_frame(timeout=10)
     assert answer is not None and answer.get("reply_to") == request, answer
     following = worker.recv_frame(timeout=1)
@@ -180,14 +185,7 @@ def test_replays_of_a_result_start_nothing_more(tenant, connect):
     worker.start_ok(first)
     # when the same result, asking to start what comes next, is sent 8 times back to back
     for _ in range(8):
-        worker.send(
-            "task.result",
-            attempt_id=first["attempt_id"],
-            epoch=first["epoch"],
-            outcome="SUCCEEDED",
-            retryable=False,
-            start_next=True,
-        )
+        send_result(worker, first, start_next=True)
     frames: list[dict[str, Any]] = []
     while (frame := worker.recv_frame(timeout=2)) is not None:
         frames.append(frame)
@@ -216,14 +214,7 @@ def test_a_start_ahead_never_acknowledged_is_taken_back_when_the_worker_dies(ten
     worker, first, queue_id = running_first(tenant, connect, "w-killed")
     second = Task.objects.filter(queue_id=queue_id).exclude(id=first["task"]["id"]).order_by("created_at").first()
     # when it sends its result asking to start what comes next, and dies right after
-    worker.send(
-        "task.result",
-        attempt_id=first["attempt_id"],
-        epoch=first["epoch"],
-        outcome="SUCCEEDED",
-        retryable=False,
-        start_next=True,
-    )
+    send_result(worker, first, start_next=True)
     drop_connection(worker)
     # then the result is kept, and the task started ahead goes back to its queue unconsumed
     wait_until(lambda: Task.objects.get(id=first["task"]["id"]).state == TaskState.SUCCEEDED, timeout=10)
