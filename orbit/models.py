@@ -16,6 +16,7 @@ SCOPES = (
     "workers:consume",
     "plans:manage",
     "applications:manage",
+    "keys:manage",
 )
 
 DEFAULT_APPLICATION_MAX_ACTIVE_ATTEMPTS = 100_000
@@ -33,6 +34,9 @@ class Application(models.Model):
         "应用跨全部命名空间的未终结任务上限", default=DEFAULT_APPLICATION_MAX_UNFINISHED_TASKS
     )
     revision = uint64("应用配置版本，每次配置加一", default=1)
+    key_policy_generation = uint64(
+        "应用内各命名空间资源键策略的变更代数：每次策略变更加一，进程内策略缓存据此失效", default=0
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_comment="创建时间（UTC）")
     updated_at = models.DateTimeField(auto_now=True, db_comment="最后修改时间（UTC）")
 

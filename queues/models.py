@@ -48,6 +48,9 @@ class QueueState(models.Model):
         null=True, blank=True, db_comment="当前开始速率窗口的起点，由窗口内第一次成功 Start 建立"
     )
     window_count = uint64("当前窗口内已批准的 Start 数", default=0)
+    fair_shares = models.BooleanField(
+        default=False, db_comment="是否受理过带公平分组键的任务：为真后领取按分组轮转（无分组键的队列保持原顺序）"
+    )
     accepting = models.BooleanField(
         default=True, db_comment="是否受理新任务：退役事务在持有本行锁时置为假，提交事务在同一锁下检查"
     )

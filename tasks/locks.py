@@ -1,5 +1,5 @@
 """Locking querysets for the task app, in the global order (orbit.locking.LOCK_ORDER:
-application_state, then concurrency keys by ascending key bytes, tasks, attempts).
+application_state, then concurrency keys by ascending key bytes, their slots, tasks, attempts).
 
 Each queryset reads one table (MariaDB rejects select_for_update(of=...))."""
 
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from orbit.db.rows import LockedBy, lock_by_pk, namespace_keys_in, select_rows
 from orbit.models import ApplicationState
-from tasks.models import Attempt, ConcurrencyKey, Task
+from tasks.models import Attempt, ConcurrencyKey, ConcurrencySlot, Task
 
 
 def lock_application_state(application_id: str) -> ApplicationState:
@@ -90,6 +90,20 @@ def lock_concurrency_keys(namespace_id: str, keys: Iterable[str]) -> dict[str, C
     if kept is not None:
         kept.update(((namespace_id, key), row) for key, row in found.items())
     return {**rows, **found}
+
+
+def lock_slots(namespace_id: str, keys: list[str]) -> dict[str, dict[int, ConcurrencySlot]]:
+    """The slot rows of these keys (capacity above 1), by key and slot. The
+    caller holds the keys' rows, which serialize every change to their slots;
+    the read locks anyway, so it sees the latest committed holders."""
+    if not keys:
+        return {}
+    where, params = namespace_keys_in(namespace_id, keys)
+    found: dict[str, dict[int, ConcurrencySlot]] = {}
+    order = f"ORDER BY {connection.ops.quote_name('key')}, slot"
+    for row in select_rows(ConcurrencySlot, f"{where} {order}", params, lock=True):
+        found.setdefault(row.key, {})[row.slot] = row
+    return found
 
 
 def lock_task(task_id: str) -> Task | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from orbit.fields import BinaryCharField, IdField, id_primary_key, uint64
+from orbit.fields import BinaryCharField, IdField, id_primary_key, uint32, uint64
 
 
 class TaskState(models.TextChoices):
@@ -51,6 +51,12 @@ class Task(models.Model):
     )
     concurrency_key = BinaryCharField(
         max_length=191, blank=True, default="", db_comment="资源键，受理时冻结；空串表示不参与资源互斥"
+    )
+    fairness_key = BinaryCharField(
+        max_length=191,
+        blank=True,
+        default="",
+        db_comment="公平分组键：同优先级内按分组轮转领取；空串表示无分组（全部无键任务为一组）",
     )
     key_ready = models.BooleanField(
         default=True,
@@ -125,6 +131,12 @@ class Attempt(models.Model):
     epoch = models.PositiveIntegerField(db_comment="租约纪元，等于领取时任务的纪元")
     concurrency_key = BinaryCharField(max_length=191, blank=True, default="", db_comment="资源键（冗余）；空串表示无")
     concurrency_token = uint64("资源键许可序号；无资源键为 NULL", null=True, blank=True)
+    concurrency_slot = models.PositiveIntegerField(
+        null=True, blank=True, db_comment="资源键许可槽位 0…N−1；容量为 1 时为 NULL"
+    )
+    key_rate_reserved = models.BooleanField(
+        default=False, db_comment="领取时是否为资源键速率预留了一次 Start（Start 或释放时归还）"
+    )
     worker_id = models.CharField(max_length=128, db_comment="持有租约的 Worker 进程身份")
     session_id = IdField(db_comment="派发时的 Worker 会话ID")
     leased_at = models.DateTimeField(db_comment="领取时间（UTC）")
@@ -152,20 +164,106 @@ class Attempt(models.Model):
 
 class ConcurrencyKey(models.Model):
     """One row per (namespace, key), never deleted or reset: its version is the
-    source of strictly increasing permit tokens."""
+    source of strictly increasing permit tokens. Slot 0's holder is on this
+    row; slots 1…N−1 of a key with capacity N are ConcurrencySlot rows."""
 
     id = models.BigAutoField(primary_key=True, db_comment="自增主键")
     namespace_id = IdField(db_comment="命名空间ID")
     key = BinaryCharField(max_length=191, db_comment="资源键，按 UTF-8 字节精确匹配")
     version = uint64("资源行版本：每次领取和释放都加一；新许可序号等于领取后的版本", default=0)
-    holder_attempt_id = IdField(blank=True, default="", db_comment="当前持有许可的尝试ID；空串表示空闲")
-    holder_task_id = IdField(blank=True, default="", db_comment="当前持有许可的任务ID；空串表示空闲")
+    holder_attempt_id = IdField(blank=True, default="", db_comment="槽位 0 当前持有许可的尝试ID；空串表示空闲")
+    holder_task_id = IdField(blank=True, default="", db_comment="槽位 0 当前持有许可的任务ID；空串表示空闲")
+    holders = uint32("当前有效许可数（全部槽位）", default=0)
+    capacity = uint32("按策略解析的容量（缓存，供领取扫描过滤；加锁后按策略重新判断）", default=1)
+    rate_tat = models.DateTimeField(
+        null=True, blank=True, db_comment="GCRA 理论到达时间：按速率下一次 Start 的理想时刻；空表示从未按速率开始"
+    )
+    rate_reserved = uint32("已按速率预留、尚未 Start 的尝试数", default=0)
+    next_start_at = models.DateTimeField(
+        null=True, blank=True, db_comment="按速率下一次可领取的最早时间（缓存，供领取扫描过滤）；空表示不限速"
+    )
     updated_at = models.DateTimeField(db_comment="最后领取或释放时间（UTC）")
 
     class Meta:
         db_table = "orbit_concurrency_key"
-        db_table_comment = "资源键许可行：同一命名空间内跨队列共享一个有效许可，序号单调递增"
+        db_table_comment = "资源键许可行：同一命名空间内跨队列共享容量个有效许可，序号单调递增"
         constraints = [models.UniqueConstraint(fields=["namespace_id", "key"], name="uniq_ckey_ns_key")]
+        indexes = [
+            # When the next rate-limited key of a namespace reopens (the lease's wake-up).
+            models.Index(fields=["namespace_id", "next_start_at"], name="idx_ckey_ns_next_start"),
+        ]
+
+
+class ConcurrencySlot(models.Model):
+    """Slots 1…N−1 of a key with capacity N, made the first time each is
+    granted. Read and changed only while holding its key's row lock, which
+    serializes every change to a key's slots."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
+    namespace_id = IdField(db_comment="命名空间ID")
+    key = BinaryCharField(max_length=191, db_comment="资源键，按 UTF-8 字节精确匹配")
+    slot = uint32("槽位序号 1…N−1（槽位 0 在资源键行上）")
+    holder_attempt_id = IdField(blank=True, default="", db_comment="当前持有该槽位许可的尝试ID；空串表示空闲")
+    holder_task_id = IdField(blank=True, default="", db_comment="当前持有该槽位许可的任务ID；空串表示空闲")
+    token = uint64("该槽位最近一次许可的序号", default=0)
+    updated_at = models.DateTimeField(db_comment="最后领取或释放时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_concurrency_slot"
+        db_table_comment = "资源键许可槽位：容量大于 1 的资源键的槽位 1…N−1，仅在持有资源键行锁时读写"
+        constraints = [models.UniqueConstraint(fields=["namespace_id", "key", "slot"], name="uniq_cslot_ns_key_slot")]
+
+
+class KeyMatch(models.TextChoices):
+    KEY = "key"
+    PREFIX = "prefix"
+
+
+class KeyPolicy(models.Model):
+    """Capacity and start rate for the keys it matches: an exact key beats the
+    longest matching prefix, which beats the default (capacity 1, no rate)."""
+
+    id = id_primary_key("资源键策略ID，32位小写十六进制")
+    namespace_id = IdField(db_comment="所属命名空间ID")
+    match_kind = models.CharField(max_length=8, choices=KeyMatch.choices, db_comment="匹配方式：key 精确、prefix 前缀")
+    match_value = BinaryCharField(max_length=191, db_comment="匹配的资源键或前缀，按字节精确比较")
+    capacity = uint32("每个匹配资源键的有效许可上限 1–1000", default=1)
+    rate_starts = uint32("速率：每个周期批准的 Start 数 1–100000；空表示不限速", null=True, blank=True)
+    rate_per_seconds = uint32("速率周期秒数 1–3600；空表示不限速", null=True, blank=True)
+    rate_burst = uint32("速率突发上限 1–100000；空表示不限速", null=True, blank=True)
+    revision = uint64("策略版本，每次配置加一", default=1)
+    # NULL once retired: the unique constraint then holds among live policies only.
+    live = models.BooleanField(null=True, default=True, db_comment="生效中为真；退役后为空（唯一约束只约束生效策略）")
+    applied_revision = uint64("已同步到资源键行缓存的策略版本（容量与速率缓存的补齐进度）", default=0)
+    retired_at = models.DateTimeField(null=True, blank=True, db_comment="退役时间；空表示生效中")
+    created_at = models.DateTimeField(db_comment="创建时间（UTC）")
+    updated_at = models.DateTimeField(db_comment="最后修改时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_key_policy"
+        verbose_name_plural = "key policies"
+        db_table_comment = "资源键策略：按精确键或前缀设置容量与 Start 速率"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["namespace_id", "match_kind", "match_value", "live"], name="uniq_key_policy_live_match"
+            )
+        ]
+        indexes = [models.Index(fields=["namespace_id", "live"], name="idx_key_policy_ns_live")]
+
+
+class FairShare(models.Model):
+    """When each fairness group of a queue was last served by a lease: the
+    lease serves the group served least recently first."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
+    queue_id = IdField(db_comment="队列ID")
+    fairness_key = BinaryCharField(max_length=191, blank=True, default="", db_comment="公平分组键；空串为无分组任务")
+    served_at = models.DateTimeField(db_comment="该分组最近一次被领取的时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_fair_share"
+        db_table_comment = "公平分组：每个队列内各分组最近一次被领取的时间，领取按最久未服务优先轮转"
+        constraints = [models.UniqueConstraint(fields=["queue_id", "fairness_key"], name="uniq_fair_share_queue_key")]
 
 
 class QueueMinute(models.Model):

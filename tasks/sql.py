@@ -30,14 +30,19 @@ CANDIDATES = (
 # For a worker that took no concurrency keys: unkeyed tasks only.
 CANDIDATE_UNKEYED = "concurrency_key = ''"
 
-# For a worker that takes keys: occupied keys are excluded before the LIMIT,
-# so a backlog behind one busy key never hides the work of other keys. A key
-# whose token space is spent can never lease again: it is excluded the same
-# way (its bound is a literal: SQLite's integers cannot hold it as a parameter).
+# For a worker that takes keys: keys with no permit to give now are excluded
+# before the LIMIT, so a backlog behind one busy or rate-limited key never
+# hides the work of other keys or unkeyed work (no head-of-line blocking):
+# every permit held (`holders` against the capacity its policy gave the row,
+# kept on the row: tasks.key_rules.cache_rule), no start room before
+# `next_start_at`, or the token space spent, which can never lease again (its
+# bound is a literal: SQLite's integers cannot hold it as a parameter). The
+# lease decides again under the row's lock with the policy in force.
+# Parameter: the time now.
 CANDIDATE_KEY_FREE = (
     "(concurrency_key = '' OR NOT EXISTS (SELECT 1 FROM {key_table} k"
     " WHERE k.{key} = {task_table}.concurrency_key AND k.namespace_id = {task_table}.namespace_id"
-    " AND (k.holder_attempt_id <> '' OR k.version > {max_version})))"
+    " AND (k.holders >= k.capacity OR k.version > {max_version} OR k.next_start_at > %s)))"
 )
 
 # One (handler, version) pair a worker serves; a worker that listed its
@@ -45,10 +50,10 @@ CANDIDATE_KEY_FREE = (
 CANDIDATE_HANDLER = "(handler = %s AND handler_version = %s)"
 
 
-def candidates(*, keyed: bool, handlers: int, max_key_version: int) -> str:
-    """The WHERE (with its order and LIMIT %s) of the lease's scan of one
-    queue: CANDIDATES, then the keys the worker may take, then `handlers`
-    CANDIDATE_HANDLER pairs (none: any handler)."""
+def candidate_filter(*, keyed: bool, handlers: int, max_key_version: int) -> str:
+    """The WHERE of the lease's scan of one queue: CANDIDATES, then the keys
+    the worker may take (CANDIDATE_KEY_FREE, whose parameter follows
+    CANDIDATES'), then `handlers` CANDIDATE_HANDLER pairs (none: any handler)."""
     quote = connection.ops.quote_name
     where = [CANDIDATES]
     if keyed:
@@ -64,7 +69,12 @@ def candidates(*, keyed: bool, handlers: int, max_key_version: int) -> str:
         where.append(CANDIDATE_UNKEYED)
     if handlers:
         where.append(f"({' OR '.join([CANDIDATE_HANDLER] * handlers)})")
-    return f"{' AND '.join(where)} {LEASE_ORDER} LIMIT %s"
+    return " AND ".join(where)
+
+
+def candidates(*, keyed: bool, handlers: int, max_key_version: int) -> str:
+    """candidate_filter in the lease order, with LIMIT %s."""
+    return f"{candidate_filter(keyed=keyed, handlers=handlers, max_key_version=max_key_version)} {LEASE_ORDER} LIMIT %s"
 
 
 # --- the ready set of keyed work (tasks.actions.readiness) -----------------

@@ -16,7 +16,8 @@ from orbit.fields import UINT64_MAX
 from orbit.models import Application, Credential
 from orbit.principal import Minted
 from queues.models import Queue, QueueState
-from tasks.models import Attempt, Task
+from tasks.key_rules import KeyRule, PolicySet, policies_of
+from tasks.models import Attempt, ConcurrencyKey, Task
 
 # Most attempts one lease gives one worker: several workers on several nodes
 # share a hot queue instead of the fastest poller taking everything.
@@ -114,6 +115,10 @@ class Configuration:
     def queues_of(self, queue_ids: Iterable[str]) -> list[Queue]:
         return [self.queues[queue_id] for queue_id in queue_ids if queue_id in self.queues]
 
+    def key_policies(self, application_id: str, namespace_id: str) -> PolicySet:
+        """The namespace's key policies as of its application row read here."""
+        return policies_of(namespace_id, self.application(application_id).key_policy_generation)
+
 
 def lease_expiry(task: Task, now: datetime) -> datetime:
     expires = now + timedelta(seconds=task.lease_seconds)
@@ -170,6 +175,20 @@ def key_blocks(*, holder_attempt_id: str, version: int) -> str | None:
     if holder_attempt_id:
         return "KEY_HELD"
     return "KEY_TOKENS_EXHAUSTED" if version > MAX_LEASABLE_KEY_VERSION else None
+
+
+def key_refusal(row: ConcurrencyKey, rule: KeyRule, now: datetime) -> str | None:
+    """Why a key's row, under the rule in force now, grants no permit now:
+    KEY_TOKENS_EXHAUSTED, KEY_HELD (capacity 1) or KEY_AT_CAPACITY (every
+    permit held: a lowered capacity keeps its holders and grants nothing until
+    fewer hold), KEY_RATE_LIMITED (no start room); None when it may."""
+    if row.version > MAX_LEASABLE_KEY_VERSION:
+        return "KEY_TOKENS_EXHAUSTED"
+    if row.holders >= rule.capacity:
+        return "KEY_HELD" if rule.capacity == 1 else "KEY_AT_CAPACITY"
+    if rule.rate is not None and not rule.rate.lease_allowed(row.rate_tat, row.rate_reserved, now):
+        return "KEY_RATE_LIMITED"
+    return None
 
 
 def available(task: Task, now: datetime) -> bool:

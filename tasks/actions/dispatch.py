@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
@@ -46,7 +46,7 @@ from tasks.actions.context import (
     application_room,
     concurrency_room,
     deadline_failure,
-    key_blocks,
+    key_refusal,
     lease_expiry,
     queue_closed,
     rate_room,
@@ -57,8 +57,17 @@ from tasks.actions.context import (
 )
 from tasks.actions.readiness import NextInLine, hand_on, next_in_line
 from tasks.actions.serialize import assignment
-from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys
-from tasks.models import ACTIVE_ATTEMPT_STATES, Attempt, AttemptState, ConcurrencyKey, Task, TaskState
+from tasks.key_rules import KeyRule, PolicySet, cache_rule
+from tasks.locks import lock_application_state, lock_attempt, lock_concurrency_keys, lock_slots
+from tasks.models import (
+    ACTIVE_ATTEMPT_STATES,
+    Attempt,
+    AttemptState,
+    ConcurrencyKey,
+    ConcurrencySlot,
+    Task,
+    TaskState,
+)
 
 
 @dataclass(frozen=True)
@@ -72,16 +81,25 @@ class LeaseOutcome:
     more: bool = False
 
 
-def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
-    """The best `count` leasable tasks of a queue for this worker, locked,
-    skipping rows another lease holds (tasks.sql.candidates)."""
+def candidate_filter(worker: WorkerContext, queue_id: str, now: datetime) -> tuple[str, list[Any]]:
+    """The WHERE of the lease's scan of one queue for this worker
+    (tasks.sql.candidate_filter), and its parameters."""
     at = db_value(Task, "available_at", now)
-    where = sql.candidates(
+    where = sql.candidate_filter(
         keyed=worker.concurrency_keys, handlers=len(worker.handlers), max_key_version=MAX_LEASABLE_KEY_VERSION
     )
     params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
+    if worker.concurrency_keys:
+        params.append(db_value(ConcurrencyKey, "next_start_at", now))
     params += [part for pair in worker.handlers for part in pair]
-    return select_rows(Task, where, [*params, count], lock=True, skip_locked=True)
+    return where, params
+
+
+def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
+    """The best `count` leasable tasks of a queue for this worker, locked,
+    skipping rows another lease holds."""
+    where, params = candidate_filter(worker, queue_id, now)
+    return select_rows(Task, f"{where} {sql.LEASE_ORDER} LIMIT %s", [*params, count], lock=True, skip_locked=True)
 
 
 def lease(
@@ -126,7 +144,8 @@ def lease(
     if not headroom:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests]
     candidates, more = _best_candidates(worker, headroom, want, now)
-    permits = _KeyPermits.lock(worker, candidates, now)
+    policies = configuration.key_policies(worker.application_id, worker.namespace_id)
+    permits = _KeyPermits.lock(worker, candidates, policies, now)
     taking = _Taking(requests, list(starting or [None] * len(requests)), limits, headroom, states, queues, now)
     for task in candidates:
         if len(taking.chosen) >= want:
@@ -136,11 +155,31 @@ def lease(
             continue
         turn = permits.turn(task, worker)
         if turn is not None:
-            taking.take(turn)
+            taking.take(turn, permits)
+    if policies.rated and len(taking.chosen) < want:
+        rate_reopens_in = _sooner(rate_reopens_in, _next_key_start_in(worker.namespace_id, now))
     if not taking.chosen:
+        permits.write_cached()
         return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
-    taking.write(worker.application_id)
+    taking.write(worker.application_id, permits)
     return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments]
+
+
+def _sooner(seconds: float | None, other: float | None) -> float | None:
+    return other if seconds is None else seconds if other is None else min(seconds, other)
+
+
+def _next_key_start_in(namespace_id: str, now: datetime) -> float | None:
+    """Seconds until the namespace's next rate-limited key may lease again
+    (idx_ckey_ns_next_start), so a dispatcher held back by a key's rate comes
+    back then instead of at its next poll."""
+    soonest = (
+        ConcurrencyKey.objects.filter(namespace_id=namespace_id, next_start_at__gt=now)
+        .order_by("next_start_at")
+        .values_list("next_start_at", flat=True)
+        .first()
+    )
+    return None if soonest is None else (soonest - now).total_seconds()
 
 
 def _queue_room(
@@ -195,24 +234,36 @@ class _Turn:
     line: NextInLine | None = None
 
 
-@dataclass(frozen=True)
+@dataclass
 class _KeyPermits:
-    """The key rows of the lease's keyed candidates, locked, and each free
-    key's line (next_in_line)."""
+    """The key rows of the lease's keyed candidates, locked, with the rule
+    each has now (tasks.key_rules), the slot rows of those with capacity
+    above 1, and each free key's line (next_in_line)."""
 
+    namespace_id: str
     rows: dict[str, ConcurrencyKey]
+    rules: dict[str, KeyRule]
+    slots: dict[str, dict[int, ConcurrencySlot]]
     lines: dict[str, NextInLine]
+    now: datetime
+    # Key rows whose cached capacity or rate state the lease corrected (the scan filters on them).
+    recached: set[str]
+    granted: list[ConcurrencySlot] = field(default_factory=list)  # slot rows this lease gave out
 
     @classmethod
-    def lock(cls, worker: WorkerContext, candidates: list[Task], now: datetime) -> _KeyPermits:
-        rows = lock_concurrency_keys(worker.namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
+    def lock(cls, worker: WorkerContext, candidates: list[Task], policies: PolicySet, now: datetime) -> _KeyPermits:
+        namespace_id = worker.namespace_id
+        rows = lock_concurrency_keys(namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
+        rules = {key: policies.resolve(key) for key in rows}
+        recached = {key for key, row in rows.items() if cache_rule(row, rules[key], now)}
         free = [
             task
             for task in candidates
             if (row := rows.get(task.concurrency_key)) is not None
-            and not key_blocks(holder_attempt_id=row.holder_attempt_id, version=row.version)
+            and key_refusal(row, rules[task.concurrency_key], now) is None
         ]
-        return cls(rows, next_in_line(free, now))
+        slotted = sorted({task.concurrency_key for task in free if rules[task.concurrency_key].capacity > 1})
+        return cls(namespace_id, rows, rules, lock_slots(namespace_id, slotted), next_in_line(free, now), now, recached)
 
     def turn(self, task: Task, worker: WorkerContext) -> _Turn | None:
         """Whose turn a candidate is: its own, an overtaking sibling's, or (None)
@@ -222,9 +273,10 @@ class _KeyPermits:
         key_row = self.rows.get(task.concurrency_key)
         if key_row is None:
             return None  # never lease a keyed task without its key permit
-        if key_blocks(holder_attempt_id=key_row.holder_attempt_id, version=key_row.version):
-            # Held (by a twin in this batch or a lease that won the race),
-            # or the token space is spent: refuse rather than wrap.
+        if key_refusal(key_row, self.rules[task.concurrency_key], self.now) is not None:
+            # Every permit held (by a twin in this batch or a lease that won
+            # the race), no start room, or the token space is spent: refuse
+            # rather than wrap.
             return None
         line = self.lines.get(task.id)
         sibling = line.overtaker if line is not None else None
@@ -233,6 +285,74 @@ class _KeyPermits:
                 return None  # the key's turn is the sibling's, for a worker that serves it
             task = sibling
         return _Turn(task, key_row, line)
+
+    def grant(self, key_row: ConcurrencyKey, task: Task, attempt: Attempt, now: datetime) -> None:
+        """Gives the attempt a permit of the key, in memory: the lowest slot
+        whose last holder ended (capacity above 1; slot 0 is the row's own
+        holder), or the row's one permit (capacity 1: no slot, as the seed)."""
+        rule = self.rules[key_row.key]
+        slot = None if rule.capacity == 1 else self._free_slot(key_row, rule.capacity)
+        attempt.concurrency_slot = slot
+        key_row.holders += 1
+        key_row.updated_at = now
+        if not slot:
+            key_row.holder_attempt_id = attempt.id
+            key_row.holder_task_id = task.id
+            return
+        found = self.slots.setdefault(key_row.key, {}).get(slot)
+        if found is None:
+            found = ConcurrencySlot(namespace_id=key_row.namespace_id, key=key_row.key, slot=slot)
+            self.slots[key_row.key][slot] = found
+        found.holder_attempt_id, found.holder_task_id = attempt.id, task.id
+        found.token = attempt.concurrency_token or 0
+        found.updated_at = now
+        self.granted.append(found)
+
+    def _free_slot(self, key_row: ConcurrencyKey, capacity: int) -> int:
+        if not key_row.holder_attempt_id:
+            return 0
+        held = self.slots.get(key_row.key, {})
+        # One of 1…N−1 is free: holders < capacity, and every held slot counts in holders.
+        return next(slot for slot in range(1, capacity) if slot not in held or not held[slot].holder_attempt_id)
+
+    def changes(self, key: str) -> dict[str, Any]:
+        """The row's columns a lease that took or recached it writes."""
+        row = self.rows[key]
+        return {
+            "version": row.version,
+            "holder_attempt_id": row.holder_attempt_id,
+            "holder_task_id": row.holder_task_id,
+            "holders": row.holders,
+            "capacity": row.capacity,
+            "rate_tat": row.rate_tat,
+            "rate_reserved": row.rate_reserved,
+            "next_start_at": row.next_start_at,
+            "updated_at": row.updated_at,
+        }
+
+    def write_cached(self, taken: dict[Pk, dict[str, Any]] | None = None) -> None:
+        """The key rows this lease changed (`taken`) or only recached, and the
+        slot rows it granted: one statement for the rows, one per kind of
+        slot write."""
+        changes = dict(taken or {})
+        for key in self.recached:
+            changes.setdefault(self.rows[key].pk, self.changes(key))
+        update_each_by_pk(ConcurrencyKey, changes)
+        granted = list({id(slot): slot for slot in self.granted}.values())
+        insert_rows([slot for slot in granted if slot.pk is None])
+        update_each_by_pk(
+            ConcurrencySlot,
+            {
+                slot.pk: {
+                    "holder_attempt_id": slot.holder_attempt_id,
+                    "holder_task_id": slot.holder_task_id,
+                    "token": slot.token,
+                    "updated_at": slot.updated_at,
+                }
+                for slot in granted
+                if slot.pk is not None
+            },
+        )
 
 
 class _Taking:
@@ -266,9 +386,10 @@ class _Taking:
     def queue_full(self, queue_id: str) -> bool:
         return self.per_queue.get(queue_id, 0) >= self.headroom[queue_id]
 
-    def take(self, turn: _Turn) -> None:
-        """Leases the turn's task to the next request: its key's next token,
-        its attempt, and its Start when its worker sent that ahead."""
+    def take(self, turn: _Turn, permits: _KeyPermits) -> None:
+        """Leases the turn's task to the next request: its key's next token
+        and permit, its attempt, and its Start when its worker sent that
+        ahead (else, under a key's rate, the Start's room it reserves)."""
         task, key_row, now = turn.task, turn.key_row, self.now
         token = None
         if key_row is not None:
@@ -278,24 +399,31 @@ class _Taking:
         taker = next(self.takers)
         holder = self.requests[taker][0]
         attempt = _new_attempt(task, holder, token, now)
+        rule = permits.rules[key_row.key] if key_row is not None else None
         if key_row is not None:
-            self.key_changes[key_row.pk] = _hold_key(key_row, task, attempt, now)
+            permits.grant(key_row, task, attempt, now)
         task.state = TaskState.LEASED
         task.updated_at = now
         self.chosen.append((task, attempt))
-        if _start_ahead(self.starting[taker], holder, task, attempt, self.states, self.queues, now):
+        if _start_ahead(self.starting[taker], holder, task, attempt, self.states, self.queues, now, key_row, rule):
             self.started.append((task, attempt))
             self.assignments[taker].append(held_entry(task, attempt))
         else:
+            if key_row is not None and rule is not None and rule.rate is not None:
+                key_row.rate_reserved += 1
+                attempt.key_rate_reserved = True
             self.assignments[taker].append(assignment(task, attempt))
+        if key_row is not None and rule is not None:
+            cache_rule(key_row, rule, now)
+            self.key_changes[key_row.pk] = permits.changes(key_row.key)
         self.per_queue[task.queue_id] = self.per_queue.get(task.queue_id, 0) + 1
 
-    def write(self, application_id: str) -> None:
-        """The lease's writes: its attempts, key rows, tasks, the ready roles
-        it hands on, the counters, events and metrics."""
+    def write(self, application_id: str, permits: _KeyPermits) -> None:
+        """The lease's writes: its attempts, key and slot rows, tasks, the
+        ready roles it hands on, the counters, events and metrics."""
         chosen, started, now = self.chosen, self.started, self.now
         insert_rows([attempt for _, attempt in chosen])
-        update_each_by_pk(ConcurrencyKey, self.key_changes)
+        permits.write_cached(self.key_changes)
         # Every chosen task was locked WAITING at its epoch: one statement moves
         # those leased, one those also started.
         started_ids = {task.id for task, _ in started}
@@ -343,14 +471,6 @@ def _new_attempt(task: Task, holder: WorkerContext, token: int | None, now: date
     )
 
 
-def _hold_key(key_row: ConcurrencyKey, task: Task, attempt: Attempt, now: datetime) -> dict[str, Any]:
-    """Gives the key's permit to the attempt, in memory; returns the row's changes."""
-    key_row.holder_attempt_id = attempt.id
-    key_row.holder_task_id = task.id
-    key_row.updated_at = now
-    return {"version": key_row.version, "holder_attempt_id": attempt.id, "holder_task_id": task.id, "updated_at": now}
-
-
 def _start_ahead(
     served: tuple[str, str] | None,
     holder: WorkerContext,
@@ -359,6 +479,8 @@ def _start_ahead(
     states: dict[str, QueueState],
     queues: dict[str, Queue],
     now: datetime,
+    key_row: ConcurrencyKey | None,
+    rule: KeyRule | None,
 ) -> bool:
     """Starts an attempt the lease just made, for a worker that sent its Start
     ahead (`served`: the handler and version it evidently serves) and serves
@@ -371,7 +493,7 @@ def _start_ahead(
     if deadline_failure(task, now) is not None:
         return False
     try:
-        _approve_start(task, attempt, states[task.queue_id], queues[task.queue_id], now)
+        _approve_start(task, attempt, states[task.queue_id], queues[task.queue_id], now, key_row, rule)
     except RateLimited:
         return False
     return True
@@ -432,12 +554,35 @@ class DeadlinePassed(Exception):
     pass
 
 
+def start_key_rules(peeks: Iterable[Attempt], configuration: Configuration) -> dict[tuple[str, str], KeyRule]:
+    """The keys whose rows these Starts lock, by (namespace, key), with each
+    key's rule: a key with a start rate now (its Start counts in the key's
+    GCRA state), or whose lease reserved a Start's room (given back now).
+    Other Starts lock no key row, as before policies."""
+    found: dict[tuple[str, str], KeyRule] = {}
+    for peek in peeks:
+        if not peek.concurrency_key:
+            continue
+        policies = configuration.key_policies(peek.application_id, peek.namespace_id)
+        if policies.empty and not peek.key_rate_reserved:
+            continue
+        rule = policies.resolve(peek.concurrency_key)
+        if rule.rate is not None or peek.key_rate_reserved:
+            found[(peek.namespace_id, peek.concurrency_key)] = rule
+    return found
+
+
 def apply_starts(
     requests: list[StartRequest], peeks: dict[str, Attempt], configuration: Configuration
 ) -> list[dict[str, Any] | OrbitError | DeadlinePassed]:
     """Decides Starts (peeked by peek_starts) under their locks; caller holds the
     transaction. One outcome per request."""
     states = lock_queue_states(peeks[request.attempt_id].queue_id for request in requests)
+    rules = start_key_rules([peeks[request.attempt_id] for request in requests], configuration)
+    key_rows: dict[tuple[str, str], ConcurrencyKey] = {}
+    for namespace_id in sorted({namespace_id for namespace_id, _ in rules}):
+        locked = lock_concurrency_keys(namespace_id, [key for ns, key in rules if ns == namespace_id])
+        key_rows.update(((namespace_id, key), row) for key, row in locked.items())
     tasks, attempts = lock_by_pk_together(  # tasks → attempts, one round trip
         [
             (Task, [peeks[request.attempt_id].task_id for request in requests]),
@@ -453,14 +598,23 @@ def apply_starts(
     for request in requests:
         peek = peeks[request.attempt_id]
         task, attempt = tasks.get(peek.task_id), attempts.get(peek.id)
+        keyed = (peek.namespace_id, peek.concurrency_key)
+        key = (key_rows.get(keyed), rules.get(keyed))
         try:
             outcomes.append(
-                _start_one(request, task, attempt, states[peek.queue_id], queues[peek.queue_id], now, started)
+                _start_one(request, task, attempt, states[peek.queue_id], queues[peek.queue_id], now, started, key)
             )
         except (OrbitError, DeadlinePassed) as refusal:  # raised before this request changed anything
             outcomes.append(refusal)
     if not started:
         return outcomes
+    update_each_by_pk(
+        ConcurrencyKey,
+        {
+            row.pk: {"rate_tat": row.rate_tat, "rate_reserved": row.rate_reserved, "next_start_at": row.next_start_at}
+            for row in key_rows.values()
+        },
+    )
     per_queue = Counter(task.queue_id for task, _ in started)
     for queue_id, count in sorted(per_queue.items()):
         update_by_pk(QueueState, [queue_id], {"reserved_starts": Add(-count)})
@@ -513,9 +667,11 @@ def _start_one(
     queue: Queue,
     now: datetime,
     started: list[tuple[Task, Attempt]],
+    key: tuple[ConcurrencyKey | None, KeyRule | None] = (None, None),
 ) -> dict[str, Any]:
-    """Decides one Start under the group's locks. The queue state is shared by
-    the group: each approval counts in the window the next one sees."""
+    """Decides one Start under the group's locks. The queue state (and a key
+    row under a rate) is shared by the group: each approval counts in the
+    window the next one sees."""
     if task is None or attempt is None:
         raise LeaseLost("attempt is not held by this worker")
     if attempt.epoch != request.epoch or attempt.worker_id != request.worker.worker_id:
@@ -530,17 +686,29 @@ def _start_one(
         raise DeadlinePassed()
     if queue.paused or queue.retired_at is not None:
         raise QueuePaused("queue is paused")
-    _approve_start(task, attempt, state, queue, now)
+    _approve_start(task, attempt, state, queue, now, *key)
     started.append((task, attempt))
     return _start_receipt(attempt)
 
 
-def _approve_start(task: Task, attempt: Attempt, state: QueueState, queue: Queue, now: datetime) -> None:
+def _approve_start(
+    task: Task,
+    attempt: Attempt,
+    state: QueueState,
+    queue: Queue,
+    now: datetime,
+    key_row: ConcurrencyKey | None = None,
+    rule: KeyRule | None = None,
+) -> None:
     """Counts a Start in its queue's rate window (a new window when the last
-    one is over) and moves the task and attempt to RUNNING, in memory, under
-    the locks of all three; RateLimited, with nothing changed, when the window
-    is full. The queue state is shared by a group's Starts: each approval
-    counts in the window the next one sees."""
+    one is over) and, under a key's rate, in its key's GCRA state, and moves
+    the task and attempt to RUNNING, in memory, under the locks of all of
+    them; RateLimited, with nothing changed, when the window is full or the
+    key has no start room. The queue state (and key row) is shared by a
+    group's Starts: each approval counts in what the next one sees."""
+    rate = rule.rate if rule is not None else None
+    if key_row is not None and rate is not None and not rate.start_allowed(key_row.rate_tat, now):
+        raise RateLimited(rate.retry_after_ms(key_row.rate_tat, now))
     if not window_open(state, now):
         state.window_started_at = now
         state.window_count = 0
@@ -549,6 +717,8 @@ def _approve_start(task: Task, attempt: Attempt, state: QueueState, queue: Queue
         remaining = cast(datetime, state.window_started_at) + RATE_WINDOW - now
         raise RateLimited(max(1, math.ceil(remaining.total_seconds() * 1000)))
     state.window_count += 1
+    if key_row is not None:
+        _count_key_start(key_row, attempt, rule, now)
     task.attempts += 1
     task.state = TaskState.RUNNING
     task.updated_at = now
@@ -556,6 +726,17 @@ def _approve_start(task: Task, attempt: Attempt, state: QueueState, queue: Queue
     attempt.number = task.attempts
     attempt.started_at = now
     attempt.lease_expires_at = max(attempt.lease_expires_at, lease_expiry(task, now))
+
+
+def _count_key_start(key_row: ConcurrencyKey, attempt: Attempt, rule: KeyRule | None, now: datetime) -> None:
+    """A keyed Start's share of its key row, in memory: its rate's next
+    arrival time, and the room its lease reserved given back."""
+    if attempt.key_rate_reserved and attempt.state == AttemptState.LEASED:
+        key_row.rate_reserved = max(0, key_row.rate_reserved - 1)
+    if rule is not None and rule.rate is not None:
+        key_row.rate_tat = rule.rate.after_start(key_row.rate_tat, now)
+    if rule is not None:
+        cache_rule(key_row, rule, now)
 
 
 @outermost

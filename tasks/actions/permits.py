@@ -29,6 +29,7 @@ from tasks.models import (
     Attempt,
     AttemptState,
     ConcurrencyKey,
+    ConcurrencySlot,
     Task,
     TaskState,
 )
@@ -250,21 +251,51 @@ def _end_attempt(
     deltas.active_permits -= 1
     if attempt.state == AttemptState.LEASED:
         deltas.reserved_starts -= 1
-    key_row = held.key_row
-    if key_row is not None and key_row.holder_attempt_id == attempt.id:
-        # Releasing advances the version too, so the next permit's token is
-        # larger than any this attempt could have shown a resource.
-        key_row.version += 1
-        key_row.holder_attempt_id = ""
-        key_row.holder_task_id = ""
-        key_row.updated_at = now
-        _save(key_row, ["version", "holder_attempt_id", "holder_task_id", "updated_at"], book)
+    if held.key_row is not None:
+        _release_key(held.key_row, attempt, now, book)
     attempt.state = state
     attempt.finished_at = now
     for name, value in fields.items():
         setattr(attempt, name, value)
     _save(attempt, ["state", "finished_at", *fields], book)
     count_finished_attempt(str(state))
+
+
+def _release_key(key_row: ConcurrencyKey, attempt: Attempt, now: datetime, book: WriteBook | None) -> None:
+    """Gives back the ending attempt's permit of its key (slot 0 on the row,
+    another slot on its slot row, which only holders of the key's row lock
+    touch) and the Start's room its lease reserved under the key's rate."""
+    fields = []
+    if attempt.key_rate_reserved and attempt.state == AttemptState.LEASED and key_row.rate_reserved > 0:
+        key_row.rate_reserved -= 1
+        # The cached next lease time was counted with this reservation: the
+        # next lease that meets the key computes it again (a filter that is
+        # too early costs a look, never a permit).
+        key_row.next_start_at = None
+        fields += ["rate_reserved", "next_start_at"]
+    held = key_row.holder_attempt_id == attempt.id
+    if not held and attempt.concurrency_slot:
+        held = bool(
+            ConcurrencySlot.objects.filter(
+                namespace_id=key_row.namespace_id,
+                key=key_row.key,
+                slot=attempt.concurrency_slot,
+                holder_attempt_id=attempt.id,
+            ).update(holder_attempt_id="", holder_task_id="", updated_at=now)
+        )
+    elif held:
+        key_row.holder_attempt_id = ""
+        key_row.holder_task_id = ""
+        fields += ["holder_attempt_id", "holder_task_id"]
+    if held:
+        # Releasing advances the version too, so the next permit's token is
+        # larger than any this attempt could have shown a resource.
+        key_row.version += 1
+        key_row.holders = max(0, key_row.holders - 1)
+        key_row.updated_at = now
+        fields += ["version", "holders", "updated_at"]
+    if fields:
+        _save(key_row, fields, book)
 
 
 def _move_task(

@@ -382,14 +382,15 @@ class _Parts:
             queue_ids.update(lease.worker.queue_ids)
         return applications, queue_ids
 
-    def rows_ahead(self, submitting: _Submits | None) -> list[tuple[Any, Any] | LockedBy]:
+    def rows_ahead(self, submitting: _Submits | None, configuration: Configuration) -> list[tuple[Any, Any] | LockedBy]:
         """The rows locked in the counters' round trip, after them, in the
         global order: a lease is for its connection's session only, so its
         worker identity row (a hello of the same worker_id waits for this
         round, then counts what it leased as held); each worker's credential,
         read again so a revocation commits before this round (which then
         refuses its items) or after it; and, with no keyed submit in the
-        round, the key rows of its keyed results, then the results' and
+        round, the key rows of its keyed results and of its Starts under a key's
+        rate (dispatch.start_key_rules), then the results' and
         starts' tasks and attempts, which nothing but their own part changes
         (key rows before tasks): the results and starts then lock nothing in
         round trips of their own."""
@@ -402,6 +403,9 @@ class _Parts:
             return ahead
         reports, starts = self.reports, self.starts
         result_keys = keys_by_namespace(self.report_peeks[report.attempt_id] for _, report in reports)
+        start_keys = dispatch.start_key_rules([self.start_peeks[s.attempt_id] for _, s in starts], configuration)
+        for namespace_id, key in start_keys:
+            result_keys.setdefault(namespace_id, set()).add(key)
         ahead += [key_rows_ahead(namespace_id, keys) for namespace_id, keys in sorted(result_keys.items())]
         task_ids = [self.report_peeks[r.attempt_id]["task_id"] for _, r in reports]
         task_ids += [self.start_peeks[s.attempt_id].task_id for _, s in starts]
@@ -433,7 +437,8 @@ class _Round:
             # the others as not found, without a lock.
             namespace_id = submitting.actor.namespace_id
             queue_ids |= {q.id for q in configuration.queues_of(submit_queue_ids) if q.namespace_id == namespace_id}
-        return cls(parts, submitting, applications, queue_ids, configuration, parts.rows_ahead(submitting))
+        ahead = parts.rows_ahead(submitting, configuration)
+        return cls(parts, submitting, applications, queue_ids, configuration, ahead)
 
     def decide(self) -> list[tuple[int, Any]]:
         """The round's transaction: each decided item's index and outcome."""

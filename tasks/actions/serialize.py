@@ -21,6 +21,8 @@ def task_summary(task: Task) -> dict[str, Any]:
         data["business_key"] = task.business_key
     if task.concurrency_key:
         data["concurrency_key"] = task.concurrency_key
+    if task.fairness_key:
+        data["fairness_key"] = task.fairness_key
     data.update(
         priority=task.priority,
         state=task.state,
@@ -59,6 +61,8 @@ def attempt_view(attempt: Attempt) -> dict[str, Any]:
     data.update(state=attempt.state, epoch=attempt.epoch)
     if attempt.concurrency_token is not None:
         data["concurrency_token"] = str(attempt.concurrency_token)
+    if attempt.concurrency_slot is not None:
+        data["concurrency_slot"] = attempt.concurrency_slot
     data.update(
         worker_id=attempt.worker_id,
         leased_at=format_time(attempt.leased_at),
@@ -100,4 +104,7 @@ def assignment(task: Task, attempt: Attempt) -> dict[str, Any]:
     }
     if attempt.concurrency_token is not None:
         data["concurrency_token"] = str(attempt.concurrency_token)
+    if attempt.concurrency_slot is not None:
+        # A key with capacity above 1: which of its N permits this is.
+        data["concurrency_slot"] = attempt.concurrency_slot
     return data

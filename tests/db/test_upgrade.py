@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +23,43 @@ from tests.support.live import ROOT
 
 pytestmark = [pytest.mark.mysql_only]
 
-# The last migration of each app in the release before worker sessions kept
-# their capacity (main at 89abf20); Django's own apps had not changed since.
-EARLIER_RELEASE = {"orbit": "0002", "queues": "0001", "tasks": "0005", "plans": "0001", "workers": "0004"}
+# The last migration of each app in the release before key policies (capacity
+# and rate per key, fair shares); Django's own apps had not changed since.
+EARLIER_RELEASE = {"orbit": "0003", "queues": "0001", "tasks": "0007", "plans": "0001", "workers": "0004"}
 DJANGO_APPS = ["contenttypes", "auth", "admin", "sessions"]
+APPLICATION, NAMESPACE, QUEUE = "a" * 32, "b" * 32, "c" * 32
+TASK, ATTEMPT = "d" * 32, "e" * 32
+
+# The earlier release's rows, as its code wrote them (this code's bootstrap
+# reads columns that schema lacks): a tenant and a queue, a task running under
+# a key's permit, a free key, the counters that agree with them.
+EARLIER_ROWS = [
+    "INSERT INTO orbit_application (id, name, max_active_attempts, max_unfinished_tasks, revision, created_at,"
+    f" updated_at) VALUES ('{APPLICATION}', 'upgrade', 100000, 10000000, 1, NOW(6), NOW(6))",
+    "INSERT INTO orbit_application_state (application_id, active_attempts, unfinished_tasks)"
+    f" VALUES ('{APPLICATION}', 1, 1)",
+    "INSERT INTO orbit_namespace (id, application_id, environment, name, created_at)"
+    f" VALUES ('{NAMESPACE}', '{APPLICATION}', 'production', 'default', NOW(6))",
+    "INSERT INTO orbit_queue (id, namespace_id, application_id, name, paused, max_concurrency, rate_per_second,"
+    f" max_unfinished_tasks, revision, retired_at, created_at, updated_at) VALUES ('{QUEUE}', '{NAMESPACE}',"
+    f" '{APPLICATION}', 'upgrade', 0, 10, 100, 1000, 1, NULL, NOW(6), NOW(6))",
+    "INSERT INTO orbit_queue_state (queue_id, application_id, unfinished_tasks, active_permits, reserved_starts,"
+    f" window_started_at, window_count, accepting) VALUES ('{QUEUE}', '{APPLICATION}', 1, 1, 0, NOW(6), 1, 1)",
+    "INSERT INTO orbit_task (id, namespace_id, application_id, queue_id, handler, handler_version, payload_version,"
+    " payload, business_key, concurrency_key, key_ready, priority, state, attempts, max_attempts, epoch,"
+    " available_at, start_deadline_at, deadline_at, retry_initial_seconds, retry_multiplier, retry_max_seconds,"
+    " lease_seconds, cancel_requested, output, last_error, created_at, updated_at, finished_at)"
+    f" VALUES ('{TASK}', '{NAMESPACE}', '{APPLICATION}', '{QUEUE}', 'h', '1', '1', '{{}}', '', 'account/1', 1, 5,"
+    " 'RUNNING', 1, 3, 1, NOW(6), NULL, NULL, 1, 2, 300, 3600, 0, NULL, NULL, NOW(6), NOW(6), NULL)",
+    "INSERT INTO orbit_attempt (id, task_id, namespace_id, application_id, queue_id, number, state, epoch,"
+    " concurrency_key, concurrency_token, worker_id, session_id, leased_at, lease_expires_at, started_at,"
+    " finished_at, outcome, retryable, output, error, late_outcome)"
+    f" VALUES ('{ATTEMPT}', '{TASK}', '{NAMESPACE}', '{APPLICATION}', '{QUEUE}', 1, 'RUNNING', 1, 'account/1', 1,"
+    f" 'earlier-0', '{'f' * 32}', NOW(6), NOW(6) + INTERVAL 1 HOUR, NOW(6), NULL, '', 0, NULL, NULL, NULL)",
+    "INSERT INTO orbit_concurrency_key (namespace_id, `key`, version, holder_attempt_id, holder_task_id, updated_at)"
+    f" VALUES ('{NAMESPACE}', 'account/1', 1, '{ATTEMPT}', '{TASK}', NOW(6)),"
+    f" ('{NAMESPACE}', 'account/2', 2, '', '', NOW(6))",
+]
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -66,49 +98,39 @@ def rows(database: Any, table: str) -> list[tuple[Any, ...]]:
         return list(cursor.fetchall())
 
 
-def test_migrate_upgrades_the_earlier_releases_database_with_its_rows_intact(earlier_database, tmp_path: Path):
+def columns(database: Any, query: str) -> list[tuple[Any, ...]]:
+    with database.cursor() as cursor:
+        cursor.execute(query)
+        return list(cursor.fetchall())
+
+
+def test_migrate_upgrades_the_earlier_releases_database_with_its_rows_intact(earlier_database):
     env, database = earlier_database
-    # given a database at the earlier release's schema, with a tenant, tasks and a worker identity
+    # given a database at the earlier release's schema, with a tenant, a task holding a key, a free key
     for app, migration in EARLIER_RELEASE.items():
         manage(env, "migrate", app, migration, "-v0")
     for app in DJANGO_APPS:
         manage(env, "migrate", app, "-v0")
+    assert columns(database, "SHOW COLUMNS FROM orbit_concurrency_key LIKE 'holders'") == []  # the earlier schema
     with database.cursor() as cursor:
-        cursor.execute("SHOW COLUMNS FROM orbit_worker_identity LIKE 'capacity'")
-        assert cursor.fetchall() == ()  # the earlier schema indeed
-    credentials = tmp_path / "credentials.json"
-    manage(
-        env,
-        "orbit_bootstrap",
-        "--application",
-        "upgrade",
-        "--namespace",
-        "default",
-        "--queue",
-        "upgrade",
-        "--environment",
-        "production",
-        "--worker-access",
-        "--output",
-        str(credentials),
-    )
-    issued = json.loads(credentials.read_text())
-    with database.cursor() as cursor:
-        for n in range(3):
-            cursor.execute(
-                "INSERT INTO orbit_worker_identity (namespace_id, worker_id, concurrency_keys, credential_id,"
-                " session_id, connected_at, queue_ids, handlers, seen_at)"
-                " VALUES (%s, %s, 1, '', %s, NOW(6), '[]', '[]', NULL)",
-                [issued["namespace_id"], f"earlier-{n}", f"{n:032x}"],
-            )
+        for statement in EARLIER_ROWS:
+            cursor.execute(statement)
     database.commit()
-    tables = ["orbit_application", "orbit_namespace", "orbit_credential", "orbit_queue", "orbit_queue_state"]
+    tables = ["orbit_namespace", "orbit_queue"]
     before = {table: rows(database, table) for table in tables}
-    identities = rows(database, "orbit_worker_identity")
+    applications = rows(database, "orbit_application")
     # when the new code migrates it
     manage(env, "migrate", "-v0")
-    # then every row is as it was, the identities now with capacity 0 ("not recorded")
+    # then every row is as it was; the held key counts its one holder, both keys have capacity 1 and no rate
     assert {table: rows(database, table) for table in tables} == before
-    assert rows(database, "orbit_worker_identity") == [(*row, 0) for row in identities]
+    assert [row[:5] for row in rows(database, "orbit_application")] == [row[:5] for row in applications]
+    keys = columns(
+        database,
+        "SELECT `key`, version, holder_attempt_id, holders, capacity, rate_tat, rate_reserved, next_start_at"
+        " FROM orbit_concurrency_key ORDER BY `key`",
+    )
+    assert keys == [("account/1", 1, ATTEMPT, 1, 1, None, 0, None), ("account/2", 2, "", 0, 1, None, 0, None)]
+    assert columns(database, "SELECT concurrency_slot, key_rate_reserved FROM orbit_attempt") == [(None, 0)]
+    assert columns(database, "SELECT fairness_key FROM orbit_task") == [("",)]
     manage(env, "orbit_check")  # exit 0: every counter agrees with the rows
     assert manage(env, "migrate", "--check", "-v0") == ""
