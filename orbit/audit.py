@@ -28,6 +28,9 @@ AUDIT_ACTIONS = (
     "task.cancel",
     "task.resolve",
     "application.configured",
+    "key_policy.created",
+    "key_policy.configured",
+    "key_policy.retired",
 )
 
 _gathering = threading.local()

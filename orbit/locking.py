@@ -15,6 +15,7 @@ from __future__ import annotations
 
 LOCK_ORDER: tuple[str, ...] = (
     "orbit_plan",  # a plan verb, or a trigger step whose submit locks what follows
+    "orbit_key_policy",  # a key policy configure or retire, then its application's generation
     "orbit_application",  # configuration rows: an application configure (alone in its transaction)
     "orbit_application_state",  # submits, leases, results, releases, cancels, recovery
     "orbit_queue",  # configuration rows: configure and retire

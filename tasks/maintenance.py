@@ -1,4 +1,5 @@
-"""Lease recovery, deadline sweeps and plan triggers, run by every server process.
+"""Lease recovery, deadline sweeps, plan triggers and the key policy
+reconciles a crash cut short, run by every server process.
 
 Every node may run this at once: candidates are read without locks and each
 transition re-checks under the global lock order.
@@ -22,6 +23,7 @@ from orbit.api.errors import translate
 from orbit.errors import Unavailable
 from plans.actions import fire_due_plans
 from tasks.actions.endings import recover_expired_leases, sweep_deadlines
+from tasks.actions.policies import catch_up_policies
 
 logger = logging.getLogger("orbit.maintenance")
 
@@ -32,7 +34,7 @@ _started = threading.Event()
 
 
 def run_sweep() -> int:
-    return recover_expired_leases() + sweep_deadlines() + fire_due_plans()
+    return recover_expired_leases() + sweep_deadlines() + fire_due_plans() + catch_up_policies()
 
 
 def database_unreachable(exc: BaseException) -> bool:

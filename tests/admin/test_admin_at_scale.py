@@ -114,6 +114,12 @@ def test_the_audit_filter_lists_every_action_the_verbs_write(operator, tenant):
         ).status_code
         == 200
     )
+    rule = {"match": {"prefix": "customer/"}, "capacity": 2, "reason": "r"}
+    policy = post_json(tenant.client, "/v1/key-policies", rule, key="kp").json()["data"]["policy"]
+    rule = {"expected_revision": "1", "reason": "r", "capacity": 3}
+    assert post_json(tenant.client, f"/v1/key-policies/{policy['id']}:configure", rule, key="kp-c").status_code == 200
+    done = {"expected_revision": "2", "reason": "r"}
+    assert post_json(tenant.client, f"/v1/key-policies/{policy['id']}:retire", done, key="kp-r").status_code == 200
     assert set(AuditEntry.objects.values_list("action", flat=True)) == set(AUDIT_ACTIONS)
     assert len(listed_ids(operator.get("/admin/orbit/auditentry/?action=task.cancel"))) == 1
 

@@ -163,6 +163,27 @@ def _concurrency_key(case: Any, world: World) -> None:
     case.path_parameters = {"key": CONTRACT_KEY}
 
 
+def _new_key_policy(world: World) -> tuple[str, str]:
+    body = {"match": {"key": f"contract/{fresh_key()}"}, "capacity": 2, "reason": "contract"}
+    policy = world.post("/v1/key-policies", body)["policy"]
+    return policy["id"], policy["revision"]
+
+
+def _key_policy(case: Any, world: World) -> None:
+    if "key_policy" not in world.named:
+        world.named["key_policy"] = _new_key_policy(world)[0]
+    policy_id = world.named["key_policy"]
+    case.path_parameters = {"policy_id": policy_id}
+    if case.method.upper() == "POST":
+        _set_body(case, expected_revision=world.revision(f"/v1/key-policies/{policy_id}"))
+
+
+def _retire_key_policy(case: Any, world: World) -> None:
+    policy_id, revision = _new_key_policy(world)
+    case.path_parameters = {"policy_id": policy_id}
+    _set_body(case, expected_revision=revision)
+
+
 # What a "real" case of each operation gets from the world.
 PREPARE: dict[str, Callable[[Any, World], None]] = {
     "GET /v1/queues": _nothing,
@@ -185,6 +206,11 @@ PREPARE: dict[str, Callable[[Any, World], None]] = {
     "GET /v1/events": _nothing,
     "GET /v1/concurrency-keys": _nothing,
     "GET /v1/concurrency-keys/{key}": _concurrency_key,
+    "GET /v1/key-policies": _nothing,
+    "POST /v1/key-policies": _nothing,
+    "GET /v1/key-policies/{policy_id}": _key_policy,
+    "POST /v1/key-policies/{policy_id}:configure": _key_policy,
+    "POST /v1/key-policies/{policy_id}:retire": _retire_key_policy,
     "GET /v1/plans": _nothing,
     "POST /v1/plans": _plan_create,
     "GET /v1/plans/{plan_id}": _plan("read"),

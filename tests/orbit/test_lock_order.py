@@ -32,6 +32,7 @@ from tasks.models import Attempt, Task
 from tests.conftest import Tenant, api_client, post_json
 from tests.support.api import assert_ok, make_queue
 from tests.support.factories import ALL_SCOPES, make_credential
+from tests.support.key_policies import make_key_rows
 from tests.support.lock_order import (
     Lock,
     assert_lock_order,
@@ -442,3 +443,24 @@ def test_a_hello_registers_its_worker(tenant):
                 principal=principal, worker_id="w-1", session_id=session, concurrency_keys=True, queue_ids=[queue["id"]]
             )
         assert assert_lock_order(queries, expect=["orbit_worker_identity"]) == [["orbit_worker_identity"]]  # alone
+
+
+def test_a_key_policy_create_configure_and_retire(tenant):
+    key_rows = [f"customer/{n}" for n in range(3)]
+    make_key_rows(tenant.namespace_id, key_rows)
+    body = {"match": {"prefix": "customer/"}, "capacity": 2, "reason": "shared"}
+    with captured() as creating:
+        policy = assert_ok(post_json(tenant.client, "/v1/key-policies", body, key="policy-1"), 201)["policy"]
+    # the insert, then the generation; then the reconcile's own transaction of key rows
+    reconcile = ["orbit_concurrency_key"]
+    assert assert_lock_order(creating, expect=["orbit_application", "orbit_event_sequence", *reconcile])
+    with captured() as configuring:
+        body = {"expected_revision": "1", "reason": "more", "capacity": 3}
+        assert_ok(post_json(tenant.client, f"/v1/key-policies/{policy['id']}:configure", body, key="policy-2"))
+    change = ["orbit_key_policy", "orbit_application", "orbit_idempotency_record", "orbit_event_sequence"]
+    # the change; its reconcile's chunk; the applied revision, a statement of its own
+    assert assert_lock_order(configuring) == [change, reconcile, ["orbit_key_policy"]]
+    with captured() as retiring:
+        body = {"expected_revision": "2", "reason": "done"}
+        assert_ok(post_json(tenant.client, f"/v1/key-policies/{policy['id']}:retire", body, key="policy-3"))
+    assert_lock_order(retiring, expect=["orbit_key_policy", "orbit_application", *reconcile])

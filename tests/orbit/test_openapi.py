@@ -45,6 +45,10 @@ ENDPOINTS = {
     "/v1/tasks/{task_id}/blockers": {"get"},
     "/v1/concurrency-keys": {"get"},
     "/v1/concurrency-keys/{key}": {"get"},
+    "/v1/key-policies": {"get", "post"},
+    "/v1/key-policies/{policy_id}": {"get"},
+    "/v1/key-policies/{policy_id}:configure": {"post"},
+    "/v1/key-policies/{policy_id}:retire": {"post"},
 }
 
 
@@ -77,6 +81,11 @@ OPERATION_IDS = {
     ("get", "/v1/plans/{plan_id}/triggers"): "plans_triggers_list",
     ("get", "/v1/concurrency-keys"): "concurrency_keys_list",
     ("get", "/v1/concurrency-keys/{key}"): "concurrency_keys_get",
+    ("get", "/v1/key-policies"): "key_policies_list",
+    ("post", "/v1/key-policies"): "key_policies_create",
+    ("get", "/v1/key-policies/{policy_id}"): "key_policies_get",
+    ("post", "/v1/key-policies/{policy_id}:configure"): "key_policies_configure",
+    ("post", "/v1/key-policies/{policy_id}:retire"): "key_policies_retire",
 }
 
 
