@@ -1,6 +1,6 @@
 """Every app's admin pages, registered when Django's admin autodiscovers this
 package (console is an installed app), in the apps' order."""
 
-from console.admin import core, plans, queues, tasks, workers
+from console.admin import core, keys, plans, queues, tasks, workers
 
-__all__ = ["core", "plans", "queues", "tasks", "workers"]
+__all__ = ["core", "keys", "plans", "queues", "tasks", "workers"]
