@@ -20,7 +20,7 @@ from tests.support.api import HEX32, assert_ok
 from tests.support.queues import SEED_CREATE, get_queue
 
 FILE_KEYS = {"url", "token", "application_id", "namespace_id", "environment", "queue_id", "scopes"}
-MANAGE_SCOPES = ["queues:manage", "queues:read", "tasks:cancel", "tasks:read", "tasks:submit"]
+MANAGE_SCOPES = ["keys:manage", "queues:manage", "queues:read", "tasks:cancel", "tasks:read", "tasks:submit"]
 
 
 @pytest.fixture(autouse=True)

@@ -241,7 +241,7 @@ def test_every_block_is_run_or_marked_not_run():
     assert [b.lang for b in blocks if b.runs] == EXPECTED_RUNNABLE, "a block was added or removed: check it below"
 
 
-EXPECTED_RUNNABLE = ["sh"] * 6 + ["python"] + ["sh"] * 10
+EXPECTED_RUNNABLE = ["sh"] * 6 + ["python"] + ["sh"] * 11
 
 
 def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: LiveServer):
@@ -280,6 +280,7 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
         application,
         plan,
         events,
+        key_policy,
         examples,
         probes,
         metrics,
@@ -334,6 +335,10 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
     assert [item["cursor"] for item in first_page["items"]] == ["1", "2"] and first_page["next_cursor"] == "2"
     assert [item["data"]["state"] for item in first_page["items"]] == ["WAITING", "LEASED"]
     assert [item["cursor"] for item in second_page["items"]] == ["3", "4"] and second_page["next_cursor"] == "4"
+    policy = data(key_policy)["policy"]
+    assert policy["match"] == {"prefix": "customer/"} and policy["capacity"] == 5 and policy["revision"] == "1"
+    assert policy["rate"] == {"starts": 10, "per_seconds": 1, "burst": 5}
+    assert {"keys:manage"} <= set(admin["scopes"]) and "keys:manage" in credentials["scopes"]
 
     # Examples: the seeds' lines.
     lines = examples.splitlines()

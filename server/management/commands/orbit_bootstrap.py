@@ -20,7 +20,8 @@ from server.management.commands._credentials_file import (
     refuse_existing,
 )
 
-MANAGE_SCOPES = ["queues:manage", "queues:read", "tasks:submit", "tasks:read", "tasks:cancel"]
+# keys:manage goes with queues:manage (SPEC §12): who shapes the queues shapes their keys too.
+MANAGE_SCOPES = ["queues:manage", "keys:manage", "queues:read", "tasks:submit", "tasks:read", "tasks:cancel"]
 WORKER_SCOPES = ["workers:connect", "workers:consume"]
 
 
