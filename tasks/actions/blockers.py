@@ -35,7 +35,9 @@ from tasks.actions.context import (
     window_reopens_at,
 )
 from tasks.actions.identities import SESSION_STALE_SECONDS
+from tasks.actions.keys import key_holders, namespace_policies
 from tasks.actions.reads import visible_task
+from tasks.key_rules import KeyRule
 from tasks.models import Attempt, ConcurrencyKey, Task, TaskState, WorkerIdentity
 
 MESSAGES = {
@@ -46,6 +48,8 @@ MESSAGES = {
     "START_WINDOW_FULL": "the queue's start window is full (rate_per_second, leases reserve room)",
     "APPLICATION_QUOTA_FULL": "the application's max_active_attempts are all in use",
     "KEY_HELD": "another attempt holds the concurrency key's permit",
+    "KEY_AT_CAPACITY": "attempts hold every permit of the concurrency key's capacity",
+    "KEY_RATE_LIMITED": "the concurrency key's start rate has no room before next_start_at",
     "KEY_TOKENS_EXHAUSTED": "the concurrency key's token space is spent; it never leases again",
     "KEY_TURN_OF_ANOTHER_TASK": "another waiting task of the same key and queue is next in line",
     "NO_WORKER": "no connected worker may take the task",
@@ -103,27 +107,21 @@ def blockers_of(task: Task, now: datetime | None = None, *, reader: Principal | 
         else:
             found.append(_reason("APPLICATION_QUOTA_FULL"))
     if task.concurrency_key:
-        found += _key_blockers(task, reader)
+        found += _key_blockers(task, reader, now)
     found += _worker_blockers(task, now)
     return found
 
 
-def _key_blockers(task: Task, reader: Principal | None) -> list[dict[str, Any]]:
+def _key_blockers(task: Task, reader: Principal | None, now: datetime) -> list[dict[str, Any]]:
     key = ConcurrencyKey.objects.filter(namespace_id=task.namespace_id, key=task.concurrency_key).first()
     if key is not None:
-        code = key_blocks(holder_attempt_id=key.holder_attempt_id, version=key.version)
-        if code == "KEY_HELD":
-            holder = Attempt.objects.filter(id=key.holder_attempt_id).first()
-            if reader is not None and not _may_read_holder(reader, key, holder):
-                # A key spans the namespace's queues; its holder may be a
-                # task this credential cannot read: only that the key is held.
-                return [_reason(code)]
-            facts = {"attempt_id": key.holder_attempt_id, "task_id": key.holder_task_id}
-            if holder is not None:
-                facts.update(worker_id=holder.worker_id, since=format_time(holder.leased_at))
-            return [_reason(code, **facts)]
-        if code == "KEY_TOKENS_EXHAUSTED":
-            return [_reason(code, highest_token=str(key.version))]
+        rule = namespace_policies(task.namespace_id).resolve(task.concurrency_key)
+        found = _key_permit_blockers(key, rule, reader)
+        if rule.rate is not None and not rule.rate.lease_allowed(key.rate_tat, key.rate_reserved, now):
+            next_start_at = rule.rate.next_lease_at(key.rate_tat, key.rate_reserved, now)
+            found.append(_reason("KEY_RATE_LIMITED", next_start_at=format_time(next_start_at), **_policy(rule)))
+        if found:
+            return found
     if not task.key_ready:
         # The key's ready set (tasks.actions.readiness): one waiting task per
         # key and queue is eligible; the lease takes that one first.
@@ -142,14 +140,42 @@ def _key_blockers(task: Task, reader: Principal | None) -> list[dict[str, Any]]:
     return []
 
 
-def _may_read_holder(reader: Principal, key: ConcurrencyKey, holder: Attempt | None) -> bool:
+def _policy(rule: KeyRule) -> dict[str, Any]:
+    return {"policy_id": rule.policy_id} if rule.policy_id is not None else {}
+
+
+def _key_permit_blockers(key: ConcurrencyKey, rule: KeyRule, reader: Principal | None) -> list[dict[str, Any]]:
+    """KEY_HELD (capacity 1: the seed's one permit, naming its holder),
+    KEY_AT_CAPACITY (capacity N > 1: at least N hold, a lowered capacity's
+    holders too), KEY_TOKENS_EXHAUSTED."""
+    if rule.capacity == 1:
+        holders = key_holders([key]).get((key.namespace_id, key.key), [])
+        if holders:
+            holder = holders[0]
+            if reader is not None and not _may_read_holder(reader, holder.task_id, holder.attempt):
+                # A key spans the namespace's queues; its holder may be a
+                # task this credential cannot read: only that the key is held.
+                return [_reason("KEY_HELD")]
+            facts = {"attempt_id": holder.attempt_id, "task_id": holder.task_id}
+            if holder.attempt is not None:
+                facts.update(worker_id=holder.attempt.worker_id, since=format_time(holder.attempt.leased_at))
+            return [_reason("KEY_HELD", **facts)]
+    elif key.holders >= rule.capacity:
+        # Counts only: which tasks hold is the key's page (GET /v1/concurrency-keys/{key}).
+        return [_reason("KEY_AT_CAPACITY", capacity=rule.capacity, holders=key.holders, **_policy(rule))]
+    if key_blocks(holder_attempt_id="", version=key.version) == "KEY_TOKENS_EXHAUSTED":
+        return [_reason("KEY_TOKENS_EXHAUSTED", highest_token=str(key.version))]
+    return []
+
+
+def _may_read_holder(reader: Principal, task_id: str, holder: Attempt | None) -> bool:
     """Whether `reader` may read the holding task (GET /v1/tasks/{id} would answer it)."""
     if reader.all_queues:
         return True
     queue_id = (
         holder.queue_id
         if holder is not None
-        else Task.objects.filter(id=key.holder_task_id).values_list("queue_id", flat=True).first()
+        else Task.objects.filter(id=task_id).values_list("queue_id", flat=True).first()
     )
     return queue_id is not None and reader.covers_queue(queue_id)
 
