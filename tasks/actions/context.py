@@ -22,6 +22,9 @@ from tasks.models import Attempt, ConcurrencyKey, Task
 # Most attempts one lease gives one worker: several workers on several nodes
 # share a hot queue instead of the fastest poller taking everything.
 LEASE_BATCH_MAX = 16
+# Most candidate scans one lease makes: a key with capacity above 1 shows the
+# scan one ready task per queue, so a lease that took one scans again for the next.
+LEASE_PASSES = 4
 RATE_WINDOW = timedelta(seconds=1)
 # A key row must be able to advance twice more (this lease, then its release).
 MAX_LEASABLE_KEY_VERSION = UINT64_MAX - 2

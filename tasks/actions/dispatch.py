@@ -39,6 +39,7 @@ from tasks import sql
 from tasks.actions import rollup
 from tasks.actions.context import (
     LEASE_BATCH_MAX,
+    LEASE_PASSES,
     MAX_LEASABLE_KEY_VERSION,
     RATE_WINDOW,
     Configuration,
@@ -123,13 +124,43 @@ def lease(
     refuse now (its queue's rate window full, a deadline passed), goes out
     unstarted, for the worker's own task.start.
 
+    A scan sees one ready task per key and queue (tasks.actions.readiness):
+    when the lease took a key that has permits left (capacity above 1) and is
+    not full, it scans again, up to LEASE_PASSES times, and the ready role it
+    handed on is taken too."""
+    limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
+    outcomes = [LeaseOutcome([]) for _ in requests]
+    for _ in range(LEASE_PASSES):
+        if sum(limits) <= 0:
+            break
+        passed, again = _lease_pass(requests, limits, configuration, starting)
+        outcomes = [
+            LeaseOutcome(
+                [*done.assignments, *now.assignments],
+                _sooner(done.rate_reopens_in, now.rate_reopens_in),
+                now.more,
+            )
+            for done, now in zip(outcomes, passed, strict=True)
+        ]
+        if not again:
+            break
+        limits = [limit - len(now.assignments) for limit, now in zip(limits, passed, strict=True)]
+    return outcomes
+
+
+def _lease_pass(
+    requests: list[tuple[WorkerContext, int]],
+    limits: list[int],
+    configuration: Configuration,
+    starting: Sequence[tuple[str, str] | None] | None,
+) -> tuple[list[LeaseOutcome], bool]:
+    """One pass of lease(), and whether another could take more (a key it
+    took has permits left and the lease is not full).
+
     In steps: the application's room, the queues' room, the candidates, their
     key permits, then each candidate in lease order is taken (its key's token,
     its attempt, its Start ahead) until the lease is full; the writes last."""
     worker = requests[0][0]  # what the kind shares
-    limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
-    if sum(limits) <= 0:
-        return [LeaseOutcome([]) for _ in requests]
     app_state = lock_application_state(worker.application_id)
     # Read the clock after the lock: leases of one application are serialized
     # here, so lease times follow token order.
@@ -137,12 +168,12 @@ def lease(
     application = configuration.application(worker.application_id)
     want = min(sum(limits), application_room(application, app_state.active_attempts))
     if want <= 0:
-        return [LeaseOutcome([]) for _ in requests]
+        return [LeaseOutcome([]) for _ in requests], False
     states = lock_queue_states(worker.queue_ids)
     queues = {queue.id: queue for queue in configuration.queues_of(states) if queue.namespace_id == worker.namespace_id}
     headroom, rate_reopens_in = _queue_room(queues.values(), states, now)
     if not headroom:
-        return [LeaseOutcome([], rate_reopens_in) for _ in requests]
+        return [LeaseOutcome([], rate_reopens_in) for _ in requests], False
     candidates, more = _best_candidates(worker, headroom, want, now)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
     permits = _KeyPermits.lock(worker, candidates, policies, now)
@@ -160,9 +191,10 @@ def lease(
         rate_reopens_in = _sooner(rate_reopens_in, _next_key_start_in(worker.namespace_id, now))
     if not taking.chosen:
         permits.write_cached()
-        return [LeaseOutcome([], rate_reopens_in, more) for _ in requests]
+        return [LeaseOutcome([], rate_reopens_in, more) for _ in requests], False
     taking.write(worker.application_id, permits)
-    return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments]
+    again = len(taking.chosen) < want and permits.room_left(taking.chosen)
+    return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments], again
 
 
 def _sooner(seconds: float | None, other: float | None) -> float | None:
@@ -314,6 +346,14 @@ class _KeyPermits:
         held = self.slots.get(key_row.key, {})
         # One of 1…N−1 is free: holders < capacity, and every held slot counts in holders.
         return next(slot for slot in range(1, capacity) if slot not in held or not held[slot].holder_attempt_id)
+
+    def room_left(self, chosen: list[tuple[Task, Attempt]]) -> bool:
+        """Whether a key of these taken tasks with capacity above 1 could still grant now."""
+        keys = {task.concurrency_key for task, _ in chosen if task.concurrency_key}
+        return any(
+            self.rules[key].capacity > 1 and key_refusal(self.rows[key], self.rules[key], self.now) is None
+            for key in keys
+        )
 
     def changes(self, key: str) -> dict[str, Any]:
         """The row's columns a lease that took or recached it writes."""

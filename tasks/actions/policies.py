@@ -35,11 +35,12 @@ from orbit.audit import record_management_change
 from orbit.db.rows import Pk, keyset_page, update_each_by_pk
 from orbit.errors import NotFound, PermissionDenied, StateConflict, require_revision
 from orbit.fields import is_resource_id
-from orbit.models import Application
+from orbit.models import Application, Namespace
 from orbit.principal import Actor, Principal
 from orbit.timefmt import format_time
 from orbit.transactions import outermost
 from tasks.key_rules import cache_rule, read_policy_set
+from tasks.locks import lock_application_state
 from tasks.models import ConcurrencyKey, KeyMatch, KeyPolicy
 
 logger = logging.getLogger("orbit.key_policies")
@@ -262,7 +263,16 @@ def _reconcile_chunk(namespace_id: str, kind: str, value: str, after: str | None
     covers (ascending key bytes, the lock order), resolves each with the
     namespace's policies as committed now (read after the locks), writes the
     cached columns that changed. Returns the rows changed and the key to go
-    on after (None: done)."""
+    on after (None: done).
+
+    The application's state row comes first, as for every other transaction
+    that locks key rows: a round locks the keys of its results, Starts and
+    leases in turn, each part in ascending order but not the whole, which is
+    safe only because they all hold the application's row first."""
+    application_id = Namespace.objects.filter(id=namespace_id).values_list("application_id", flat=True).first()
+    if application_id is None:
+        return 0, None
+    lock_application_state(application_id)
     rows_of = ConcurrencyKey.objects.select_for_update().filter(namespace_id=namespace_id)
     if kind == KeyMatch.KEY:
         rows = list(rows_of.filter(key=value).order_by("key")) if after is None else []

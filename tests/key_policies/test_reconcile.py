@@ -62,7 +62,7 @@ def test_an_exact_key_beats_a_longer_prefix_which_beats_a_shorter_one(tenant):
     assert capacities(tenant.namespace_id)["a/b/2"] == 3
 
 
-def test_each_chunk_is_its_own_transaction_locking_only_key_rows(tenant):
+def test_each_chunk_is_its_own_transaction_locking_its_application_then_key_rows(tenant):
     make_key_rows(tenant.namespace_id, [f"k/{n:04d}" for n in range(1200)])
     policy = KeyPolicy.objects.create(
         namespace_id=tenant.namespace_id,
@@ -75,8 +75,9 @@ def test_each_chunk_is_its_own_transaction_locking_only_key_rows(tenant):
     with CaptureQueriesContext(connection) as queries:
         assert policies.reconcile_policy(policy.id) == 1200
     if connection.vendor == "mysql":
-        locked = assert_lock_order(queries, expect=["orbit_concurrency_key"])
-        assert locked.count(["orbit_concurrency_key"]) == 3  # 500 + 500 + 200
+        chunk = ["orbit_application_state", "orbit_concurrency_key"]
+        locked = assert_lock_order(queries, expect=chunk)
+        assert locked.count(chunk) == 3  # 500 + 500 + 200
     # rerunnable: nothing left to change
     KeyPolicy.objects.filter(id=policy.id).update(applied_revision=0)
     assert policies.reconcile_policy(policy.id) == 0

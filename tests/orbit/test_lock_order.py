@@ -451,8 +451,9 @@ def test_a_key_policy_create_configure_and_retire(tenant):
     body = {"match": {"prefix": "customer/"}, "capacity": 2, "reason": "shared"}
     with captured() as creating:
         policy = assert_ok(post_json(tenant.client, "/v1/key-policies", body, key="policy-1"), 201)["policy"]
-    # the insert, then the generation; then the reconcile's own transaction of key rows
-    reconcile = ["orbit_concurrency_key"]
+    # the insert, then the generation; then the reconcile's own transaction of
+    # key rows, behind their application's state row as every key row is locked
+    reconcile = ["orbit_application_state", "orbit_concurrency_key"]
     assert assert_lock_order(creating, expect=["orbit_application", "orbit_event_sequence", *reconcile])
     with captured() as configuring:
         body = {"expected_revision": "1", "reason": "more", "capacity": 3}
