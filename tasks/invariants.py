@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -15,17 +16,25 @@ from django.db.models import Count, Max, Q
 from orbit.models import Application, ApplicationState, Event, EventSequence
 from plans.models import Plan, PlanTrigger, TriggerOutcome
 from queues.models import Queue, QueueState
+from tasks.key_rules import PolicySet, Rate, read_policy_set
 from tasks.models import (
     ACTIVE_ATTEMPT_STATES,
     Attempt,
     AttemptState,
     ConcurrencyKey,
+    ConcurrencySlot,
+    KeyPolicy,
     Task,
     TaskState,
     WorkerIdentity,
 )
 
 UNFINISHED_STATES = [TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
+# A round reads a namespace's key policies ahead of its transaction (SPEC §10): a lease
+# committed this long after a policy change is sure to have applied the change.
+POLICY_SETTLE = timedelta(seconds=5)
+# The GCRA replay's slack for the timestamps' rounding (the rate's interval is whole microseconds).
+RATE_TOLERANCE = timedelta(milliseconds=1)
 
 
 def find_violations_in_snapshot() -> list[str]:
@@ -83,6 +92,10 @@ def _active_attempts() -> list[Mapping[str, Any]]:
             "epoch",
             "worker_id",
             "session_id",
+            "concurrency_slot",
+            "concurrency_token",
+            "leased_at",
+            "key_rate_reserved",
         )
     )
 
@@ -148,33 +161,210 @@ def _task_attempt_violations(active: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def _key_violations(active: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The key rows against the attempts: their holders, their token sequences."""
+    """The key rows against the attempts: their holders by slot, their
+    capacities and rates, their token sequences."""
     holders = {
         (row.namespace_id, row.key): row
-        for row in ConcurrencyKey.objects.all().only("namespace_id", "key", "holder_attempt_id", "version")
+        for row in ConcurrencyKey.objects.all().only(
+            "namespace_id", "key", "holder_attempt_id", "holder_task_id", "version", "holders", "rate_reserved"
+        )
     }
-    return _key_holder_violations(active, holders) + _token_sequence_violations(holders)
+    slots: dict[tuple[str, str], list[ConcurrencySlot]] = defaultdict(list)
+    for slot in ConcurrencySlot.objects.all().order_by("namespace_id", "key", "slot"):
+        slots[(slot.namespace_id, slot.key)].append(slot)
+    policies = {namespace_id: read_policy_set(namespace_id) for namespace_id in {ns for ns, _ in holders}}
+    return (
+        _key_holder_violations(active, holders, slots)
+        + _key_capacity_violations(active, policies)
+        + _token_sequence_violations(holders)
+        + _slot_token_violations(active, holders, slots)
+        + key_rate_violations(active, holders, policies)
+    )
+
+
+def _effective_slot(attempt: Mapping[str, Any]) -> int:
+    # A grant under capacity 1 has no concurrency_slot: it holds slot 0, on the key's row.
+    slot = attempt["concurrency_slot"]
+    return 0 if slot is None else int(slot)
 
 
 def _key_holder_violations(
-    active: Sequence[Mapping[str, Any]], holders: Mapping[tuple[str, str], ConcurrencyKey]
+    active: Sequence[Mapping[str, Any]],
+    holders: Mapping[tuple[str, str], ConcurrencyKey],
+    slots: Mapping[tuple[str, str], list[ConcurrencySlot]],
 ) -> list[str]:
-    """One holder at most, and the holder is exactly the active keyed attempt."""
+    """Each key's valid permits are exactly its active attempts: the row counts
+    them (holders), each holds its own slot, and each slot names its holder
+    (slot 0 on the key row, slots 1…N−1 on slot rows), and nothing else."""
     problems: list[str] = []
-    active_keyed = defaultdict(list)
+    active_keyed: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for attempt in active:
         if attempt["concurrency_key"]:
-            active_keyed[(attempt["namespace_id"], attempt["concurrency_key"])].append(attempt["id"])
-    for ident, attempt_ids in active_keyed.items():
-        if len(attempt_ids) > 1:
-            problems.append(f"key {ident}: {len(attempt_ids)} active permits")
+            active_keyed[(attempt["namespace_id"], attempt["concurrency_key"])].append(attempt)
+    for ident in sorted(set(active_keyed) | set(holders) | set(slots)):
+        attempts = active_keyed.get(ident, [])
         row = holders.get(ident)
-        if row is None or row.holder_attempt_id not in attempt_ids:
-            problems.append(f"key {ident}: active attempt {attempt_ids} is not the row's holder")
-    for ident, row in holders.items():
-        if row.holder_attempt_id and ident not in active_keyed:
-            problems.append(f"key {ident}: held by {row.holder_attempt_id}, which is not active")
+        if row is None:
+            if attempts:
+                problems.append(f"key {ident}: active attempts {[a['id'] for a in attempts]} but no key row")
+            continue
+        if row.holders != len(attempts):
+            problems.append(f"key {ident}: holders={row.holders} but {len(attempts)} active attempts")
+        held: dict[int, tuple[str, str]] = {}
+        if row.holder_attempt_id:
+            held[0] = (row.holder_attempt_id, row.holder_task_id)
+        for slot in slots.get(ident, []):
+            if slot.slot == 0:
+                problems.append(f"key {ident}: a slot row for slot 0, which is the key row's")
+            elif slot.holder_attempt_id:
+                held[slot.slot] = (slot.holder_attempt_id, slot.holder_task_id)
+        by_slot: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
+        for attempt in attempts:
+            by_slot[_effective_slot(attempt)].append(attempt)
+        for number, on_slot in sorted(by_slot.items()):
+            if len(on_slot) > 1:
+                problems.append(f"key {ident}: slot {number} held by {len(on_slot)} active attempts")
+            holder = held.get(number)
+            for attempt in on_slot:
+                if holder is None or holder[0] != attempt["id"]:
+                    problems.append(
+                        f"key {ident}: active attempt {attempt['id']} on slot {number} is not the slot's holder"
+                    )
+                elif holder[1] != attempt["task_id"]:
+                    problems.append(
+                        f"key {ident}: slot {number} names task {holder[1]}, its attempt's is {attempt['task_id']}"
+                    )
+        for number, (attempt_id, _) in sorted(held.items()):
+            if not any(a["id"] == attempt_id for a in by_slot.get(number, [])):
+                problems.append(f"key {ident}: slot {number} held by {attempt_id}, which is not active on it")
     return problems
+
+
+def _last_policy_changes() -> dict[str, datetime]:
+    """When each namespace's key policies last changed (made, configured, retired)."""
+    changed: dict[str, datetime] = {}
+    for namespace_id, updated_at, retired_at in KeyPolicy.objects.values_list(
+        "namespace_id", "updated_at", "retired_at"
+    ):
+        latest = max(updated_at, retired_at) if retired_at is not None else updated_at
+        if namespace_id not in changed or latest > changed[namespace_id]:
+            changed[namespace_id] = latest
+    return changed
+
+
+def _key_capacity_violations(active: Sequence[Mapping[str, Any]], policies: Mapping[str, PolicySet]) -> list[str]:
+    """No grant exceeded the capacity in force: the k-th active attempt of a
+    key, in lease order, was granted while the k − 1 before it held, so k is
+    at most the capacity of its lease. A lowered capacity keeps its holders, so
+    only leases made after the namespace's last policy change (and its settling
+    time) are held to the rule in force now; a key without a policy ever made
+    in its namespace is held to capacity 1 always."""
+    problems: list[str] = []
+    changed = _last_policy_changes()
+    active_keyed: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
+    for attempt in active:
+        if attempt["concurrency_key"]:
+            active_keyed[(attempt["namespace_id"], attempt["concurrency_key"])].append(attempt)
+    for ident, attempts in sorted(active_keyed.items()):
+        namespace_id, key = ident
+        policy_set = policies.get(namespace_id)
+        rule = policy_set.resolve(key) if policy_set is not None else read_policy_set(namespace_id).resolve(key)
+        settled = changed.get(namespace_id)
+        ordered = sorted(attempts, key=lambda a: (a["leased_at"], a["concurrency_token"] or 0))
+        for index, attempt in enumerate(ordered, start=1):
+            in_force = settled is None or attempt["leased_at"] > settled + POLICY_SETTLE
+            if in_force and index > rule.capacity:
+                problems.append(
+                    f"key {ident}: attempt {attempt['id']} granted as permit {index} of capacity {rule.capacity}"
+                )
+            slot = attempt["concurrency_slot"]
+            if in_force and slot is not None and int(slot) >= rule.capacity:
+                problems.append(f"key {ident}: attempt {attempt['id']} on slot {slot} of capacity {rule.capacity}")
+            if in_force and rule.capacity == 1 and slot is not None:
+                problems.append(f"key {ident}: attempt {attempt['id']} has slot {slot} under capacity 1")
+    return problems
+
+
+def _slot_token_violations(
+    active: Sequence[Mapping[str, Any]],
+    holders: Mapping[tuple[str, str], ConcurrencyKey],
+    slots: Mapping[tuple[str, str], list[ConcurrencySlot]],
+) -> list[str]:
+    """A slot's token is one its key issued (at most the key's version) and,
+    while held, its holder's; the valid holders of a key hold distinct tokens."""
+    problems: list[str] = []
+    token_of = {a["id"]: a["concurrency_token"] for a in active}
+    for ident, key_slots in sorted(slots.items()):
+        row = holders.get(ident)
+        for slot in key_slots:
+            if row is None or slot.token > row.version:
+                version = None if row is None else row.version
+                problems.append(f"key {ident}: slot {slot.slot} token {slot.token} beyond the key's version {version}")
+            if slot.holder_attempt_id in token_of and token_of[slot.holder_attempt_id] != slot.token:
+                problems.append(
+                    f"key {ident}: slot {slot.slot} token {slot.token} but its holder "
+                    f"{slot.holder_attempt_id} has token {token_of[slot.holder_attempt_id]}"
+                )
+    tokens: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+    for attempt in active:
+        if attempt["concurrency_key"] and attempt["concurrency_token"] is not None:
+            tokens[(attempt["namespace_id"], attempt["concurrency_key"])][attempt["concurrency_token"]] += 1
+    for ident, counted in sorted(tokens.items()):
+        for token, times in sorted(counted.items()):
+            if times > 1:
+                problems.append(f"key {ident}: token {token} held by {times} active attempts")
+    return problems
+
+
+def key_rate_violations(
+    active: Sequence[Mapping[str, Any]],
+    holders: Mapping[tuple[str, str], ConcurrencyKey],
+    policies: Mapping[str, PolicySet],
+) -> list[str]:
+    """A key's GCRA state against its attempts: rate_reserved counts its
+    LEASED attempts that reserved a Start, and for a key whose rule has a rate
+    its approved Starts since the namespace's last policy change keep the bound
+    (count ≤ burst + t / T in every interval t): replayed through GCRA over the
+    sorted started_at, with 1 ms of slack for rounding. A replay from an empty
+    state is never stricter than the engine's, which also remembers the Starts
+    before it."""
+    problems: list[str] = []
+    reserved: Counter[tuple[str, str]] = Counter(
+        (a["namespace_id"], a["concurrency_key"])
+        for a in active
+        if a["concurrency_key"] and a["state"] == AttemptState.LEASED and a["key_rate_reserved"]
+    )
+    for ident in sorted(set(reserved) | set(holders)):
+        row = holders.get(ident)
+        expected = reserved.get(ident, 0)
+        if row is not None and row.rate_reserved != expected:
+            problems.append(f"key {ident}: rate_reserved={row.rate_reserved} but {expected} LEASED attempts reserved")
+    changed = _last_policy_changes()
+    for ident in sorted(holders):
+        namespace_id, key = ident
+        policy_set = policies.get(namespace_id)
+        rule = policy_set.resolve(key) if policy_set is not None else None
+        if rule is None or rule.rate is None:
+            continue
+        starts = Attempt.objects.filter(namespace_id=namespace_id, concurrency_key=key, started_at__isnull=False)
+        settled = changed.get(namespace_id)
+        if settled is not None:
+            starts = starts.filter(started_at__gt=settled + POLICY_SETTLE)
+        problems += _gcra_replay(ident, rule.rate, list(starts.order_by("started_at").values_list("started_at", "id")))
+    return problems
+
+
+def _gcra_replay(ident: tuple[str, str], rate: Rate, starts: list[tuple[datetime, str]]) -> list[str]:
+    tat: datetime | None = None
+    for started_at, attempt_id in starts:
+        if tat is not None and tat - rate.tolerance > started_at + RATE_TOLERANCE:
+            allowed = (tat - rate.tolerance).isoformat()
+            return [
+                f"key {ident}: attempt {attempt_id} started at {started_at.isoformat()}, before its rate "
+                f"({rate.starts}/{rate.per_seconds}s, burst {rate.burst}) allowed one ({allowed})"
+            ]
+        tat = rate.after_start(tat, started_at)
+    return []
 
 
 def _token_sequence_violations(holders: Mapping[tuple[str, str], ConcurrencyKey]) -> list[str]:
