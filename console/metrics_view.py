@@ -4,7 +4,8 @@ The counters (orbit.metrics, counted by the verbs: this process's, or with
 several server processes all of theirs added up) and, per queue, gauges read
 from the queue_state rows the engine keeps anyway: a scrape reads one row per
 queue and never scans the task table, and they are one value whichever process
-answers. Apart from the counters so that the verbs, which count, do not import
+answers. Per key policy, the permits in use, summed from the key rows'
+holders. Apart from the counters so that the verbs, which count, do not import
 the HTTP layer."""
 
 from __future__ import annotations
@@ -31,11 +32,16 @@ from orbit.models import Application, Namespace
 from orbit.principal import TOKEN_PATTERN, authenticate_token, token_from_header
 from queues.models import Queue, QueueState
 from tasks.actions.context import RATE_WINDOW
-from tasks.models import Task, TaskState
+from tasks.key_rules import policies_of
+from tasks.models import ConcurrencyKey, KeyPolicy, Task, TaskState
 
 # Queue names are unique per namespace, namespaces per application and
 # environment: the four labels name one queue.
 QUEUE_LABELS = ["application", "environment", "namespace", "queue"]
+# A key policy's permits are the namespace's: the three name the namespace, the fourth the
+# policy (its id, or "default" for the keys no policy matches: capacity 1, no rate).
+KEY_POLICY_LABELS = ["application", "environment", "namespace", "policy"]
+DEFAULT_POLICY_LABEL = "default"
 # IN lists of at most this many queue ids per NEEDS_REVIEW count.
 _ID_CHUNK = 1000
 
@@ -123,6 +129,60 @@ def queue_gauges() -> list[QueueGauges]:
     return gauges
 
 
+def key_permit_gauges() -> dict[tuple[str, str, str, str], int]:
+    """Valid permits in use per key policy: the holders of the key rows that
+    hold any, each key resolved by its namespace's live policies now (a
+    lowered capacity's remaining holders count under the policy they hold
+    under now). Every live policy has its sample, 0 while none of its keys is
+    held; "default" appears for a namespace while a key without a policy is held.
+
+    Reads the key rows with holders (the key table has one row per key ever
+    leased and no index on holders: a scan of it, as orbit_check's) and the
+    live policies (idx_key_policy_ns_live)."""
+    namespaces = {row[0]: row for row in Namespace.objects.values_list("id", "application_id", "environment", "name")}
+    applications = {row[0]: row for row in Application.objects.values_list("id", "name", "key_policy_generation")}
+
+    def labels_of(namespace_id: str, policy: str) -> tuple[str, str, str, str] | None:
+        namespace = namespaces.get(namespace_id)
+        if namespace is None:
+            return None
+        application = applications.get(namespace[1])
+        return (application[1] if application else "", namespace[2], namespace[3], policy)
+
+    gauges: dict[tuple[str, str, str, str], int] = {}
+    for namespace_id, policy_id in KeyPolicy.objects.filter(live=True).values_list("namespace_id", "id"):
+        labels = labels_of(namespace_id, policy_id)
+        if labels is not None:
+            gauges[labels] = 0
+    held = ConcurrencyKey.objects.filter(holders__gt=0).values_list("namespace_id", "key", "holders")
+    for namespace_id, key, holders in held.iterator():
+        namespace = namespaces.get(namespace_id)
+        application = applications.get(namespace[1]) if namespace is not None else None
+        generation = application[2] if application is not None else 0
+        rule = policies_of(namespace_id, generation).resolve(key)
+        labels = labels_of(namespace_id, rule.policy_id or DEFAULT_POLICY_LABEL)
+        if labels is not None:
+            gauges[labels] = gauges.get(labels, 0) + holders
+    return gauges
+
+
+class KeyPermitCollector(Collector):
+    """orbit_key_permits_in_use of one scrape."""
+
+    def __init__(self, gauges: dict[tuple[str, str, str, str], int]) -> None:
+        self.gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "orbit_key_permits_in_use",
+            "Valid concurrency-key permits held (LEASED + RUNNING keyed attempts), per key policy",
+            labels=KEY_POLICY_LABELS,
+        )
+        for labels, value in sorted(self.gauges.items()):
+            family.add_metric(list(labels), float(value))
+        yield family
+
+
 class QueueCollector(Collector):
     """The per-queue gauges of one scrape."""
 
@@ -199,6 +259,7 @@ class MetricsView(APIView):
         scrape = CollectorRegistry(auto_describe=False)
         scrape.register(metrics.AnsweringProcess())
         scrape.register(QueueCollector(queue_gauges()))
+        scrape.register(KeyPermitCollector(key_permit_gauges()))
         return HttpResponse(generate_latest(counters()) + generate_latest(scrape), content_type=CONTENT_TYPE_LATEST)
 
 
