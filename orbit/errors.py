@@ -91,14 +91,20 @@ class Internal(OrbitError):
     status = 500
 
 
+QUEUE_RATE_REACHED = "queue start rate reached; retry after the window"
+KEY_RATE_REACHED = "concurrency key start rate reached; retry when the key has room"
+
+
 class RateLimited(OrbitError):
-    """Worker protocol only: Start refused, the queue's window is full."""
+    """Worker protocol only: Start refused, the queue's window is full or its
+    concurrency key has no start room under its rate."""
 
     code = "RATE_LIMITED"
     status = 429
 
-    def __init__(self, retry_after_ms: int) -> None:
-        super().__init__("queue start rate reached; retry after the window", details={"retry_after_ms": retry_after_ms})
+    def __init__(self, retry_after_ms: int, message: str = QUEUE_RATE_REACHED) -> None:
+        super().__init__(message, details={"retry_after_ms": retry_after_ms})
+        self.retry_after_ms = retry_after_ms
 
 
 class QueuePaused(OrbitError):

@@ -28,7 +28,7 @@ from orbit.db.rows import (
     update_by_pk,
     update_each_by_pk,
 )
-from orbit.errors import LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
+from orbit.errors import KEY_RATE_REACHED, LeaseLost, OrbitError, QueuePaused, RateLimited, TaskCancelled
 from orbit.metrics import ATTEMPTS_LEASED, ATTEMPTS_STARTED
 from orbit.models import ApplicationState
 from orbit.timefmt import format_time
@@ -748,7 +748,7 @@ def _approve_start(
     group's Starts: each approval counts in what the next one sees."""
     rate = rule.rate if rule is not None else None
     if key_row is not None and rate is not None and not rate.start_allowed(key_row.rate_tat, now):
-        raise RateLimited(rate.retry_after_ms(key_row.rate_tat, now))
+        raise RateLimited(rate.retry_after_ms(key_row.rate_tat, now), KEY_RATE_REACHED)
     if not window_open(state, now):
         state.window_started_at = now
         state.window_count = 0
