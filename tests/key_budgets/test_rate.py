@@ -6,6 +6,7 @@ retry_after_ms."""
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -52,9 +53,7 @@ def test_starts_of_a_rated_key_keep_the_gcra_bound(tenant):
 
 
 def test_gcra_violations_finds_a_window_over_the_bound():
-    from datetime import datetime, timedelta, timezone
-
-    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    at = datetime(2026, 1, 1, tzinfo=UTC)
     rate = Rate(starts=1, per_seconds=1, burst=2)
     fine = [at, at, at + timedelta(seconds=1), at + timedelta(seconds=2)]
     assert gcra_violations(fine, rate) == []
