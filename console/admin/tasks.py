@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.safestring import SafeString
 
 from console import data
@@ -13,7 +13,7 @@ from console.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, li
 from orbit.models import Namespace
 from queues.models import Queue
 from tasks.actions import keys
-from tasks.models import Attempt, ConcurrencyKey, Task, WorkerIdentity
+from tasks.models import Attempt, ConcurrencyKey, KeyPolicy, Task, WorkerIdentity
 
 # The task's fields its page leaves out: key_ready is a dispatch flag of the
 # engine (true on unkeyed tasks too), not something an operator acts on.
@@ -202,12 +202,38 @@ class AttemptAdmin(ReadOnlyAdmin):
         return link(key_url(attempt.namespace_id, attempt.concurrency_key), attempt.concurrency_key)
 
 
+def policy_context(described: dict[str, Any]) -> dict[str, Any]:
+    """The key's policy (None: the default, capacity 1 and no rate) and its
+    console page, when the key policy admin is there."""
+    policy_id = described.get("policy_id")
+    policy = KeyPolicy.objects.filter(id=policy_id).first() if policy_id else None
+    url = ""
+    if policy is not None:
+        try:
+            url = change_url(KeyPolicy, policy.id)
+        except NoReverseMatch:  # the policy has no page of its own
+            url = ""
+    return {"policy": policy, "policy_url": url}
+
+
+def holders_with_links(described: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {
+            **holder,
+            "attempt_url": change_url(Attempt, holder["attempt_id"]),
+            "task_url": change_url(Task, holder["task_id"]),
+        }
+        for holder in described.get("holders", [])
+    ]
+
+
 @admin.register(ConcurrencyKey)
 class ConcurrencyKeyAdmin(ReadOnlyAdmin):
-    """A key's page: its holder, highest token, waiting tasks and token
-    history (its attempts, newest lease first). Never reset, never deleted."""
+    """A key's page: its policy (capacity, rate), its holders by slot, its
+    rate state, highest token, waiting tasks and token history (its attempts,
+    newest lease first). Never reset, never deleted."""
 
-    list_display = ("key", "namespace_id", "version", "holder_attempt_id", "holder_task_id", "updated_at")
+    list_display = ("key", "namespace_id", "version", "holders", "capacity", "holder_attempt_id", "updated_at")
     namespaced_search_fields = ("key",)
     change_form_template = "admin/tasks/concurrencykey/change_form.html"
 
@@ -243,6 +269,8 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
             "key": key,
             "namespace": Namespace.objects.filter(id=namespace_id).first(),
             "described": described,
+            "holders": holders_with_links(described),
+            **policy_context(described),
             "history": [],
             "waiting": with_queue_names(data.key_waiting_tasks(namespace_id, key)),
         }
@@ -260,6 +288,8 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
                 subtitle=f"Concurrency key {row.key}",
                 row=row,
                 described=described,
+                holders=holders_with_links(described),
+                **policy_context(described),
                 holder=holder,
                 holder_since=holder and holder.get("since"),
                 holder_attempt_url=change_url(Attempt, row.holder_attempt_id) if row.holder_attempt_id else "",
