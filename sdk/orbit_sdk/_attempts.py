@@ -103,6 +103,9 @@ class Execution:
         self.attempt_number: int = attempt_number
         self.epoch: int = assignment.epoch
         self.concurrency_token: int | None = assignment.concurrency_token
+        # The permit's slot (0…N−1) on a key of capacity N > 1; None under capacity 1. The
+        # fencing guard fences (key, slot), so holders of different slots both write.
+        self.concurrency_slot: int | None = assignment.concurrency_slot
         # The lease's end as the server last confirmed it: every renewal refreshes it, so a
         # resource can refuse a write from a worker paused past it (orbit_sdk.fencing).
         self.lease_expires_at: datetime.datetime | None = lease_expires_at

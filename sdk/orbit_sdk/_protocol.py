@@ -126,6 +126,8 @@ class Assignment:
     lease_expires_at: datetime.datetime | None
     state: str | None  # only in hello.ok.held and task.resume.ok
     attempt_number: int | None
+    # The permit's slot of a key with capacity above 1 (SPEC §12); absent (None) under capacity 1.
+    concurrency_slot: int | None = None
 
 
 def ids_of(frame: Any) -> tuple[str, int] | None:
@@ -159,6 +161,9 @@ def parse_assignment(frame: Any, *, concurrency_keys: bool) -> Assignment:
         raise ProtocolError("keyed task without concurrency_token")
     if task.concurrency_key is None and has_token:
         raise ProtocolError("concurrency_token without a concurrency key")
+    slot = _opt_int(obj, "concurrency_slot", what)
+    if slot is not None and (slot < 0 or task.concurrency_key is None):
+        raise ProtocolError(f"concurrency_slot {slot!r} without a concurrency key, or below 0")
     return Assignment(
         attempt_id=ids[0],
         epoch=ids[1],
@@ -167,6 +172,7 @@ def parse_assignment(frame: Any, *, concurrency_keys: bool) -> Assignment:
         lease_expires_at=_opt_time(obj, "lease_expires_at", what),
         state=_opt_str(obj, "state", what),
         attempt_number=_opt_int(obj, "attempt_number", what),
+        concurrency_slot=slot,
     )
 
 
@@ -177,6 +183,7 @@ def changes(known: Assignment, new: Assignment) -> str | None:
         ("task id", known.task.id, new.task.id),
         ("concurrency_key", known.task.concurrency_key, new.task.concurrency_key),
         ("concurrency_token", known.concurrency_token, new.concurrency_token),
+        ("concurrency_slot", known.concurrency_slot, new.concurrency_slot),
     ):
         if old_value != new_value:
             return f"attempt {known.attempt_id}: {name} changed from {old_value!r} to {new_value!r}"

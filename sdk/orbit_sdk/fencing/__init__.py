@@ -2,7 +2,9 @@
 
 Orbit gives every attempt on a concurrency key a strictly increasing ``concurrency_token``.
 The token protects nothing unless the resource checks it, in ONE atomic operation: lock the
-(namespace, key) fence row, refuse ``token < highest_token``, raise the highest token,
+(namespace, key) fence row (or, for a key of capacity above 1, the (namespace, key, slot) row:
+``Guard.write(..., slot=execution.concurrency_slot)``, which ``for_execution`` does by itself),
+refuse ``token < highest_token``, raise the highest token,
 de-duplicate by a stable operation id, do the write and record its result. This module is
 that operation for resources kept in MySQL/MariaDB, PostgreSQL or SQLite::
 
@@ -35,7 +37,15 @@ from __future__ import annotations
 
 # `X as X`: public names the module had outside __all__ (tests and docs read them as
 # fencing.NAME), re-exported explicitly so they stay importable, and typed, from here.
-from orbit_sdk.fencing._ddl import ddl, django_operations, drop_ddl, install
+from orbit_sdk.fencing._ddl import (
+    ddl,
+    django_operations,
+    django_slot_operations,
+    drop_ddl,
+    install,
+    slot_ddl,
+    slot_drop_ddl,
+)
 from orbit_sdk.fencing._guard import (
     DEFAULT_LEASE_MARGIN,
     Applied,
@@ -55,6 +65,7 @@ from orbit_sdk.fencing._http import (
     HEADER_LEASE,
     HEADER_NAMESPACE,
     HEADER_OPERATION,
+    HEADER_SLOT,
     HEADER_TOKEN,
     REPLAYED_HEADERS,
     ASGIMiddleware,
@@ -66,6 +77,7 @@ from orbit_sdk.fencing._http import (
 )
 from orbit_sdk.fencing._http import HEADER_REPLAYED as HEADER_REPLAYED
 from orbit_sdk.fencing._values import DIALECTS
+from orbit_sdk.fencing._values import FENCE_SLOT_TABLE as FENCE_SLOT_TABLE
 from orbit_sdk.fencing._values import FENCE_TABLE as FENCE_TABLE
 from orbit_sdk.fencing._values import MAX_KEY as MAX_KEY
 from orbit_sdk.fencing._values import MAX_NAMESPACE as MAX_NAMESPACE
@@ -88,6 +100,7 @@ __all__ = [
     "HEADER_LEASE",
     "HEADER_NAMESPACE",
     "HEADER_OPERATION",
+    "HEADER_SLOT",
     "HEADER_TOKEN",
     "LeaseExpired",
     "OperationMismatch",
@@ -97,8 +110,11 @@ __all__ = [
     "WSGIMiddleware",
     "ddl",
     "django_operations",
+    "django_slot_operations",
     "drop_ddl",
     "headers_for",
     "install",
     "parse_headers",
+    "slot_ddl",
+    "slot_drop_ddl",
 ]

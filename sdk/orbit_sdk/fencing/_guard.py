@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from orbit_sdk._exceptions import OrbitError
 from orbit_sdk.fencing._adapters import _adapter
 from orbit_sdk.fencing._values import (
+    FENCE_SLOT_TABLE,
     FENCE_TABLE,
     MAX_KEY,
     MAX_NAMESPACE,
@@ -26,6 +27,7 @@ from orbit_sdk.fencing._values import (
     _aware,
     _check_dialect,
     _identifier,
+    _slot,
     _token,
 )
 
@@ -44,16 +46,20 @@ class FenceRefused(OrbitError):
 
 
 class StaleToken(FenceRefused):
-    """``token`` is lower than the ``highest`` token this (namespace, key) has accepted."""
+    """``token`` is lower than the ``highest`` token this (namespace, key) has accepted, or with
+    a ``slot``, this (namespace, key, slot)."""
 
-    def __init__(self, token: int, highest: int, namespace: str = "", key: str = "") -> None:
+    def __init__(self, token: int, highest: int, namespace: str = "", key: str = "", slot: int | None = None) -> None:
         self.token = token
         self.highest = highest
         self.namespace = namespace
         self.key = key
+        self.slot = slot
+        where = f"key {key!r}" if slot is None else f"key {key!r} slot {slot}"
+        held = "this key" if slot is None else "this slot of the key"
         super().__init__(
-            f"stale token {token} for key {key!r} in namespace {namespace!r}: the resource has "
-            f"accepted token {highest}; a newer attempt holds (or held) this key, so this write is refused"
+            f"stale token {token} for {where} in namespace {namespace!r}: the resource has "
+            f"accepted token {highest}; a newer attempt holds (or held) {held}, so this write is refused"
         )
 
 
@@ -160,26 +166,34 @@ def _protocol(
     operation_id: str,
     lease_expires_at: datetime.datetime | None,
     margin: float,
+    slot: int | None = None,
 ) -> Generator[Any, Any, Applied]:
     where = "namespace = %s AND fence_key = %s"
-    ids = (namespace, key)
+    ids: tuple[Any, ...] = (namespace, key)
+    # The fence row: the key's, or with a slot the (key, slot)'s, so that the valid holders of
+    # a key's different slots do not fence each other out. Operations stay per key.
+    table, fence_where, fence_ids, columns = FENCE_TABLE, where, ids, "namespace, fence_key"
+    if slot is not None:
+        table, fence_where, fence_ids = FENCE_SLOT_TABLE, where + " AND slot = %s", (*ids, slot)
+        columns += ", slot"
     # 1. Lock (or create, then lock) the fence row. SQLite has no row locks: the guard's
     #    transaction holds the database's write lock from its first statement (BEGIN IMMEDIATE,
     #    or a write as the first statement under Django), so it starts with the insert.
-    select = f"SELECT highest_token FROM {FENCE_TABLE} WHERE {where}"
+    select = f"SELECT highest_token FROM {table} WHERE {fence_where}"
     rows: list[Any] = []
     if dialect != "sqlite":
-        rows = yield _Query(select + " FOR UPDATE", ids, lock_step=True)
+        rows = yield _Query(select + " FOR UPDATE", fence_ids, lock_step=True)
     if not rows:
-        insert = f"INSERT INTO {FENCE_TABLE} (namespace, fence_key, highest_token) VALUES (%s, %s, %s)"
+        marks = ", ".join(["%s"] * len(fence_ids))
+        insert = f"INSERT INTO {table} ({columns}, highest_token) VALUES ({marks}, %s)"
         if dialect == "mysql":
             insert += " ON DUPLICATE KEY UPDATE highest_token = highest_token"
         elif dialect == "postgresql":
-            insert += " ON CONFLICT (namespace, fence_key) DO NOTHING"
+            insert += f" ON CONFLICT ({columns}) DO NOTHING"
         else:
             insert = insert.replace("INSERT INTO", "INSERT OR IGNORE INTO", 1)
-        yield _Query(insert, (*ids, _encode(dialect, 0)), lock_step=True)
-        rows = yield _Query(select + ("" if dialect == "sqlite" else " FOR UPDATE"), ids, lock_step=True)
+        yield _Query(insert, (*fence_ids, _encode(dialect, 0)), lock_step=True)
+        rows = yield _Query(select + ("" if dialect == "sqlite" else " FOR UPDATE"), fence_ids, lock_step=True)
     highest = int(rows[0][0])
     record = f"SELECT token, result FROM {OPERATION_TABLE} WHERE {where} AND operation_id = %s"
     # 2. Refuse a stale token, except for the resend of an operation this token (or an older
@@ -188,10 +202,12 @@ def _protocol(
         rows = yield _Query(record, (*ids, operation_id))
         if rows and int(rows[0][0]) <= token:
             return Applied(json.loads(rows[0][1]), True, int(rows[0][0]), highest)
-        raise StaleToken(token, highest, namespace, key)
+        raise StaleToken(token, highest, namespace, key, slot)
     # 3. Raise the highest token (kept only if the transaction commits).
     if token > highest:
-        yield _Query(f"UPDATE {FENCE_TABLE} SET highest_token = %s WHERE {where}", (_encode(dialect, token), *ids))
+        yield _Query(
+            f"UPDATE {table} SET highest_token = %s WHERE {fence_where}", (_encode(dialect, token), *fence_ids)
+        )
     # 4. An operation already applied (by this token or an older one) answers what it recorded.
     rows = yield _Query(record, (*ids, operation_id))
     if rows:
@@ -257,6 +273,11 @@ def _from_execution(execution: _ExecutionLike) -> tuple[str, str, int]:
     return namespace, key, token
 
 
+def _slot_of(execution: _ExecutionLike) -> int | None:
+    # Read, not required: an execution of an SDK before capacities (or a test's own) has none.
+    return _slot(getattr(execution, "concurrency_slot", None))
+
+
 class Guard:
     """Runs writes on ``connection`` inside the fence (see the module docstring).
 
@@ -304,18 +325,24 @@ class Guard:
         fn: Callable[[Any], Any],
         *,
         lease_expires_at: datetime.datetime | None = None,
+        slot: int | None = None,
     ) -> Any:
         """Run ``fn(connection)`` in the fence's transaction and return its JSON result.
 
         Raises :class:`StaleToken` when ``token`` is below the highest token accepted for
         (namespace, key), and :class:`LeaseExpired` when ``lease_expires_at`` is given and has
         passed by the database's clock (less the margin), and :class:`TokenOutOfRange` when
-        ``token`` is above ``max_token``. An ``operation_id`` already applied returns the recorded
+        ``token`` is above ``max_token``. With ``slot`` (a key of capacity above 1: Orbit's
+        ``concurrency_slot``), the highest token is the (namespace, key, slot)'s: a write is
+        refused only when a newer token of the same slot was accepted, so the valid holders of
+        different slots both write. Without it, the key's, exactly as for a key of capacity 1; a
+        key's writes must all pass a slot or none (the two are fenced apart). An ``operation_id``
+        already applied returns the recorded
         result without calling ``fn``, also when a newer holder has written since, provided
         ``token`` is the one it was applied with (or newer). Any exception rolls back
         everything: the raised token, ``fn``'s writes, the record.
         """
-        return self.apply(namespace, key, token, operation_id, fn, lease_expires_at=lease_expires_at).result
+        return self.apply(namespace, key, token, operation_id, fn, lease_expires_at=lease_expires_at, slot=slot).result
 
     def apply(
         self,
@@ -327,6 +354,7 @@ class Guard:
         *,
         lease_expires_at: datetime.datetime | None = None,
         on_replay: Callable[[Any], None] | None = None,
+        slot: int | None = None,
     ) -> Applied:
         """:meth:`write`, answering an :class:`Applied` (whether it was a replay, the tokens).
 
@@ -335,9 +363,10 @@ class Guard:
         and propagates. The middlewares use it to refuse a replay of a different request.
         """
         args = _arguments(namespace, key, token, operation_id, lease_expires_at, self.max_token)
+        fenced_slot = _slot(slot)
         attempt = 0
         while True:
-            steps = _protocol(self.dialect, *args, self.lease_margin)
+            steps = _protocol(self.dialect, *args, self.lease_margin, fenced_slot)
             lock_step, owned = True, True
             try:
                 with self._adapter.transaction() as (run, owned):
@@ -366,11 +395,10 @@ class Guard:
                     continue
                 raise
 
-    def highest(self, namespace: str, key: str) -> int:
-        """The highest token accepted for (namespace, key); 0 when none was (read in its own transaction)."""
-        rows = self._read(
-            f"SELECT highest_token FROM {FENCE_TABLE} WHERE namespace = %s AND fence_key = %s", (namespace, key)
-        )
+    def highest(self, namespace: str, key: str, slot: int | None = None) -> int:
+        """The highest token accepted for (namespace, key), or (namespace, key, slot); 0 when
+        none was (read in its own transaction)."""
+        rows = self._read(*_highest_query(namespace, key, slot))
         return int(rows[0][0]) if rows else 0
 
     def recorded(self, namespace: str, key: str, operation_id: str) -> Applied | None:
@@ -387,10 +415,18 @@ class Guard:
             return run(sql, params)
 
     def for_execution(self, execution: _ExecutionLike, *, check_lease: bool = True) -> ExecutionFence:
-        """A guard bound to a worker's execution: its namespace, key, token and (with
-        ``check_lease``) its current ``lease_expires_at``, read at each write."""
+        """A guard bound to a worker's execution: its namespace, key, token, slot (its
+        ``concurrency_slot``: None under capacity 1) and (with ``check_lease``) its current
+        ``lease_expires_at``, read at each write."""
         namespace, key, token = _from_execution(execution)
-        return ExecutionFence(self, execution, namespace, key, token, check_lease)
+        return ExecutionFence(self, execution, namespace, key, token, check_lease, _slot_of(execution))
+
+
+def _highest_query(namespace: str, key: str, slot: int | None) -> tuple[str, tuple[Any, ...]]:
+    where = "namespace = %s AND fence_key = %s"
+    if _slot(slot) is None:
+        return f"SELECT highest_token FROM {FENCE_TABLE} WHERE {where}", (namespace, key)
+    return f"SELECT highest_token FROM {FENCE_SLOT_TABLE} WHERE {where} AND slot = %s", (namespace, key, slot)
 
 
 def _arguments(
@@ -422,6 +458,7 @@ class ExecutionFence:
     key: str
     token: int
     check_lease: bool
+    slot: int | None = None
 
     def _lease(self) -> datetime.datetime | None:
         if not self.check_lease:
@@ -435,7 +472,9 @@ class ExecutionFence:
         return self.apply(operation_id, fn).result
 
     def apply(self, operation_id: str, fn: Callable[[Any], Any]) -> Applied:
-        return self.guard.apply(self.namespace, self.key, self.token, operation_id, fn, lease_expires_at=self._lease())
+        return self.guard.apply(
+            self.namespace, self.key, self.token, operation_id, fn, lease_expires_at=self._lease(), slot=self.slot
+        )
 
 
 class AsyncGuard:
@@ -477,8 +516,11 @@ class AsyncGuard:
         fn: Callable[[Any], Any],
         *,
         lease_expires_at: datetime.datetime | None = None,
+        slot: int | None = None,
     ) -> Any:
-        applied = await self.apply(namespace, key, token, operation_id, fn, lease_expires_at=lease_expires_at)
+        applied = await self.apply(
+            namespace, key, token, operation_id, fn, lease_expires_at=lease_expires_at, slot=slot
+        )
         return applied.result
 
     @contextlib.asynccontextmanager
@@ -503,11 +545,13 @@ class AsyncGuard:
         *,
         lease_expires_at: datetime.datetime | None = None,
         on_replay: Callable[[Any], None] | None = None,
+        slot: int | None = None,
     ) -> Applied:
         args = _arguments(namespace, key, token, operation_id, lease_expires_at, self.max_token)
+        fenced_slot = _slot(slot)
         attempt = 0
         while True:
-            steps = _protocol(self.dialect, *args, self.lease_margin)
+            steps = _protocol(self.dialect, *args, self.lease_margin, fenced_slot)
             lock_step, owned = True, True
             try:
                 async with self._transaction() as (cursor, owned):
@@ -537,17 +581,15 @@ class AsyncGuard:
                     continue
                 raise
 
-    async def highest(self, namespace: str, key: str) -> int:
+    async def highest(self, namespace: str, key: str, slot: int | None = None) -> int:
         async with self._transaction() as (cursor, _owned):
-            await cursor.execute(
-                f"SELECT highest_token FROM {FENCE_TABLE} WHERE namespace = %s AND fence_key = %s", (namespace, key)
-            )
+            await cursor.execute(*_highest_query(namespace, key, slot))
             row = await cursor.fetchone()
         return int(row[0]) if row else 0
 
     def for_execution(self, execution: _ExecutionLike, *, check_lease: bool = True) -> AsyncExecutionFence:
         namespace, key, token = _from_execution(execution)
-        return AsyncExecutionFence(self, execution, namespace, key, token, check_lease)
+        return AsyncExecutionFence(self, execution, namespace, key, token, check_lease, _slot_of(execution))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -560,9 +602,12 @@ class AsyncExecutionFence:
     key: str
     token: int
     check_lease: bool
+    slot: int | None = None
 
     async def write(self, operation_id: str, fn: Callable[[Any], Any]) -> Any:
         lease = self.execution.lease_expires_at if self.check_lease else None
         if self.check_lease and lease is None:
             raise ValueError("the execution has no lease_expires_at to check; use check_lease=False")
-        return await self.guard.write(self.namespace, self.key, self.token, operation_id, fn, lease_expires_at=lease)
+        return await self.guard.write(
+            self.namespace, self.key, self.token, operation_id, fn, lease_expires_at=lease, slot=self.slot
+        )

@@ -26,8 +26,18 @@ from orbit_sdk.fencing._guard import (
     TokenOutOfRange,
     _ExecutionLike,
     _from_execution,
+    _slot_of,
 )
-from orbit_sdk.fencing._values import MAX_KEY, MAX_NAMESPACE, MAX_OPERATION_ID, _aware, _identifier, _token
+from orbit_sdk.fencing._values import (
+    MAX_KEY,
+    MAX_NAMESPACE,
+    MAX_OPERATION_ID,
+    MAX_SLOT,
+    _aware,
+    _identifier,
+    _slot,
+    _token,
+)
 
 # --------------------------------------------------------------------------- HTTP
 
@@ -37,6 +47,8 @@ HEADER_KEY = "Orbit-Fence-Key"
 HEADER_TOKEN = "Orbit-Fence-Token"
 HEADER_OPERATION = "Orbit-Fence-Operation"
 HEADER_LEASE = "Orbit-Fence-Lease-Expires-At"
+# Only for a key of capacity above 1 (the execution's concurrency_slot): fences (key, slot).
+HEADER_SLOT = "Orbit-Fence-Slot"
 HEADER_REPLAYED = "Orbit-Fence-Replayed"
 
 
@@ -50,9 +62,11 @@ def headers_for(execution: _ExecutionLike, operation_id: str, *, include_lease: 
         httpx.post(url, json=body, headers=fencing.headers_for(execution, "update-42-op-1"))
 
     Namespace, key and operation id are percent-encoded UTF-8 (HTTP header values are ASCII);
-    the token is decimal; the lease end (when known) is RFC 3339 UTC.
+    the token is decimal; the lease end (when known) is RFC 3339 UTC; the slot (only on a key of
+    capacity above 1) is decimal.
     """
     namespace, key, token = _from_execution(execution)
+    slot = _slot_of(execution)
     _identifier(operation_id, "operation_id", MAX_OPERATION_ID)
     headers = {
         HEADER_NAMESPACE: urllib.parse.quote(namespace, safe=""),
@@ -60,6 +74,8 @@ def headers_for(execution: _ExecutionLike, operation_id: str, *, include_lease: 
         HEADER_TOKEN: str(token),
         HEADER_OPERATION: urllib.parse.quote(operation_id, safe=""),
     }
+    if slot is not None:
+        headers[HEADER_SLOT] = str(slot)
     if include_lease and execution.lease_expires_at is not None:
         headers[HEADER_LEASE] = _format_time(execution.lease_expires_at)
     return headers
@@ -74,6 +90,7 @@ class FenceRequest:
     token: int
     operation_id: str
     lease_expires_at: datetime.datetime | None
+    slot: int | None = None
 
 
 def parse_headers(get: Callable[[str], str | None]) -> FenceRequest | None:
@@ -83,7 +100,8 @@ def parse_headers(get: Callable[[str], str | None]) -> FenceRequest | None:
     """
     values = {name: get(name) for name in (HEADER_NAMESPACE, HEADER_KEY, HEADER_TOKEN, HEADER_OPERATION)}
     lease_text = get(HEADER_LEASE)
-    if all(value is None for value in values.values()) and lease_text is None:
+    slot_text = get(HEADER_SLOT)
+    if all(value is None for value in values.values()) and lease_text is None and slot_text is None:
         return None
     missing = [name for name, value in values.items() if value is None]
     if missing:
@@ -108,12 +126,21 @@ def parse_headers(get: Callable[[str], str | None]) -> FenceRequest | None:
             lease = _aware(datetime.datetime.fromisoformat(lease_text))
         except ValueError:
             raise ValueError(f"{HEADER_LEASE} must be an RFC 3339 time with an offset") from None
+    slot: int | None = None
+    if slot_text is not None:
+        if not slot_text.isascii() or not slot_text.isdigit() or slot_text != str(int(slot_text)):
+            raise ValueError(f"{HEADER_SLOT} must be a canonical decimal integer from 0 to {MAX_SLOT}")
+        try:
+            slot = _slot(int(slot_text))
+        except ValueError:
+            raise ValueError(f"{HEADER_SLOT} must be a canonical decimal integer from 0 to {MAX_SLOT}") from None
     return FenceRequest(
         namespace=text(HEADER_NAMESPACE, MAX_NAMESPACE),
         key=text(HEADER_KEY, MAX_KEY),
         token=_token(int(token_text)),
         operation_id=text(HEADER_OPERATION, MAX_OPERATION_ID),
         lease_expires_at=lease,
+        slot=slot,
     )
 
 
@@ -145,6 +172,8 @@ def _refusal(exc: FenceRefused | ValueError) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, StaleToken):
         # uint64 tokens as decimal strings, as everywhere in Orbit's API.
         error = {"code": "STALE_TOKEN", "message": str(exc), "token": str(exc.token), "highest": str(exc.highest)}
+        if exc.slot is not None:
+            error["slot"] = str(exc.slot)
         return 409, {"error": error}
     if isinstance(exc, LeaseExpired):
         error = {"code": "LEASE_EXPIRED", "message": str(exc), "lease_expires_at": _format_time(exc.lease_expires_at)}
@@ -314,6 +343,7 @@ class WSGIMiddleware:
                     handle,
                     lease_expires_at=lease,
                     on_replay=_bound_to(digest, fence.operation_id),
+                    slot=fence.slot,
                 )
         except FenceRefused as exc:
             return self._send(start_response, *_json(*_refusal(exc)))
@@ -463,6 +493,7 @@ class ASGIMiddleware:
                     handle,
                     lease_expires_at=lease,
                     on_replay=_bound_to(digest, fence.operation_id),
+                    slot=fence.slot,
                 )
         except FenceRefused as exc:
             await _asgi_send(send, *_json(*_refusal(exc)))

@@ -8,11 +8,14 @@ from typing import Any
 
 DIALECTS = ("mysql", "postgresql", "sqlite")
 FENCE_TABLE = "orbit_fence"
+# The fence rows of (key, slot): a key of capacity N > 1 has N valid holders at once, one per slot.
+FENCE_SLOT_TABLE = "orbit_fence_slot"
 OPERATION_TABLE = "orbit_fence_operation"
 UINT64_MAX = 2**64 - 1
 MAX_NAMESPACE = 64
 MAX_KEY = 191  # Orbit's own limit for concurrency keys
 MAX_OPERATION_ID = 191
+MAX_SLOT = 2**31 - 1  # a slot column's range; Orbit's slots are 0…capacity−1 (capacity at most 1000)
 
 
 def _check_dialect(dialect: str) -> str:
@@ -40,6 +43,14 @@ def _identifier(value: Any, what: str, limit: int) -> str:
 def _token(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= UINT64_MAX:
         raise ValueError(f"token must be an int from 1 to 2**64-1 (Orbit's concurrency_token); got {value!r}")
+    return value
+
+
+def _slot(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SLOT:
+        raise ValueError(f"slot must be None or an int from 0 to {MAX_SLOT} (Orbit's concurrency_slot); got {value!r}")
     return value
 
 
