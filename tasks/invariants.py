@@ -350,7 +350,12 @@ def key_rate_violations(
         settled = changed.get(namespace_id)
         if settled is not None:
             starts = starts.filter(started_at__gt=settled + POLICY_SETTLE)
-        problems += _gcra_replay(ident, rule.rate, list(starts.order_by("started_at").values_list("started_at", "id")))
+        ordered = [
+            (started_at, attempt_id)
+            for started_at, attempt_id in starts.order_by("started_at").values_list("started_at", "id")
+            if started_at is not None
+        ]
+        problems += _gcra_replay(ident, rule.rate, ordered)
     return problems
 
 
