@@ -51,6 +51,7 @@ _TASK_FIELDS: dict[str, Schema] = {
     "payload_version": {"type": "string"},
     "business_key": {"type": "string", "minLength": 1},
     "concurrency_key": {"type": "string", "minLength": 1},
+    "fairness_key": {"type": "string", "minLength": 1},
     "priority": {"type": "integer", "minimum": 0, "maximum": 9},
     "state": shapes.ref("TaskState"),
     "attempts": shapes.COUNT,
@@ -68,6 +69,7 @@ _TASK_FIELDS: dict[str, Schema] = {
 _TASK_OPTIONAL = (
     "business_key",
     "concurrency_key",
+    "fairness_key",
     "start_deadline_at",
     "deadline_at",
     "finished_at",

@@ -174,6 +174,7 @@ class SubmitTaskInput(StrictSerializer):
     payload = PayloadField()
     business_key = StrictCharField(required=False, allow_blank=True, max_length=191)
     concurrency_key = ConcurrencyKeyField(required=False)
+    fairness_key = ConcurrencyKeyField(required=False)  # the same rules (SPEC §12)
     priority = uint32_field(0, 9, required=False, default=5)
     available_at = TimeField(required=False)
     start_deadline_at = TimeField(required=False)

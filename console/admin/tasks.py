@@ -80,6 +80,7 @@ class TaskAdmin(ReadOnlyAdmin):
         "priority",
         "attempts",
         "key_link",
+        "fairness_key",
         "available_at",
         "created_at",
     )

@@ -13,7 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from orbit.audit import emit_event, gathered_events
-from orbit.db.rows import add_to_row, insert_rows, new_row, update_by_pk
+from orbit.db.rows import Add, add_to_row, insert_rows, new_row, update_by_pk
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import ApplicationState
@@ -78,6 +78,7 @@ def new_task(actor: Actor, fields: dict[str, Any], now: datetime) -> Task:
         payload=fields["payload"],
         business_key=fields.get("business_key", ""),
         concurrency_key=fields.get("concurrency_key", ""),
+        fairness_key=fields.get("fairness_key", ""),
         priority=fields["priority"],
         state=TaskState.WAITING,
         max_attempts=fields["max_attempts"],
@@ -184,8 +185,14 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
         update_by_pk(Task, ready, {"key_ready": True})
     add_to_row(ApplicationState, application_id, {"unfinished_tasks": len(accepted)})
     per_queue = Counter(task.queue_id for task in accepted)
+    # The first task with a fairness key turns the queue's fair lease order
+    # on for good (tasks.actions.fairness), in the counter's own statement.
+    fair = {task.queue_id for task in accepted if task.fairness_key}
     for queue_id, count in sorted(per_queue.items()):
-        add_to_row(QueueState, queue_id, {"unfinished_tasks": count})
+        changes: dict[str, Any] = {"unfinished_tasks": Add(count)}
+        if queue_id in fair and not queue_states[queue_id].fair_shares:
+            changes["fair_shares"] = True
+        update_by_pk(QueueState, [queue_id], changes)
     with gathered_events():  # inside a round: with the round's own events
         for task in accepted:
             emit_event(
