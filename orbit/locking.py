@@ -25,6 +25,7 @@ LOCK_ORDER: tuple[str, ...] = (
     "orbit_concurrency_key",  # ascending (namespace, key bytes)
     "orbit_task",  # ascending id
     "orbit_attempt",  # ascending id
+    "orbit_fair_share",  # a fair lease's served times, one upsert after all its passes (ascending queue, key)
     "orbit_queue_minute",  # the console's rollup, added at the end of a round (ascending queue, minute)
     "orbit_event_sequence",  # last: events are written at the end of their transaction
 )
