@@ -1,5 +1,6 @@
-"""Lease recovery, deadline sweeps, plan triggers and the key policy
-reconciles a crash cut short, run by every server process.
+"""Lease recovery, deadline sweeps, plan triggers, the key policy
+reconciles a crash cut short and the settlement of wide fan-outs, run by
+every server process.
 
 Every node may run this at once: candidates are read without locks and each
 transition re-checks under the global lock order.
@@ -22,7 +23,9 @@ from django.db import close_old_connections, connection
 from orbit.api.errors import translate
 from orbit.errors import Unavailable
 from plans.actions import fire_due_plans
+from tasks.actions.dependencies import nudged, run_follow_ups
 from tasks.actions.endings import recover_expired_leases, sweep_deadlines
+from tasks.actions.permits import settle
 from tasks.actions.policies import catch_up_policies
 
 logger = logging.getLogger("orbit.maintenance")
@@ -34,7 +37,13 @@ _started = threading.Event()
 
 
 def run_sweep() -> int:
-    return recover_expired_leases() + sweep_deadlines() + fire_due_plans() + catch_up_policies()
+    return (
+        recover_expired_leases()
+        + sweep_deadlines()
+        + fire_due_plans()
+        + catch_up_policies()
+        + run_follow_ups(settle)
+    )
 
 
 def database_unreachable(exc: BaseException) -> bool:
@@ -92,7 +101,8 @@ def maintenance_loop(stop: threading.Event) -> None:
             outage.sweep_succeeded()
         finally:
             close_old_connections()
-        stop.wait(SWEEP_INTERVAL_SECONDS)
+        # A wide fan-out's settlement left to do comes back at once, not a sweep later.
+        nudged().wait(SWEEP_INTERVAL_SECONDS)
 
 
 def start_background_maintenance() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 
 from orbit.fields import BinaryCharField, IdField, id_primary_key, uint32, uint64
 
 
 class TaskState(models.TextChoices):
+    BLOCKED = "BLOCKED"
     WAITING = "WAITING"
     LEASED = "LEASED"
     RUNNING = "RUNNING"
@@ -20,7 +23,12 @@ class TaskState(models.TextChoices):
 FINAL_TASK_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
 # The states in which a task fails when its deadline passes: the sweep's computed
 # columns and its check under lock (endings.fail_for_deadline) both read these.
-SWEPT_STATES = [TaskState.WAITING, TaskState.LEASED]
+SWEPT_STATES = [TaskState.BLOCKED, TaskState.WAITING, TaskState.LEASED]
+
+
+class DependencyFailure(models.TextChoices):
+    CANCEL = "CANCEL"
+    RUN = "RUN"
 
 
 class AttemptState(models.TextChoices):
@@ -75,6 +83,19 @@ class Task(models.Model):
     retry_max_seconds = models.FloatField(default=300, db_comment="重试最大退避秒数")
     lease_seconds = models.PositiveIntegerField(default=30, db_comment="每次租约秒数 5–3600")
     cancel_requested = models.BooleanField(default=False, db_comment="运行中取消意图；Worker 在续租时获知")
+    depends_on = models.JSONField(
+        null=True, blank=True, db_comment="依赖的任务ID列表（受理时冻结，按提交顺序）；空表示无依赖"
+    )
+    on_dependency_failure = models.CharField(
+        max_length=8,
+        choices=DependencyFailure.choices,
+        default=DependencyFailure.CANCEL,
+        db_comment="依赖失败或取消时：CANCEL 随之取消，RUN 等其余依赖结束后照常运行",
+    )
+    blocked_by = uint32("尚未结算的依赖数：为 0 且处于 BLOCKED 时转为 WAITING", default=0)
+    has_dependents = models.BooleanField(
+        default=False, db_comment="是否有依赖方任务：进入终态时据此结算依赖边（无依赖方的任务结束不多一次查询）"
+    )
     output = models.JSONField(null=True, blank=True, db_comment="成功结果输出")
     last_error = models.JSONField(null=True, blank=True, db_comment="最近一次错误")
     created_at = models.DateTimeField(db_comment="受理时间（UTC）")
@@ -88,14 +109,18 @@ class Task(models.Model):
         expression=models.Case(models.When(state__in=SWEPT_STATES, then=models.F("deadline_at"))),
         output_field=models.DateTimeField(null=True),
         db_persist=False,
-        db_comment="总截止时间（仅 WAITING/LEASED 时，供截止扫描索引；其余为空）",
+        db_comment="总截止时间（仅 BLOCKED/WAITING/LEASED 时，供截止扫描索引；其余为空）",
     )
     start_deadline_due_at = models.GeneratedField(
         expression=models.Case(models.When(state__in=SWEPT_STATES, attempts=0, then=models.F("start_deadline_at"))),
         output_field=models.DateTimeField(null=True),
         db_persist=False,
-        db_comment="开始截止时间（仅未开始过的 WAITING/LEASED 任务，供截止扫描索引；其余为空）",
+        db_comment="开始截止时间（仅未开始过的 BLOCKED/WAITING/LEASED 任务，供截止扫描索引；其余为空）",
     )
+
+    # Not a column: a fair queue's candidate's place in the lease's round
+    # robin (tasks.actions.fairness), set on the rows a lease scans.
+    fair_rank: tuple[Any, ...] = ()
 
     class Meta:
         db_table = "orbit_task"
@@ -118,6 +143,45 @@ class Task(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+class TaskDependency(models.Model):
+    """One edge of the dependency graph: `task_id` waits for `depends_on_id`.
+    Settled once, in the transaction that ends the dependency (or its
+    follow-up): the dependent's blocked_by goes down by one, or, for a failed
+    dependency under CANCEL, the dependent is cancelled."""
+
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
+    namespace_id = IdField(db_comment="命名空间ID")
+    task_id = IdField(db_comment="依赖方任务ID（等待者）")
+    depends_on_id = IdField(db_comment="被依赖的任务ID")
+    position = models.PositiveSmallIntegerField(db_comment="在依赖方 depends_on 中的序号")
+    settled = models.BooleanField(default=False, db_comment="被依赖任务结束后是否已结算到依赖方")
+
+    class Meta:
+        db_table = "orbit_task_dependency"
+        db_table_comment = "任务依赖边：依赖方在全部依赖结束前保持 BLOCKED"
+        constraints = [models.UniqueConstraint(fields=["task_id", "depends_on_id"], name="uniq_dependency_edge")]
+        indexes = [
+            # A dependency's dependents still to settle, in edge order (the follow-up's chunks).
+            models.Index(fields=["depends_on_id", "settled", "id"], name="idx_dependency_parent"),
+        ]
+
+
+class DependencySettlement(models.Model):
+    """A finished task whose dependents were not all settled in the
+    transaction that ended it (a wide fan-out): the follow-up settles the
+    rest in chunks, each its own transaction, then deletes this row. Written
+    in the ending's transaction, so a crash between chunks loses nothing."""
+
+    task_id = IdField(primary_key=True, db_comment="已结束、依赖边尚未全部结算的任务ID")
+    namespace_id = IdField(db_comment="命名空间ID")
+    application_id = IdField(db_comment="所属应用ID（结算时先锁其运行计数行）")
+    created_at = models.DateTimeField(db_comment="任务结束时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_dependency_settlement"
+        db_table_comment = "待结算的依赖：宽扇出的依赖边分批结算，全部结算后删除"
 
 
 class Attempt(models.Model):

@@ -125,6 +125,44 @@ def next_in_line(count: int) -> str:
     )
 
 
+# --- the fair lease order (tasks.actions.fairness) ------------------------
+
+# The candidates of one queue (the normal scan's WHERE, `{where}`) ranked in
+# the fair order, without a lock: `rn` is a task's place in its group at its
+# priority (1 = the group's best), `served_at` when its group was last served
+# (NULL: never, first). Priority first, then one task of each group per turn,
+# groups by how long ago they were served, then the oldest available. The
+# partition includes priority so a group's high-priority backlog does not
+# push its lower-priority tasks behind other groups' at that lower priority.
+# `{excluded}`: ids an earlier pass saw but could not lock. Parameters: the
+# WHERE's, the excluded ids, queue_id, LIMIT.
+FAIR_RANKED = (
+    "SELECT r.{id}, r.rn, f.served_at FROM ("
+    "SELECT {id}, fairness_key, priority, available_at,"
+    " ROW_NUMBER() OVER (PARTITION BY fairness_key, priority ORDER BY available_at ASC, {id} ASC) AS rn"
+    " FROM {task_table} WHERE {where}{excluded}) r"
+    " LEFT JOIN {share_table} f ON f.queue_id = %s AND f.fairness_key = r.fairness_key"
+    " ORDER BY r.priority DESC, r.rn ASC, f.served_at IS NOT NULL, f.served_at ASC, r.available_at ASC, r.{id} ASC"
+    " LIMIT %s"
+)
+
+# The ranked ids locked, the candidate WHERE applied again: a row another
+# transaction changed since the ranking (taken, cancelled) no longer
+# matches, one it holds is skipped. Parameters: the WHERE's, then the ids.
+FAIR_LOCK = "{where} AND {id} IN ({ids})"
+
+# --- when each fairness group was last served (tasks.actions.fairness) ----
+
+# Sets served_at of (queue, key) rows, creating those never served: one
+# statement at the end of a lease. Parameters: per row queue_id,
+# fairness_key, served_at.
+SERVED_UPSERT = "INSERT INTO {table} (queue_id, fairness_key, served_at) VALUES {rows} {upsert}"
+
+SERVED_ON_CONFLICT = {
+    "mysql": "ON DUPLICATE KEY UPDATE served_at = VALUES(served_at)",
+    "sqlite": "ON CONFLICT (queue_id, fairness_key) DO UPDATE SET served_at = excluded.served_at",
+}
+
 # --- the console's per-minute rollup (tasks.actions.rollup) ----------------
 
 # Adds a round's Starts and results to their (queue, minute) rows, creating

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from orbit.db.rows import lock_by_pk, read_by_pk
+from orbit.db.rows import db_value, lock_by_pk, read_by_pk
 from orbit.errors import Unauthenticated
 from orbit.fields import UINT64_MAX
 from orbit.models import Application, Credential
 from orbit.principal import Minted
 from queues.models import Queue, QueueState
+from tasks import sql
 from tasks.key_rules import KeyRule, PolicySet, policies_of
-from tasks.models import Attempt, ConcurrencyKey, Task
+from tasks.models import Attempt, ConcurrencyKey, Task, TaskState
 
 # Most attempts one lease gives one worker: several workers on several nodes
 # share a hot queue instead of the fastest poller taking everything.
@@ -121,6 +122,21 @@ class Configuration:
     def key_policies(self, application_id: str, namespace_id: str) -> PolicySet:
         """The namespace's key policies as of its application row read here."""
         return policies_of(namespace_id, self.application(application_id).key_policy_generation)
+
+
+def candidate_filter(worker: WorkerContext, queue_id: str, now: datetime) -> tuple[str, list[Any]]:
+    """The WHERE of the lease's scan of one queue for this worker
+    (tasks.sql.candidate_filter), and its parameters: the plain scan's and
+    the fair order's (tasks.actions.fairness)."""
+    at = db_value(Task, "available_at", now)
+    where = sql.candidate_filter(
+        keyed=worker.concurrency_keys, handlers=len(worker.handlers), max_key_version=MAX_LEASABLE_KEY_VERSION
+    )
+    params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
+    if worker.concurrency_keys:
+        params.append(db_value(ConcurrencyKey, "next_start_at", now))
+    params += [part for pair in worker.handlers for part in pair]
+    return where, params
 
 
 def lease_expiry(task: Task, now: datetime) -> datetime:

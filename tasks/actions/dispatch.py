@@ -19,7 +19,6 @@ from orbit.db.rows import (
     Add,
     Pk,
     add_to_row,
-    db_value,
     insert_rows,
     lock_by_pk_together,
     new_row,
@@ -36,15 +35,15 @@ from orbit.transactions import outermost
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks import sql
-from tasks.actions import rollup
+from tasks.actions import fairness, rollup
 from tasks.actions.context import (
     LEASE_BATCH_MAX,
     LEASE_PASSES,
-    MAX_LEASABLE_KEY_VERSION,
     RATE_WINDOW,
     Configuration,
     WorkerContext,
     application_room,
+    candidate_filter,
     concurrency_room,
     deadline_failure,
     key_refusal,
@@ -56,6 +55,7 @@ from tasks.actions.context import (
     window_reopens_at,
     window_used,
 )
+from tasks.actions.dependencies import attach_dependencies
 from tasks.actions.readiness import NextInLine, hand_on, next_in_line
 from tasks.actions.serialize import assignment
 from tasks.key_rules import KeyRule, PolicySet, cache_rule
@@ -80,20 +80,6 @@ class LeaseOutcome:
     # Whether a leasable candidate was left when the lease stopped (at its
     # limits): False says the worker's queues had nothing more for it.
     more: bool = False
-
-
-def candidate_filter(worker: WorkerContext, queue_id: str, now: datetime) -> tuple[str, list[Any]]:
-    """The WHERE of the lease's scan of one queue for this worker
-    (tasks.sql.candidate_filter), and its parameters."""
-    at = db_value(Task, "available_at", now)
-    where = sql.candidate_filter(
-        keyed=worker.concurrency_keys, handlers=len(worker.handlers), max_key_version=MAX_LEASABLE_KEY_VERSION
-    )
-    params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
-    if worker.concurrency_keys:
-        params.append(db_value(ConcurrencyKey, "next_start_at", now))
-    params += [part for pair in worker.handlers for part in pair]
-    return where, params
 
 
 def _candidates(worker: WorkerContext, queue_id: str, now: datetime, count: int) -> list[Task]:
@@ -130,10 +116,11 @@ def lease(
     handed on is taken too."""
     limits = [max(0, min(limit, LEASE_BATCH_MAX)) for _, limit in requests]
     outcomes = [LeaseOutcome([]) for _ in requests]
+    served: list[Task] = []  # the leased tasks of fair queues, in lease order
     for _ in range(LEASE_PASSES):
         if sum(limits) <= 0:
             break
-        passed, again = _lease_pass(requests, limits, configuration, starting)
+        passed, again = _lease_pass(requests, limits, configuration, starting, served)
         outcomes = [
             LeaseOutcome(
                 [*done.assignments, *now.assignments],
@@ -145,6 +132,8 @@ def lease(
         if not again:
             break
         limits = [limit - len(now.assignments) for limit, now in zip(limits, passed, strict=True)]
+    # Once, after every pass has locked its tasks (the fair share rows come after them).
+    fairness.record_served(served, timezone.now())
     return outcomes
 
 
@@ -153,6 +142,7 @@ def _lease_pass(
     limits: list[int],
     configuration: Configuration,
     starting: Sequence[tuple[str, str] | None] | None,
+    served: list[Task],
 ) -> tuple[list[LeaseOutcome], bool]:
     """One pass of lease(), and whether another could take more (a key it
     took has permits left and the lease is not full).
@@ -174,7 +164,7 @@ def _lease_pass(
     headroom, rate_reopens_in = _queue_room(queues.values(), states, now)
     if not headroom:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests], False
-    candidates, more = _best_candidates(worker, headroom, want, now)
+    candidates, more = _best_candidates(worker, headroom, want, now, states)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
     permits = _KeyPermits.lock(worker, candidates, policies, now)
     taking = _Taking(requests, list(starting or [None] * len(requests)), limits, headroom, states, queues, now)
@@ -193,6 +183,7 @@ def _lease_pass(
         permits.write_cached()
         return [LeaseOutcome([], rate_reopens_in, more) for _ in requests], False
     taking.write(worker.application_id, permits)
+    served += [task for task, _ in taking.chosen if states[task.queue_id].fair_shares]
     again = len(taking.chosen) < want and permits.room_left(taking.chosen)
     return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments], again
 
@@ -239,19 +230,33 @@ def _queue_room(
 
 
 def _best_candidates(
-    worker: WorkerContext, headroom: dict[str, int], want: int, now: datetime
+    worker: WorkerContext, headroom: dict[str, int], want: int, now: datetime, states: dict[str, QueueState]
 ) -> tuple[list[Task], bool]:
     """The leasable tasks of the queues with room, locked, in lease order (at
-    most what the lease and each queue may take), and whether a queue had more."""
+    most what the lease and each queue may take), and whether a queue had more.
+
+    A queue whose tasks carry fairness keys is ranked round robin between
+    them (tasks.actions.fairness); beside it, a plain queue's tasks are one
+    group never served. With no fair queue, the order is the plain one."""
     candidates: list[Task] = []
     more = False  # a leasable candidate left over
+    fair = any(states[queue_id].fair_shares for queue_id in headroom)
     for queue_id, room in sorted(headroom.items()):
+        take = min(want, room)
         # One row more than may be taken, to know whether there is more (only
         # counted: its row stays locked until the commit, and nothing else).
-        found = _candidates(worker, queue_id, now, min(want, room) + 1)
-        more = more or len(found) > min(want, room)
-        candidates.extend(found[: min(want, room)])
-    candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
+        if states[queue_id].fair_shares:
+            found = fairness.fair_candidates(worker, queue_id, now, take + 1)
+        else:
+            found = _candidates(worker, queue_id, now, take + 1)
+            if fair:
+                fairness.rank_as_one_group(found)
+        more = more or len(found) > take
+        candidates.extend(found[:take])
+    if fair:
+        candidates.sort(key=lambda t: (-t.priority, t.fair_rank))
+    else:
+        candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
     return candidates, more
 
 
@@ -416,6 +421,7 @@ class _Taking:
         self.key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
         self.per_queue: dict[str, int] = {}
         self.assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
+        self.entries: list[tuple[Task, dict[str, Any]]] = []  # every assignment with its task
         # Which request the next attempt goes to: each is filled up to its limit in
         # turn, those that start what they take first (a hand-off, whose result
         # asked for its next Start: the released key goes on with it; another
@@ -447,12 +453,14 @@ class _Taking:
         self.chosen.append((task, attempt))
         if _start_ahead(self.starting[taker], holder, task, attempt, self.states, self.queues, now, key_row, rule):
             self.started.append((task, attempt))
-            self.assignments[taker].append(held_entry(task, attempt))
+            entry = held_entry(task, attempt)
         else:
             if key_row is not None and rule is not None and rule.rate is not None:
                 key_row.rate_reserved += 1
                 attempt.key_rate_reserved = True
-            self.assignments[taker].append(assignment(task, attempt))
+            entry = assignment(task, attempt)
+        self.assignments[taker].append(entry)
+        self.entries.append((task, entry))
         if key_row is not None and rule is not None:
             cache_rule(key_row, rule, now)
             self.key_changes[key_row.pk] = permits.changes(key_row.key)
@@ -464,6 +472,7 @@ class _Taking:
         chosen, started, now = self.chosen, self.started, self.now
         insert_rows([attempt for _, attempt in chosen])
         permits.write_cached(self.key_changes)
+        attach_dependencies(self.entries)
         # Every chosen task was locked WAITING at its epoch: one statement moves
         # those leased, one those also started.
         started_ids = {task.id for task, _ in started}
@@ -820,7 +829,10 @@ def resume_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dic
         or attempt.lease_expires_at <= timezone.now()
     ):
         raise LeaseLost("lease is no longer valid")
-    return held_entry(Task.objects.get(id=attempt.task_id), attempt)
+    task = Task.objects.get(id=attempt.task_id)
+    entry = held_entry(task, attempt)
+    attach_dependencies([(task, entry)])
+    return entry
 
 
 def held_assignments(*, worker: WorkerContext) -> list[dict[str, Any]]:
@@ -835,7 +847,9 @@ def held_assignments(*, worker: WorkerContext) -> list[dict[str, Any]]:
         ).order_by("leased_at")
     )
     tasks = Task.objects.in_bulk([a.task_id for a in attempts])
-    return [held_entry(tasks[a.task_id], a) for a in attempts if a.task_id in tasks]
+    entries = [(tasks[a.task_id], held_entry(tasks[a.task_id], a)) for a in attempts if a.task_id in tasks]
+    attach_dependencies(entries)
+    return [entry for _, entry in entries]
 
 
 def held_attempt_ids(*, worker: WorkerContext) -> set[str]:

@@ -21,6 +21,7 @@ from orbit.metrics import count_finished_attempt
 from orbit.models import ApplicationState
 from queues.locks import lock_queue_states
 from queues.models import QueueState
+from tasks.actions.dependencies import settle_dependents
 from tasks.actions.readiness import enter_waiting, promote_next
 from tasks.locks import lock_application_state, lock_concurrency_keys, lock_task
 from tasks.models import (
@@ -220,11 +221,13 @@ def settle(
     the attempt is still active, which is what makes each release happen once.
     With a `book`, counters and the rows' updates go into it, for the caller to
     write once for its whole group; a task entering or leaving WAITING is
-    written at once, as the ready set's queries read WAITING rows."""
+    written at once, as the ready set's queries read WAITING rows. A task
+    with dependents that finishes settles them (tasks.actions.dependencies)."""
     deltas = CounterDeltas()
     if held is not None:
         assert attempt_state is not None
         _end_attempt(held, attempt_state, now, deltas, attempt_fields or {}, book)
+    finishing = task_state in FINAL_TASK_STATES and task.state not in FINAL_TASK_STATES
     left_ready_set = _move_task(task, task_state, now, deltas, task_fields, book)
     if book is None:
         deltas.write(application_id=task.application_id, queue_id=task.queue_id)
@@ -234,6 +237,8 @@ def settle(
         promote_next(
             namespace_id=task.namespace_id, concurrency_key=task.concurrency_key, queue_id=task.queue_id, now=now
         )
+    if finishing and task.has_dependents:
+        settle_dependents(task, now, settle)
 
 
 def _end_attempt(

@@ -176,16 +176,6 @@ def test_only_leasable_tasks_are_ranked(tenant, queue):
     assert ids(fair_order(worker, queue["id"], datetime.now(UTC), 16)) == ids(ready)
 
 
-@pytest.mark.parametrize(
-    "keys, handlers",
-    [(True, ()), (False, ()), (True, (("echo", "v1"),)), (False, (("echo", "v1"), ("other", "v2")))],
-)
-def test_the_filter_is_the_normal_scans(tenant, queue, keys, handlers):
-    worker = worker_for(tenant, queue["id"], keys=keys, handlers=handlers)
-    now = datetime.now(UTC)
-    assert fairness.candidate_filter(worker, queue["id"], now) == dispatch.candidate_filter(worker, queue["id"], now)
-
-
 def test_record_served_is_one_upsert_in_lease_order(tenant, queue):
     a = make_tasks(tenant, queue["id"], 3, key="A", start=ago(60))
     b = make_tasks(tenant, queue["id"], 3, key="B", start=ago(60))

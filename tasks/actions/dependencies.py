@@ -1,0 +1,222 @@
+"""Settling dependencies (SPEC §13): when a task with dependents enters a
+final state, each of its edges is settled once. A BLOCKED dependent counts
+one dependency fewer (`blocked_by`) and becomes WAITING at zero, or, after a
+failed or cancelled dependency under CANCEL, is cancelled with
+DEPENDENCY_FAILED, which settles its own dependents in turn.
+
+Every settlement holds the application's state row: the ending that calls it
+does, and the follow-up locks it first. Dependents are task rows of the same
+application (a namespace belongs to one application), locked after the
+ending's own rows; every other transaction that waits on a task row holds the
+same application row first (leases skip locked rows), so that cannot close
+a cycle (docs/architecture/locking.md).
+
+The ending's transaction settles up to INLINE_EDGES edges, transitive
+cancellations included; a wider fan-out leaves a DependencySettlement row,
+written in the same transaction, and the follow-up (run_follow_ups, nudged
+after the commit and swept by maintenance) settles the rest FOLLOW_UP_CHUNK
+edges a transaction, so no transaction holds the application's counters for
+long."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from orbit.audit import emit_event
+from orbit.db.rows import Add, lock_by_pk, update_by_pk
+from orbit.transactions import outermost
+from tasks import wakeups
+from tasks.locks import lock_application_state
+from tasks.models import DependencyFailure, DependencySettlement, Task, TaskDependency, TaskState
+
+# Edges one ending's transaction settles itself (its cascade included).
+INLINE_EDGES = 200
+# Edges a follow-up transaction settles.
+FOLLOW_UP_CHUNK = 500
+FAILED_DEPENDENCY_STATES = frozenset({TaskState.FAILED, TaskState.CANCELLED})
+
+# settle(task, held, now=..., task_state=..., **fields): tasks.actions.permits.settle,
+# handed in by its caller (permits imports this module, not the other way).
+Transition = Callable[..., None]
+
+
+@dataclass
+class _Budget:
+    edges: int = INLINE_EDGES
+
+
+_inline = threading.local()
+
+
+def dependency_failed(parent: Task) -> dict[str, Any]:
+    return {
+        "code": "DEPENDENCY_FAILED",
+        "message": f"dependency {parent.id} ended {parent.state}",
+        "task_id": parent.id,
+        "state": parent.state,
+    }
+
+
+def settle_dependents(parent: Task, now: datetime, transition: Transition) -> None:
+    """Called as `parent` (has_dependents) enters a final state, inside its
+    transaction: settles its edges within the transaction's inline budget,
+    and leaves the rest to the follow-up."""
+    outer = getattr(_inline, "budget", None)
+    budget = outer if outer is not None else _Budget()
+    _inline.budget = budget
+    try:
+        if budget.edges <= 0 or _settle_chunk(parent, min(budget.edges, FOLLOW_UP_CHUNK), now, transition, budget):
+            DependencySettlement.objects.get_or_create(
+                task_id=parent.id,
+                defaults={
+                    "namespace_id": parent.namespace_id,
+                    "application_id": parent.application_id,
+                    "created_at": now,
+                },
+            )
+            transaction.on_commit(nudge_follow_up)
+    finally:
+        if outer is None:
+            _inline.budget = None
+
+
+def _settle_chunk(parent: Task, limit: int, now: datetime, transition: Transition, budget: _Budget) -> bool:
+    """Settles up to `limit` of the parent's unsettled edges, in edge order;
+    returns whether more are left."""
+    edges = list(TaskDependency.objects.filter(depends_on_id=parent.id, settled=False).order_by("id")[: limit + 1])
+    more = len(edges) > limit
+    edges = edges[:limit]
+    if not edges:
+        return False
+    budget.edges -= len(edges)
+    dependents = lock_by_pk(Task, sorted({edge.task_id for edge in edges}))
+    update_by_pk(TaskDependency, [edge.id for edge in edges], {"settled": True})
+    failed = parent.state in FAILED_DEPENDENCY_STATES
+    counted: list[Task] = []
+    cancelled: list[Task] = []
+    for edge in edges:
+        dependent = dependents.get(edge.task_id)
+        if dependent is None or dependent.state != TaskState.BLOCKED:
+            continue  # it ended otherwise already (cancelled, its deadline): nothing to settle
+        if failed and dependent.on_dependency_failure == DependencyFailure.CANCEL:
+            cancelled.append(dependent)
+        else:
+            counted.append(dependent)
+    _count_down(counted, now, transition)
+    for dependent in cancelled:
+        transition(dependent, None, now=now, task_state=TaskState.CANCELLED, last_error=dependency_failed(parent))
+    return more
+
+
+def _count_down(dependents: list[Task], now: datetime, transition: Transition) -> None:
+    """One dependency fewer for each; those with none left become WAITING
+    (unkeyed ones in one statement; a keyed one takes its key's ready role
+    through the transition)."""
+    if not dependents:
+        return
+    for dependent in dependents:
+        dependent.blocked_by = max(0, dependent.blocked_by - 1)
+    still = [d.id for d in dependents if d.blocked_by > 0]
+    update_by_pk(Task, still, {"blocked_by": Add(-1)})
+    ready = [d for d in dependents if d.blocked_by == 0]
+    plain = [d for d in ready if not d.concurrency_key]
+    update_by_pk(
+        Task,
+        [d.id for d in plain],
+        {"state": TaskState.WAITING, "blocked_by": 0, "key_ready": True, "updated_at": now},
+    )
+    for dependent in plain:
+        dependent.state, dependent.key_ready, dependent.updated_at = TaskState.WAITING, True, now
+        emit_event(
+            namespace_id=dependent.namespace_id,
+            type="task.state_changed",
+            subject_id=dependent.id,
+            data={"queue_id": dependent.queue_id, "state": TaskState.WAITING, "previous": TaskState.BLOCKED},
+        )
+    for dependent in ready:
+        if dependent.concurrency_key:
+            transition(dependent, None, now=now, task_state=TaskState.WAITING, blocked_by=0)
+    if ready:
+        wakeups.wake_after_commit(sorted({d.queue_id for d in ready}))
+
+
+# --- what a dependent's assignment carries ---------------------------------
+
+
+def attach_dependencies(entries: list[tuple[Task, dict[str, Any]]]) -> None:
+    """Adds `dependencies` ({task_id, state, output?} per dependency, in
+    depends_on order) to the assignments of tasks that have them: one read
+    for all of them."""
+    wanted = [(task, entry) for task, entry in entries if task.depends_on]
+    if not wanted:
+        return
+    ids = sorted({parent for task, _ in wanted for parent in task.depends_on or []})
+    parents = {row.id: row for row in Task.objects.filter(id__in=ids).only("id", "state", "output")}
+    for task, entry in wanted:
+        entry["dependencies"] = [
+            _dependency_view(parent_id, parents.get(parent_id)) for parent_id in task.depends_on or []
+        ]
+
+
+def _dependency_view(task_id: str, parent: Task | None) -> dict[str, Any]:
+    if parent is None:  # orbit_prune keeps a dependency while a dependent is unfinished: never, but not a 500
+        return {"task_id": task_id}
+    view: dict[str, Any] = {"task_id": task_id, "state": parent.state}
+    if parent.output is not None:
+        view["output"] = parent.output
+    return view
+
+
+# --- the follow-up --------------------------------------------------------
+
+_nudged = threading.Event()
+
+
+def nudge_follow_up() -> None:
+    """Wakes this process's maintenance loop for a settlement left to do."""
+    _nudged.set()
+
+
+def nudged() -> threading.Event:
+    return _nudged
+
+
+def run_follow_ups(transition: Transition, *, limit: int = 100) -> int:
+    """Settles what the endings left (DependencySettlement rows, oldest
+    first), a chunk a transaction, until none is left; returns the chunks."""
+    _nudged.clear()
+    chunks = 0
+    for settlement in DependencySettlement.objects.order_by("created_at")[:limit]:
+        while _follow_up_chunk(settlement.task_id, settlement.application_id, transition):
+            chunks += 1
+        chunks += 1
+    return chunks
+
+
+@outermost
+def _follow_up_chunk(task_id: str, application_id: str, transition: Transition) -> bool:
+    """One transaction: the application's state row, then the next chunk of
+    the task's edges; the settlement row goes once none is left. Returns
+    whether more are left. Another node may run the same one: the edges are
+    read under the application's lock, so each is settled once."""
+    lock_application_state(application_id)
+    parent = Task.objects.filter(id=task_id).first()
+    if parent is None:
+        DependencySettlement.objects.filter(task_id=task_id).delete()
+        return False
+    now = timezone.now()
+    _inline.budget = _Budget(FOLLOW_UP_CHUNK)
+    try:
+        more = _settle_chunk(parent, FOLLOW_UP_CHUNK, now, transition, _inline.budget)
+    finally:
+        _inline.budget = None
+    if not more:
+        DependencySettlement.objects.filter(task_id=task_id).delete()
+    return more
