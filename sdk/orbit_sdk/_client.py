@@ -32,11 +32,15 @@ from orbit_sdk._models import (
     CancelTaskResult,
     ConcurrencyKey,
     ConfigureApplicationResult,
+    ConfigureKeyPolicyRequest,
     ConfigureQueueRequest,
+    CreateKeyPolicyRequest,
     CreatePlanRequest,
     CreateQueueRequest,
     CreateQueueResult,
     EventPage,
+    KeyPolicy,
+    KeyPolicyResult,
     Page,
     Plan,
     PlanResult,
@@ -549,6 +553,42 @@ class _BaseClient:
     def get_concurrency_key(self, key: str) -> _Call[ConcurrencyKey]:
         """One key, compared byte for byte (percent-encoded here: ``/`` and any other character are fine)."""
         return _call("GET", f"/v1/concurrency-keys/{_key_segment(key)}", ConcurrencyKey.from_json)
+
+    # ------------------------------------------------------------ key policies
+
+    @_Verb
+    def create_key_policy(self, key: str, request: CreateKeyPolicyRequest) -> _Call[KeyPolicyResult]:
+        """``POST /v1/key-policies`` (``keys:manage``): 201 first, replay 200 with ``deduplicated=True``."""
+        body = _body_of(request, CreateKeyPolicyRequest)
+        return _call("POST", "/v1/key-policies", KeyPolicyResult.from_json, key=key, body=body)
+
+    @_Verb
+    def get_key_policy(self, policy_id: str) -> _Call[KeyPolicy]:
+        return _call("GET", f"/v1/key-policies/{_segment(policy_id)}", KeyPolicy.from_json)
+
+    @_Verb
+    def list_key_policies(self, page_size: int | None = None, page_token: str | None = None) -> _Call[Page[KeyPolicy]]:
+        """The namespace's key policies, retired ones too, in id order."""
+        params = {"page_size": page_size, "page_token": page_token}
+        return _call("GET", "/v1/key-policies", lambda data: _page(data, KeyPolicy.from_json), params=params)
+
+    @_Verb
+    def configure_key_policy(
+        self, policy_id: str, key: str, request: ConfigureKeyPolicyRequest
+    ) -> _Call[KeyPolicyResult]:
+        """Full replacement of the policy's capacity and rate, checked against ``expected_revision``."""
+        path = f"/v1/key-policies/{_segment(policy_id)}:configure"
+        body = _body_of(request, ConfigureKeyPolicyRequest)
+        return _call("POST", path, KeyPolicyResult.from_json, key=key, body=body)
+
+    @_Verb
+    def retire_key_policy(
+        self, policy_id: str, key: str, expected_revision: int, reason: str
+    ) -> _Call[KeyPolicyResult]:
+        """Retire a policy for good: its keys fall back to the next rule, its match is free again."""
+        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
+        path = f"/v1/key-policies/{_segment(policy_id)}:retire"
+        return _call("POST", path, KeyPolicyResult.from_json, key=key, body=body)
 
 
 def _change_plan(verb: str, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:

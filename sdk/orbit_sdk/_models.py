@@ -195,6 +195,7 @@ class Task:
     payload: Any = None
     business_key: str | None = None
     concurrency_key: str | None = None
+    fairness_key: str | None = None
     start_deadline_at: datetime.datetime | None = None
     deadline_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
@@ -223,6 +224,7 @@ class Task:
             payload=obj.get("payload"),
             business_key=_opt_str(obj, "business_key", what),
             concurrency_key=_opt_str(obj, "concurrency_key", what),
+            fairness_key=_opt_str(obj, "fairness_key", what),
             start_deadline_at=_opt_time(obj, "start_deadline_at", what),
             deadline_at=_opt_time(obj, "deadline_at", what),
             finished_at=_opt_time(obj, "finished_at", what),
@@ -464,9 +466,12 @@ class Blocker:
     """One reason the next lease would not take a WAITING task (``GET /v1/tasks/{id}/blockers``).
 
     ``code`` is one of the server's blocker codes (``NOT_YET_AVAILABLE``, ``QUEUE_PAUSED``,
-    ``KEY_HELD``, ``NO_WORKER``, …); ``facts`` holds what the server says behind it, as sent
-    (for ``KEY_HELD``: the holder's ``attempt_id``, ``task_id``, ``worker_id`` and ``since``),
-    and only what the credential may read itself.
+    ``KEY_HELD``, ``KEY_AT_CAPACITY``, ``KEY_RATE_LIMITED``, ``NO_WORKER``, …); ``facts`` holds
+    what the server says behind it, as sent (for ``KEY_HELD``, a key of capacity 1: the holder's
+    ``attempt_id``, ``task_id``, ``worker_id`` and ``since``; for ``KEY_AT_CAPACITY``, a key of
+    capacity above 1: its ``capacity`` and how many ``holders`` hold; for ``KEY_RATE_LIMITED``:
+    ``next_start_at``, when the key's start rate lets a lease take one of its tasks again; both
+    with the ``policy_id`` that set them), and only what the credential may read itself.
     """
 
     code: str
@@ -502,17 +507,19 @@ class TaskBlockers:
 
 @dataclass(frozen=True)
 class ConcurrencyKeyHolder:
-    """The attempt holding a key's one valid permit; ``token`` (uint64) is its permit token."""
+    """An attempt holding one of a key's valid permits; ``token`` (uint64) is its permit token,
+    ``slot`` (0…capacity−1) the permit's slot (None in ``ConcurrencyKey.holder``, the one permit
+    of a key of capacity 1)."""
 
     attempt_id: str
     task_id: str
     since: datetime.datetime
     worker_id: str | None = None
     token: int | None = None
+    slot: int | None = None
 
     @classmethod
-    def from_json(cls, value: Any) -> ConcurrencyKeyHolder:
-        what = "concurrency_key.holder"
+    def from_json(cls, value: Any, what: str = "concurrency_key.holder") -> ConcurrencyKeyHolder:
         obj = _object(value, what)
         token = obj.get("token")
         return cls(
@@ -521,6 +528,26 @@ class ConcurrencyKeyHolder:
             since=_time(obj, "since", what),
             worker_id=_opt_str(obj, "worker_id", what),
             token=None if token is None else parse_uint64(token, f"{what}.token"),
+            slot=_opt_int(obj, "slot", what),
+        )
+
+
+@dataclass(frozen=True)
+class KeyRate:
+    """A key's start rate: at most ``burst`` + t / (``per_seconds`` / ``starts``) Starts in any
+    interval of length t."""
+
+    starts: int
+    per_seconds: int
+    burst: int
+
+    @classmethod
+    def from_json(cls, value: Any, what: str = "rate") -> KeyRate:
+        obj = _object(value, what)
+        return cls(
+            starts=_int(obj, "starts", what),
+            per_seconds=_int(obj, "per_seconds", what),
+            burst=_int(obj, "burst", what, default=1),
         )
 
 
@@ -528,11 +555,18 @@ class ConcurrencyKeyHolder:
 class ConcurrencyKey:
     """A concurrency key of the namespace (``GET /v1/concurrency-keys/{key}``).
 
-    ``holder`` is None while the key is free. ``highest_token`` (uint64) is the key's token
-    sequence: every token issued is at most it, the next is above it. The sequence advances on
-    every lease and every release, so tokens strictly increase but are not consecutive (1, 3,
-    5, … for one attempt at a time): a resource compares them, never counts them.
-    ``updated_at`` (the last lease or release) is None for a key whose tasks never leased.
+    ``capacity`` is how many valid permits the key grants at once, as its policies resolve it
+    now (1 without a policy; ``policy_id`` names the policy that applies); ``holders`` lists
+    every valid permit by slot, lowest first (empty while free; a lowered capacity keeps its
+    holders, so there may be more than ``capacity``). ``holder`` is the one holder of a key of
+    capacity 1 (None while free, and for a key of a larger capacity). With a start ``rate``,
+    ``reserved_starts`` counts leased attempts not started yet and ``next_start_at`` is when a
+    lease may next take one of its tasks (at most the read's time: now). ``highest_token``
+    (uint64) is the key's token sequence: every token issued is at most it, the next is above
+    it. The sequence advances on every lease and every release, so tokens strictly increase but
+    are not consecutive (1, 3, 5, … for one attempt at a time): a resource compares them, never
+    counts them. ``updated_at`` (the last lease or release) is None for a key whose tasks never
+    leased.
     """
 
     key: str
@@ -540,18 +574,36 @@ class ConcurrencyKey:
     waiting_tasks: int
     holder: ConcurrencyKeyHolder | None = None
     updated_at: datetime.datetime | None = None
+    capacity: int = 1
+    holders: tuple[ConcurrencyKeyHolder, ...] = ()
+    policy_id: str | None = None
+    rate: KeyRate | None = None
+    reserved_starts: int | None = None
+    next_start_at: datetime.datetime | None = None
 
     @classmethod
     def from_json(cls, value: Any) -> ConcurrencyKey:
         what = "concurrency_key"
         obj = _object(value, what)
         holder = obj.get("holder")
+        holders = obj.get("holders", [])
+        if not isinstance(holders, list):
+            raise ProtocolError(f"{what}.holders: expected a list")
+        rate = obj.get("rate")
         return cls(
             key=_str(obj, "key", what),
             highest_token=_uint64(obj, "highest_token", what),
             waiting_tasks=_int(obj, "waiting_tasks", what),
             holder=None if holder is None else ConcurrencyKeyHolder.from_json(holder),
             updated_at=_opt_time(obj, "updated_at", what),
+            capacity=_int(obj, "capacity", what, default=1),
+            holders=tuple(
+                ConcurrencyKeyHolder.from_json(item, f"{what}.holders[{index}]") for index, item in enumerate(holders)
+            ),
+            policy_id=_opt_str(obj, "policy_id", what),
+            rate=None if rate is None else KeyRate.from_json(rate, f"{what}.rate"),
+            reserved_starts=_opt_int(obj, "reserved_starts", what),
+            next_start_at=_opt_time(obj, "next_start_at", what),
         )
 
 
@@ -763,6 +815,8 @@ class SubmitTaskRequest:
     payload: Any
     business_key: str | None = None
     concurrency_key: str | None = None
+    # Tasks of one fairness key share the queue round robin with other keys (SPEC §12).
+    fairness_key: str | None = None
     priority: int | None = None
     available_at: datetime.datetime | None = None
     start_deadline_at: datetime.datetime | None = None
@@ -783,6 +837,7 @@ class SubmitTaskRequest:
             "payload_version": self.payload_version,
             "business_key": self.business_key,
             "concurrency_key": self.concurrency_key,
+            "fairness_key": self.fairness_key,
             "priority": self.priority,
             "available_at": when(self.available_at),
             "start_deadline_at": when(self.start_deadline_at),
@@ -794,3 +849,127 @@ class SubmitTaskRequest:
         }
         # payload is required and may itself be JSON null: it is never dropped.
         return {**_without_none(body), "payload": self.payload}
+
+
+# --------------------------------------------------------------------------- key policies
+
+
+@dataclass(frozen=True)
+class KeyMatch:
+    """What a key policy matches: exactly one ``key``, or each key starting with ``prefix``
+    (compared byte for byte). Exactly one of the two is set."""
+
+    key: str | None = None
+    prefix: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        if (self.key is None) == (self.prefix is None):
+            raise ValueError("KeyMatch takes exactly one of key or prefix")
+        return {"key": self.key} if self.key is not None else {"prefix": str(self.prefix)}
+
+    @classmethod
+    def from_json(cls, value: Any, what: str = "policy.match") -> KeyMatch:
+        obj = _object(value, what)
+        if set(obj) == {"key"}:
+            return cls(key=_str(obj, "key", what))
+        if set(obj) == {"prefix"}:
+            return cls(prefix=_str(obj, "prefix", what))
+        raise ProtocolError(f"{what}: expected exactly one of key or prefix, got {sorted(obj)}")
+
+
+@dataclass(frozen=True)
+class KeyPolicy:
+    """A key policy (``/v1/key-policies``): the capacity and start ``rate`` (None: no rate)
+    of the keys its ``match`` names. ``revision`` is uint64; ``retired_at`` is set once retired
+    (a retired policy still reads, and its match is free for a new one)."""
+
+    id: str
+    namespace_id: str
+    match: KeyMatch
+    capacity: int
+    revision: int
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    rate: KeyRate | None = None
+    retired_at: datetime.datetime | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> KeyPolicy:
+        what = "policy"
+        obj = _object(value, what)
+        rate = obj.get("rate")
+        return cls(
+            id=_str(obj, "id", what),
+            namespace_id=_str(obj, "namespace_id", what),
+            match=KeyMatch.from_json(_required(obj, "match", what)),
+            capacity=_int(obj, "capacity", what),
+            revision=_uint64(obj, "revision", what),
+            created_at=_time(obj, "created_at", what),
+            updated_at=_time(obj, "updated_at", what),
+            rate=None if rate is None else KeyRate.from_json(rate, f"{what}.rate"),
+            retired_at=_opt_time(obj, "retired_at", what),
+        )
+
+
+@dataclass(frozen=True)
+class KeyPolicyResult:
+    """Receipt of a key policy create/configure/retire: ``deduplicated`` is True for a replay."""
+
+    deduplicated: bool
+    policy: KeyPolicy
+
+    @classmethod
+    def from_json(cls, value: Any) -> KeyPolicyResult:
+        obj = _object(value, "data")
+        return cls(deduplicated=_bool(obj, "deduplicated", "data"), policy=KeyPolicy.from_json(obj.get("policy")))
+
+
+def _rate_json(rate: KeyRate | None) -> dict[str, int] | None:
+    if rate is None:
+        return None
+    if not isinstance(rate, KeyRate):
+        raise TypeError(f"rate must be a KeyRate, got {type(rate).__name__}")
+    return {"starts": rate.starts, "per_seconds": rate.per_seconds, "burst": rate.burst}
+
+
+@dataclass
+class CreateKeyPolicyRequest:
+    """``capacity`` None: the server's default, 1; ``rate`` None: no start rate."""
+
+    match: KeyMatch
+    reason: str
+    capacity: int | None = None
+    rate: KeyRate | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        if not isinstance(self.match, KeyMatch):
+            raise TypeError(f"match must be a KeyMatch, got {type(self.match).__name__}")
+        return _without_none(
+            {
+                "match": self.match.to_json(),
+                "capacity": self.capacity,
+                "rate": _rate_json(self.rate),
+                "reason": self.reason,
+            }
+        )
+
+
+@dataclass
+class ConfigureKeyPolicyRequest:
+    """Full replacement of a policy's capacity and rate (``rate`` None: the policy has none
+    from now on), checked against ``expected_revision``. The match never changes."""
+
+    expected_revision: int
+    reason: str
+    capacity: int
+    rate: KeyRate | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return _without_none(
+            {
+                "expected_revision": _uint64_text(self.expected_revision, "expected_revision"),
+                "reason": self.reason,
+                "capacity": self.capacity,
+                "rate": _rate_json(self.rate),
+            }
+        )

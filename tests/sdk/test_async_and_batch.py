@@ -16,9 +16,13 @@ from orbit_sdk import (
     AsyncClient,
     BatchItemResult,
     Client,
+    ConfigureKeyPolicyRequest,
     ConfigureQueueRequest,
+    CreateKeyPolicyRequest,
     CreatePlanRequest,
     CreateQueueRequest,
+    KeyMatch,
+    KeyRate,
     ProtocolError,
     SubmitTaskRequest,
     TransportError,
@@ -38,6 +42,17 @@ from tests.support.sdk import (
 )
 
 PLAN_ID = PLAN["id"]
+POLICY = {
+    "id": "c" * 32,
+    "namespace_id": "d" * 32,
+    "match": {"prefix": "customer/"},
+    "capacity": 5,
+    "rate": {"starts": 10, "per_seconds": 1, "burst": 5},
+    "revision": "1",
+    "created_at": "2026-01-01T00:00:00Z",
+    "updated_at": "2026-01-01T00:00:00Z",
+}
+POLICY_RESULT = {"deduplicated": False, "policy": POLICY}
 KEY = {"key": "object/42", "highest_token": "4", "waiting_tasks": 0, "updated_at": "2026-01-01T00:00:00Z"}
 TASK_SPEC = {"handler": "h", "handler_version": "v1", "payload_version": "v1", "payload": {}}
 REQUEST = SubmitTaskRequest(QUEUE_ID, "object.update", "v1", "v1", {"a": 1})
@@ -91,6 +106,19 @@ VERBS: list[tuple[str, tuple[Any, ...], Any]] = [
     ("resolve_task", (TASK_ID, "k13", "FAILED", "checked"), {"deduplicated": False, "task": TASK_SUMMARY}),
     ("list_concurrency_keys", ("object/", 2, "tok"), {"items": [KEY], "next_page_token": "next"}),
     ("get_concurrency_key", ("object/42",), KEY),
+    (
+        "create_key_policy",
+        ("k14", CreateKeyPolicyRequest(KeyMatch(prefix="customer/"), "five writers", 5, KeyRate(10, 1, 5))),
+        POLICY_RESULT,
+    ),
+    ("get_key_policy", (POLICY["id"],), POLICY),
+    ("list_key_policies", (10, "tok"), {"items": [POLICY], "next_page_token": None}),
+    (
+        "configure_key_policy",
+        (POLICY["id"], "k15", ConfigureKeyPolicyRequest(1, "more", 6)),
+        POLICY_RESULT,
+    ),
+    ("retire_key_policy", (POLICY["id"], "k16", 2, "done"), POLICY_RESULT),
 ]
 
 CLIENT_ONLY = {"close", "from_credentials_file"}
