@@ -23,6 +23,7 @@ LOCK_ORDER: tuple[str, ...] = (
     "orbit_worker_identity",  # a lease's session check; a hello locks only this row
     "orbit_credential",  # the revocation check of a lease, Start, renew or result
     "orbit_concurrency_key",  # ascending (namespace, key bytes)
+    "orbit_concurrency_slot",  # a key's slots 1…N−1, only ever under their key's row (GUARDED_BY)
     "orbit_task",  # ascending id
     "orbit_attempt",  # ascending id
     "orbit_fair_share",  # a fair lease's served times, one upsert after all its passes (ascending queue, key)
@@ -34,3 +35,10 @@ LOCK_ORDER: tuple[str, ...] = (
 def rank(table: str) -> int:
     """A table's place in LOCK_ORDER (ValueError for a table outside it)."""
     return LOCK_ORDER.index(table)
+
+
+# Rows only ever locked by a transaction that holds their guard's row (a
+# key's slots, under the key's row): whoever waits for one holds the guard,
+# so they can never close a cycle of their own, wherever they come in the
+# transaction (a release learns its attempt's slot after locking the attempt).
+GUARDED_BY: dict[str, str] = {"orbit_concurrency_slot": "orbit_concurrency_key"}

@@ -33,6 +33,7 @@ from tests.conftest import Tenant, api_client, post_json
 from tests.support.api import assert_ok, make_queue
 from tests.support.factories import ALL_SCOPES, make_credential
 from tests.support.key_policies import make_key_rows
+from tests.support.key_rows import make_policy
 from tests.support.lock_order import (
     Lock,
     assert_lock_order,
@@ -44,7 +45,8 @@ from tests.support.lock_order import (
 )
 from tests.support.plans import plan_body
 from tests.support.queues import configure_body
-from tests.support.tasks import cancel, submit_ok, task_body, worker_for
+from tests.support.tasks import cancel, start, submit_ok, task_body, worker_for
+from tests.support.tasks import report as report_result
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -465,3 +467,23 @@ def test_a_key_policy_create_configure_and_retire(tenant):
         body = {"expected_revision": "2", "reason": "done"}
         assert_ok(post_json(tenant.client, f"/v1/key-policies/{policy['id']}:retire", body, key="policy-3"))
     assert_lock_order(retiring, expect=["orbit_key_policy", "orbit_application", *reconcile])
+
+
+def test_a_lease_and_ending_on_a_slotted_key(tenant):
+    # given a key with capacity 3 whose slots 0 and 1 are taken: the next grant is slot 2
+    make_policy(tenant.namespace, key="slotted", capacity=3)
+    queue = make_queue(tenant.client, "slotted", rate_per_second=1000)
+    for n in range(4):
+        submit_ok(tenant.client, queue["id"], f"slotted-{n}", concurrency_key="slotted")
+    worker = worker_for(tenant, queue["id"])
+    first = rounds.lease_tasks(worker=worker, limit=2)
+    with captured() as leasing:
+        (third,) = rounds.lease_tasks(worker=worker, limit=1)
+    assert third["concurrency_slot"] == 2
+    assert_lock_order(leasing, expect=[COUNTERS, "orbit_concurrency_key", "orbit_concurrency_slot"])
+    lease = {"worker": worker, **third}
+    start(lease)
+    with captured() as ending:
+        report_result(lease, "SUCCEEDED")
+    assert_lock_order(ending, expect=["orbit_concurrency_key", "orbit_concurrency_slot", "orbit_attempt"])
+    assert len(first) == 2

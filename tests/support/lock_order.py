@@ -10,7 +10,8 @@ so a statement is split only at a `;` outside quotes, and its tables are read
 with its literals blanked out.
 
 The rule, per transaction: a table's rows are never first locked after a row
-of a later table was locked, and no table outside LOCK_ORDER is locked.
+of a later table was locked, and no table outside LOCK_ORDER is locked; a
+guarded table (orbit.locking.GUARDED_BY) is locked only after its guard.
 Locking statements: SELECT … FOR UPDATE [SKIP LOCKED], UPDATE, DELETE and
 INSERT … ON DUPLICATE KEY UPDATE. Three kinds of lock wait for nothing, so
 they cannot be the waiting side of a deadlock, and are not held to the order:
@@ -30,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from orbit.locking import LOCK_ORDER
+from orbit.locking import GUARDED_BY, LOCK_ORDER
 
 # Tables whose only UPDATE in a transaction is of the row it inserted before any lock.
 OWN_RECORD_TABLES = {"orbit_idempotency_record": "orbit.idempotency: the record inserted first, its response last"}
@@ -285,6 +286,12 @@ def violations(entries: list[Lock | Insert]) -> list[str]:
             continue
         if entry.table not in LOCK_ORDER:
             found.append(f"{entry.table} is not in LOCK_ORDER ({entry.kind})")
+            continue
+        guard = GUARDED_BY.get(entry.table)
+        if guard is not None:
+            if guard not in held:
+                found.append(f"{entry.table} locked without its guard {guard}")
+            held.add(entry.table)
             continue
         place = LOCK_ORDER.index(entry.table)
         if entry.table not in held and latest is not None and place < LOCK_ORDER.index(latest):
