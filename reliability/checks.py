@@ -9,6 +9,7 @@ Timestamps are epoch seconds (floats), None where the row has none.
 from __future__ import annotations
 
 import collections
+import heapq
 import itertools
 import json
 from collections.abc import Iterable, Mapping
@@ -130,17 +131,191 @@ def key_tokens_increase_in_lease_order(attempts: Iterable[Row]) -> list[str]:
     return found
 
 
-def key_permits_never_overlap(attempts: Iterable[Row]) -> list[str]:
-    """An attempt of a key is leased only after the key's previous attempt finished."""
+@dataclass(frozen=True)
+class KeyRule:
+    """A key's capacity and start rate as the harness's policies give them (SPEC §12):
+    `rate` is (starts, per_seconds, burst), None without a rate."""
+
+    capacity: int = 1
+    rate: tuple[int, int, int] | None = None
+
+    @property
+    def interval(self) -> float:
+        """The GCRA emission interval T in seconds, rounded up to the microsecond as the engine does."""
+        assert self.rate is not None
+        starts, per_seconds, _ = self.rate
+        return -(-per_seconds * 1_000_000 // starts) / 1_000_000
+
+
+@dataclass(frozen=True)
+class KeyRules:
+    """The live key policies: an exact key beats the longest matching prefix, which beats
+    the default (capacity 1, no rate)."""
+
+    exact: Mapping[str, KeyRule] = field(default_factory=dict)
+    prefixes: Mapping[str, KeyRule] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, policies: Iterable[Row]) -> KeyRules:
+        """From orbit_key_policy rows (match_kind, match_value, capacity, rate_starts,
+        rate_per_seconds, rate_burst)."""
+        exact: dict[str, KeyRule] = {}
+        prefixes: dict[str, KeyRule] = {}
+        for policy in policies:
+            rate = None
+            if policy["rate_starts"] is not None and policy["rate_per_seconds"] is not None:
+                rate = (policy["rate_starts"], policy["rate_per_seconds"], policy["rate_burst"] or 1)
+            target = exact if policy["match_kind"] == "key" else prefixes
+            target[policy["match_value"]] = KeyRule(policy["capacity"], rate)
+        return cls(exact, prefixes)
+
+    def of_key(self, key: str) -> KeyRule:
+        if key in self.exact:
+            return self.exact[key]
+        matching = [prefix for prefix in self.prefixes if key.startswith(prefix)]
+        return self.prefixes[max(matching, key=len)] if matching else KeyRule()
+
+
+def _held_until(attempt: Row) -> float:
+    """Until when the key counted the attempt's permit: its end, which for a lost lease is
+    when a server recovered it (at or after lease_expires_at), so at least as long as the
+    permit was valid; an attempt still open holds it for ever."""
+    return attempt["finished_at"] if attempt["finished_at"] is not None else float("inf")
+
+
+def key_holders_max(attempts: Iterable[Row]) -> dict[str, int]:
+    """A figure per key: the most permits held at one moment (a permit held from leased_at
+    to _held_until; one ending at the moment another is leased does not overlap it)."""
+    found = {}
+    for key, own in attempts_by_key_in_lease_order(attempts).items():
+        moments = sorted([(a["leased_at"], 1) for a in own] + [(_held_until(a), -1) for a in own])
+        held = most = 0
+        for _, step in moments:  # at one moment the ends (-1) sort before the grants
+            held += step
+            most = max(most, held)
+        found[key] = most
+    return found
+
+
+def key_holders_within_capacity(attempts: Iterable[Row], rules: KeyRules) -> list[str]:
+    """At no moment more permits of a key are held than its capacity (capacity 1: an
+    attempt of the key is leased only after the key's previous attempt finished)."""
     found = []
     for key, own in attempts_by_key_in_lease_order(attempts).items():
-        for previous, current in itertools.pairwise(own):
-            if previous["finished_at"] is None or previous["finished_at"] > current["leased_at"]:
+        capacity = rules.of_key(key).capacity
+        held: list[tuple[float, str]] = []  # (held until, attempt id), a heap
+        for current in own:
+            while held and held[0][0] <= current["leased_at"]:
+                heapq.heappop(held)
+            if len(held) >= capacity:
                 found.append(
-                    f"key {key}: attempt {current['id']} leased at {current['leased_at']:.6f} while "
-                    f"{previous['id']} held the permit (until {previous['finished_at']})"
+                    f"key {key} (capacity {capacity}): attempt {current['id']} leased at "
+                    f"{current['leased_at']:.6f} while {len(held)} permits were held "
+                    f"({sorted(attempt_id for _, attempt_id in held)[:5]})"
                 )
+            heapq.heappush(held, (_held_until(current), current["id"]))
     return found
+
+
+def key_slots_fit_capacity(attempts: Iterable[Row], rules: KeyRules) -> list[str]:
+    """An attempt of a key with capacity N > 1 has a slot 0…N−1; under capacity 1 none."""
+    found = []
+    for key, own in attempts_by_key_in_lease_order(attempts).items():
+        capacity = rules.of_key(key).capacity
+        for attempt in own:
+            slot = attempt["slot"]
+            if (capacity == 1 and slot is not None) or (capacity > 1 and (slot is None or not 0 <= slot < capacity)):
+                found.append(f"key {key} (capacity {capacity}): attempt {attempt['id']} has slot {slot}")
+    return found
+
+
+def attempts_by_slot_in_lease_order(attempts: Iterable[Row]) -> dict[tuple[str, int | None], list[Row]]:
+    by_slot: dict[tuple[str, int | None], list[Row]] = collections.defaultdict(list)
+    for key, own in attempts_by_key_in_lease_order(attempts).items():
+        for attempt in own:
+            by_slot[(key, attempt["slot"])].append(attempt)
+    return by_slot
+
+
+def slot_holders_never_overlap(attempts: Iterable[Row]) -> list[str]:
+    """One (key, slot) is granted again only after its previous holder finished, each time
+    with a higher token."""
+    found = []
+    for (key, slot), own in attempts_by_slot_in_lease_order(attempts).items():
+        for previous, current in itertools.pairwise(own):
+            if _held_until(previous) > current["leased_at"]:
+                found.append(
+                    f"key {key} slot {slot}: attempt {current['id']} leased at {current['leased_at']:.6f} while "
+                    f"{previous['id']} held the slot (until {previous['finished_at']})"
+                )
+            if (current["token"] or 0) <= (previous["token"] or 0):
+                found.append(f"key {key} slot {slot}: token {current['token']} after {previous['token']}")
+    return found
+
+
+# One millisecond of slack over the engine's microseconds (the rows' DATETIME(6) round trip).
+RATE_SLACK_SECONDS = 0.001
+
+
+def rated_starts(attempts: Iterable[Row], rules: KeyRules) -> dict[str, list[float]]:
+    """The approved Starts (started_at) of each key with a rate, in time order."""
+    starts: dict[str, list[float]] = collections.defaultdict(list)
+    for attempt in attempts:
+        if attempt["key"] and attempt["started_at"] is not None and rules.of_key(attempt["key"]).rate is not None:
+            starts[attempt["key"]].append(attempt["started_at"])
+    return {key: sorted(own) for key, own in starts.items()}
+
+
+def key_starts_keep_their_rate(attempts: Iterable[Row], rules: KeyRules) -> list[str]:
+    """GCRA replayed over each rated key's Starts: every Start came no earlier than the
+    theoretical arrival time less the tolerance ((burst − 1)·T), so in any interval of
+    length t at most burst + t / T Starts."""
+    found = []
+    for key, starts in rated_starts(attempts, rules).items():
+        rule = rules.of_key(key)
+        assert rule.rate is not None
+        interval = rule.interval
+        tolerance = (rule.rate[2] - 1) * interval
+        tat: float | None = None
+        for at in starts:
+            if tat is not None and tat - tolerance > at + RATE_SLACK_SECONDS:
+                found.append(
+                    f"key {key} (rate {rule.rate}): a Start at {at:.6f} came {tat - tolerance - at:.6f} s "
+                    "before the rate allowed it"
+                )
+            tat = max(tat, at) + interval if tat is not None else at + interval
+    return found
+
+
+def rated_window_figures(attempts: Iterable[Row], rules: KeyRules) -> dict[str, dict[str, Any]]:
+    """A figure per rated key: its Starts, the most in any window of per_seconds (and the
+    bound burst + per_seconds / T), and the rate achieved over its busiest run of Starts."""
+    figures = {}
+    for key, starts in rated_starts(attempts, rules).items():
+        rule = rules.of_key(key)
+        assert rule.rate is not None
+        window = float(rule.rate[1])
+        most, j = 0, 0
+        for i, at in enumerate(starts):
+            j = max(j, i)
+            while j + 1 < len(starts) and starts[j + 1] <= at + window:
+                j += 1
+            most = max(most, j - i + 1)
+        figures[key] = {
+            "starts": len(starts),
+            f"max_in_{window:g}_s": most,
+            "bound": int(rule.rate[2] + (window + RATE_SLACK_SECONDS) // rule.interval),
+        }
+    return figures
+
+
+def rated_windows_within_bound(attempts: Iterable[Row], rules: KeyRules) -> list[str]:
+    return [
+        f"key {key}: {figure[name]} Starts within {name} (bound {figure['bound']})"
+        for key, figure in rated_window_figures(attempts, rules).items()
+        for name in figure
+        if name.startswith("max_in_") and figure[name] > figure["bound"]
+    ]
 
 
 def killed_worker_recovery_delays(killed_workers: Iterable[tuple[str, float]], attempts: Iterable[Row]) -> list[float]:
@@ -276,41 +451,50 @@ def stale_writes_only_from_lost_leases(ledgers: Ledgers, attempts: Mapping[str, 
     return found
 
 
-def executions_by_key(
+# A permit: (key, slot), the slot None under capacity 1.
+Permit = tuple[str, int | None]
+
+
+def executions_by_slot(
     ledgers: Ledgers, attempts: Mapping[str, Row], killed: Mapping[tuple[str, int], float]
-) -> dict[str, list[dict[str, Any]]]:
-    """The keyed executions of known attempts, per key in the order they began, each with its
-    end (handler_end) and its token as a number."""
-    by_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+) -> dict[Permit, list[dict[str, Any]]]:
+    """The keyed executions of known attempts, per permit (key, slot: the attempt row's,
+    None under capacity 1) in the order they began, each with its end (handler_end) and its
+    token as a number. Holders of different slots of one key run at once by design; one
+    (key, slot) is the seed's mutex."""
+    by_slot: dict[Permit, list[dict[str, Any]]] = collections.defaultdict(list)
     for entry in started_executions(ledgers):
-        if entry["attempt_id"] in attempts and entry["key"]:
-            by_key[entry["key"]].append({**entry, "end": handler_end(entry, killed), "token_int": ledger_token(entry)})
-    for runs in by_key.values():
+        attempt = attempts.get(entry["attempt_id"])
+        if attempt is not None and entry["key"]:
+            by_slot[(entry["key"], attempt["slot"])].append(
+                {**entry, "end": handler_end(entry, killed), "token_int": ledger_token(entry)}
+            )
+    for runs in by_slot.values():
         runs.sort(key=lambda e: e["start"])
-    return by_key
+    return by_slot
 
 
-def fenced_overlaps(runs_by_key: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Row]) -> int:
-    """A figure: overlapping executions of a key where the first had lost its lease first (the token fences it)."""
-    return len(list(_overlaps(runs_by_key, attempts, lost_in_time=True)))
+def fenced_overlaps(runs_by_slot: Mapping[Permit, list[dict[str, Any]]], attempts: Mapping[str, Row]) -> int:
+    """A figure: overlapping executions of a permit where the first had lost its lease first (the token fences it)."""
+    return len(list(_overlaps(runs_by_slot, attempts, lost_in_time=True)))
 
 
 def key_executions_never_overlap_while_both_held_the_permit(
-    runs_by_key: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Row]
+    runs_by_slot: Mapping[Permit, list[dict[str, Any]]], attempts: Mapping[str, Row]
 ) -> list[str]:
     return [
-        f"key {key}: executions of {first['attempt_id']} ({attempts[first['attempt_id']]['state']}) and "
-        f"{second['attempt_id']} overlapped while both held the permit"
-        for key, first, second in _overlaps(runs_by_key, attempts, lost_in_time=False)
+        f"key {key} slot {slot}: executions of {first['attempt_id']} ({attempts[first['attempt_id']]['state']}) "
+        f"and {second['attempt_id']} overlapped while both held the permit"
+        for (key, slot), first, second in _overlaps(runs_by_slot, attempts, lost_in_time=False)
     ]
 
 
 def _overlaps(
-    runs_by_key: Mapping[str, list[dict[str, Any]]], attempts: Mapping[str, Row], lost_in_time: bool
-) -> Iterable[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """The pairs of executions of a key that ran at once, those whose first attempt ended
+    runs_by_slot: Mapping[Permit, list[dict[str, Any]]], attempts: Mapping[str, Row], lost_in_time: bool
+) -> Iterable[tuple[Permit, dict[str, Any], dict[str, Any]]]:
+    """The pairs of executions of a permit that ran at once, those whose first attempt ended
     UNKNOWN before the second was leased (lost_in_time) or the others."""
-    for key, runs in runs_by_key.items():
+    for permit, runs in runs_by_slot.items():
         for i, first in enumerate(runs):
             for second in runs[i + 1 :]:
                 if second["start"] >= first["end"]:
@@ -319,15 +503,16 @@ def _overlaps(
                 ended = a1["finished_at"]
                 fenced = a1["state"] == "UNKNOWN" and ended is not None and ended <= a2["leased_at"]
                 if fenced == lost_in_time:
-                    yield key, first, second
+                    yield permit, first, second
 
 
-def key_executions_begin_in_token_order(runs_by_key: Mapping[str, list[dict[str, Any]]]) -> list[str]:
+def key_executions_begin_in_token_order(runs_by_slot: Mapping[Permit, list[dict[str, Any]]]) -> list[str]:
     found = []
-    for key, runs in runs_by_key.items():
+    for (key, slot), runs in runs_by_slot.items():
         for first, second in itertools.pairwise(runs):
             if second["token_int"] <= first["token_int"]:
                 found.append(
-                    f"key {key}: execution with token {second['token_int']} began after token {first['token_int']}"
+                    f"key {key} slot {slot}: execution with token {second['token_int']} began after token "
+                    f"{first['token_int']}"
                 )
     return found

@@ -6,7 +6,8 @@
 
 1. Starts a private MariaDB (reliability/mariadb.py: own datadir, port and socket; the
    shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
-   credential with `manage.py orbit_bootstrap` and creates a second queue.
+   credential with `manage.py orbit_bootstrap` and creates a second queue and key policies
+   (a capped prefix, a capped and rated prefix, the stopped-worker event's prefix).
 2. Starts Orbit servers A and B on that database, each a node of `SERVER_PROCESSES` daphne
    processes on one socket (`python -m server.supervisor --processes 2`, `orbit serve`'s
    supervisor without its start-up checks; `kill -9 server` kills the node's process group)
@@ -14,8 +15,10 @@
    only, and submitter threads that send keyed and unkeyed tasks to A and B with unique
    Idempotency-Keys, re-sending the same key and body after a 503 or a network error (plus
    concurrent twins and late replays).
-3. Chaos while the load continues: kill -9 a worker (back under a new worker_id), kill -9 a
-   server (restarted), kill -9 MariaDB and a clean SIGTERM restart (same datadir and port),
+3. Chaos while the load continues: kill -9 a worker (back under a new worker_id), a worker
+   stopped with SIGSTOP past its lease (its permits recovered, its late results and
+   write refused), kill -9 a server (restarted), kill -9 MariaDB and a clean SIGTERM
+   restart (same datadir and port),
    MariaDB frozen, and one server process frozen (SIGSTOP) inside a round's transaction
    with the application's counter row locked (MariaDB must end that transaction within
    seconds; the other node may refuse submits for FROZEN_NODE_BOUND_SECONDS at most);
@@ -27,9 +30,10 @@
    the checks of `manage.py orbit_check` run in one consistent snapshot (snapshot_check.py).
 4. Stops submitting, lets the work settle (bounded), drains the workers, stops the servers,
    runs `manage.py orbit_check` (exit 0 required) and its own checks: no accepted task lost,
-   one task per idempotency key, no overlapping permits per key (database attempts and the
-   workers' ledgers), tokens strictly increasing per key, business code only after Start,
-   stale writes only from attempts that lost their lease, attempt counters from the rows.
+   one task per idempotency key, never more permits held on a key than its capacity and
+   one holder per (key, slot) (database attempts and the workers' ledgers), tokens strictly
+   increasing per key, rated keys' Starts within their GCRA bound, business code only
+   after Start, stale writes only from attempts that lost their lease, attempt counters from the rows.
 
 Prints a summary (kept with every log in .local/chaos/last/) and exits 1 on any violation.
 Everything it starts it stops; the private datadir is removed. See reliability/README.md.
@@ -75,6 +79,12 @@ PROBE_TIMEOUT = 5.0  # a request while the database is down must be answered wit
 # A server process frozen inside a transaction: the other node may refuse submits only
 # this long after the freeze (the idle-transaction limit, 3 s, plus the request deadline).
 FROZEN_NODE_BOUND_SECONDS = 8.0
+# Key policies the setup makes (SPEC §12): each prefix applies to every matching key on its own.
+CAP_PREFIX, CAP_CAPACITY = "chaos/cap/", 3
+RATED_PREFIX, RATED_CAPACITY = "chaos/rated/", 2
+RATED_RATE = {"starts": 5, "per_seconds": 1, "burst": 2}
+# The keys of the stopped-worker event: two permits, one held by the stopped worker.
+STOP_PREFIX, STOP_CAPACITY = "chaos/stop/", 2
 
 
 def log(message: str) -> None:
@@ -103,6 +113,17 @@ class Config:
     rate: float = 12.0  # submitted tasks per second, all submitters together
     keys: int = 8
     keyed_share: float = 0.55
+    # Keys with a policy (SPEC §12), made at setup: of the keyed tasks, these shares go to
+    # `chaos/cap/<n>` (capacity CAP_CAPACITY) and `chaos/rated/<n>` (capacity RATED_CAPACITY
+    # and RATED_RATE); the rest to the capacity-1 keys `chaos/resource-<n>`.
+    cap_keys: int = 3
+    cap_share: float = 0.25
+    rated_keys: int = 2
+    rated_share: float = 0.15
+    # Every burst_every seconds burst_size tasks at once on one capped or one rated key (in
+    # turn), so the capacity and the rate bind, not only the load's chance.
+    burst_every: float = 4.0
+    burst_size: int = 6
     long_share: float = 0.12  # tasks that sleep 1-2.5 s, so chaos lands mid-execution
     fail_first_share: float = 0.05
     twin_share: float = 0.08  # same key + body to both servers concurrently
@@ -377,7 +398,13 @@ class Submitter:
             "retry": {"initial_seconds": 0.2, "multiplier": 2, "max_seconds": 2},
         }
         if rng.random() < cfg.keyed_share:
-            body["concurrency_key"] = f"chaos/resource-{rng.randrange(cfg.keys)}"
+            family = rng.random()
+            if family < cfg.cap_share:
+                body["concurrency_key"] = f"{CAP_PREFIX}{rng.randrange(cfg.cap_keys)}"
+            elif family < cfg.cap_share + cfg.rated_share:
+                body["concurrency_key"] = f"{RATED_PREFIX}{rng.randrange(cfg.rated_keys)}"
+            else:
+                body["concurrency_key"] = f"chaos/resource-{rng.randrange(cfg.keys)}"
         return key, body
 
     def post_until_answered(self, client: httpx.Client, first: int, key: str, body: dict) -> dict | None:
@@ -494,11 +521,45 @@ class Submitter:
                 next_at = max(next_at + interval, time.monotonic() - interval)
                 self.stop.wait(max(0.0, next_at - time.monotonic()))
 
+    def bursts(self) -> None:
+        """burst_size tasks sent at once on one key, a capped one and a rated one in turn,
+        each held 0.3-0.8 s: more than the key's permits or its start room."""
+        cfg = self.cfg
+        rng = random.Random(cfg.seed * 1000 + 999)
+        timeout = httpx.Timeout(PROBE_TIMEOUT + 3, connect=2.0)
+        for turn in itertools.count():
+            if self.stop.wait(cfg.burst_every):
+                return
+            if turn % 2 == 0:
+                key = f"{CAP_PREFIX}{rng.randrange(cfg.cap_keys)}"
+            else:
+                key = f"{RATED_PREFIX}{rng.randrange(cfg.rated_keys)}"
+            sends = []
+            for _ in range(cfg.burst_size):
+                n = next(self.sequence)
+                idem, body = self.body_for(n, rng)
+                body["concurrency_key"] = key
+                body["payload"]["sleep_ms"] = rng.randint(300, 800)
+                seed = rng.randrange(1 << 30)
+
+                def send(n: int = n, idem: str = idem, body: dict = body, seed: int = seed) -> None:
+                    with httpx.Client(timeout=timeout) as client:
+                        self.submit_one(client, n, idem, body, random.Random(seed))
+
+                sends.append(threading.Thread(target=send, name=f"burst-{n}", daemon=True))
+            for thread in sends:
+                thread.start()
+            for thread in sends:
+                thread.join()
+
     def start(self) -> None:
         for index in range(self.cfg.submitters):
             thread = threading.Thread(target=self.loop, args=(index,), name=f"submitter-{index}", daemon=True)
             thread.start()
             self.threads.append(thread)
+        thread = threading.Thread(target=self.bursts, name="bursts", daemon=True)
+        thread.start()
+        self.threads.append(thread)
 
     def finish(self, timeout: float) -> None:
         self.stop.set()
@@ -670,6 +731,7 @@ class Harness:
         if response.status_code != 201:
             raise RuntimeError(f"creating queue chaos-2 failed: {response.status_code} {response.text}")
         self.queues.append(response.json()["data"]["queue"]["id"])
+        self.make_key_policies()
         if not self.serving(self.api_server):  # its pool threads now hold connections
             raise RuntimeError("server C does not answer")
 
@@ -687,6 +749,31 @@ class Harness:
             f"{cfg.workers} workers (capacity {cfg.capacity}) on servers "
             + ", ".join(f"w{s.index}->{s.server.name}" for s in self.slots)
             + f"; submitting about {cfg.rate:.0f} tasks/s"
+        )
+
+    def make_key_policies(self) -> None:
+        """The key policies (SPEC §12) the load's capped and rated keys, and the stopped-worker
+        event's keys, run under; over HTTP, as any client makes them."""
+        policies = [
+            {"match": {"prefix": CAP_PREFIX}, "capacity": CAP_CAPACITY},
+            {"match": {"prefix": RATED_PREFIX}, "capacity": RATED_CAPACITY, "rate": RATED_RATE},
+            {"match": {"prefix": STOP_PREFIX}, "capacity": STOP_CAPACITY},
+        ]
+        for index, policy in enumerate(policies):
+            response = httpx.post(
+                f"{self.servers[0].url}/v1/key-policies",
+                json={**policy, "reason": "chaos harness"},
+                headers={
+                    "Authorization": f"Bearer {self.token}",
+                    "Idempotency-Key": f"chaos-{self.run_id}-policy-{index}",
+                },
+                timeout=10,
+            )
+            if response.status_code != 201:
+                raise RuntimeError(f"creating key policy {policy} failed: {response.status_code} {response.text}")
+        log(
+            f"key policies: {CAP_PREFIX}* capacity {CAP_CAPACITY}; {RATED_PREFIX}* capacity {RATED_CAPACITY}, "
+            f"rate {RATED_RATE}; {STOP_PREFIX}* capacity {STOP_CAPACITY}"
         )
 
     # -- measurements ----------------------------------------------------------
@@ -869,7 +956,7 @@ class Harness:
             self.violation(f"{event['name']}: its workers did not reconnect within 30 s")
         return event
 
-    def submit_direct(self, name: str, payload: dict, key: str) -> str:
+    def submit_direct(self, name: str, payload: dict, key: str, max_attempts: int = 1) -> str:
         """One task outside the submitters' stream (still counted in every end check)."""
         assert self.submitter is not None
         idem = f"chaos-{self.run_id}-{name}"
@@ -881,7 +968,7 @@ class Harness:
             "payload": {"idem": idem, **payload},
             "concurrency_key": key,
             "lease_seconds": self.cfg.lease_seconds,
-            "max_attempts": 1,
+            "max_attempts": max_attempts,
         }
         with httpx.Client(timeout=httpx.Timeout(PROBE_TIMEOUT + 3, connect=2.0)) as client:
             data = self.submitter.post_until_answered(client, 0, idem, body)
@@ -957,6 +1044,146 @@ class Harness:
             self.violation(f"{event['name']}: the cut-off attempt ended {state}, not UNKNOWN")
         if end is None or end["write"] != "stale":
             self.violation(f"{event['name']}: the old holder's late write was not refused: {end}")
+        return event
+
+    def stop_worker_past_lease(self, n: int) -> dict[str, Any]:
+        """A worker process stopped (SIGSTOP) longer than its leases, then resumed. A long task
+        L holds one of two permits of a key and a longer one H the other (the key is full),
+        the worker running L is stopped, and a third task F of the key is sent: F can have
+        only a permit the stopped worker held, once a server recovered it at the lease's end
+        (every attempt the stopped worker held must end UNKNOWN, and no key row or slot may
+        still name one). Resumed, its results are refused (the rows keep UNKNOWN), and L's
+        late write on a slot that a newer token already wrote is refused as stale."""
+        key = f"{STOP_PREFIX}{n}"
+        event: dict[str, Any] = {"name": "SIGSTOP worker past its lease"}
+        stop_seconds = self.cfg.lease_seconds + 4
+        rows: list = []
+
+        def running(task_id: str) -> bool:
+            rows[:] = self.query(
+                "SELECT id, worker_id, concurrency_token, concurrency_slot FROM orbit_attempt "
+                "WHERE task_id=%s AND state='RUNNING'",
+                (task_id,),
+            )
+            return bool(rows)
+
+        long_id = self.submit_direct(f"stop-{n}-long", {"sleep_ms": 60_000}, key)
+        if self.wait_until(lambda: running(long_id), timeout=30) is None:
+            self.violation(f"{event['name']}: the long task did not start within 30 s")
+            return event
+        long_attempt, worker_id, long_token, long_slot = rows[0]
+        # Holds the key's other permit past the stop (on a worker that is not stopped, it renews).
+        hold_id = self.submit_direct(f"stop-{n}-hold", {"sleep_ms": (stop_seconds + 8) * 1000}, key)
+        if self.wait_until(lambda: running(hold_id), timeout=30) is None:
+            self.violation(f"{event['name']}: the key's second task did not start within 30 s")
+            return event
+        slot = next(s for s in self.slots if s.worker_id == worker_id)
+        assert slot.process is not None
+        os.kill(slot.process.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            time.sleep(0.5)  # results it sent before the stop are in by now
+            held = {
+                row[0]: {"key": row[1], "slot": row[2], "state": row[3]}
+                for row in self.query(
+                    "SELECT id, concurrency_key, concurrency_slot, state FROM orbit_attempt "
+                    "WHERE worker_id=%s AND state IN ('LEASED','RUNNING')",
+                    (worker_id,),
+                )
+            }
+            event.update(
+                {"worker": worker_id, "held": len(held), "held_keyed": sum(bool(h["key"]) for h in held.values())}
+            )
+            # Retried if the stopped worker is given it (its server still counts its capacity).
+            follow_id = self.submit_direct(f"stop-{n}-next", {"sleep_ms": 50}, key, max_attempts=3)
+            marks = ",".join(["%s"] * len(held))
+
+            def recovered() -> bool:
+                return not self.query(
+                    f"SELECT 1 FROM orbit_attempt WHERE id IN ({marks}) AND state IN ('LEASED','RUNNING')", tuple(held)
+                )
+
+            seconds = self.wait_until(recovered, timeout=self.cfg.lease_seconds + 20, interval=0.2)
+            event["recovered_after_stop_s"] = None if seconds is None else round(time.monotonic() - stopped, 2)
+            if seconds is None:
+                self.violation(f"{event['name']}: the stopped worker's attempts were not recovered")
+            named = self.query(
+                f"SELECT `key` FROM orbit_concurrency_key WHERE holder_attempt_id IN ({marks}) "
+                f"UNION ALL SELECT `key` FROM orbit_concurrency_slot WHERE holder_attempt_id IN ({marks})",
+                (*held, *held),
+            )
+            if named:
+                self.violation(f"{event['name']}: key permits still name the stopped worker's attempts: {named[:5]}")
+
+            def follow_done() -> bool:
+                return bool(self.query("SELECT 1 FROM orbit_task WHERE id=%s AND state='SUCCEEDED'", (follow_id,)))
+
+            self.wait_until(follow_done, timeout=max(0.5, stopped + stop_seconds - time.monotonic()), interval=0.2)
+            time.sleep(max(0.0, stopped + stop_seconds - time.monotonic()))
+        finally:
+            os.kill(slot.process.pid, signal.SIGCONT)
+        event["stopped_s"] = round(time.monotonic() - stopped, 2)
+        if self.wait_until(follow_done, timeout=self.cfg.lease_seconds + 20, interval=0.2) is None:
+            self.violation(f"{event['name']}: the key's third task did not succeed")
+            return event
+        follows = self.query(
+            "SELECT concurrency_token, concurrency_slot, state, finished_at FROM orbit_attempt "
+            "WHERE task_id=%s ORDER BY epoch",
+            (follow_id,),
+        )
+        follow_token, follow_slot = follows[0][0], follows[0][1]
+        event.update(
+            {
+                "long_token": long_token,
+                "long_slot": long_slot,
+                "next_token": follow_token,
+                "next_slot": follow_slot,
+                "next_attempts": len(follows),
+            }
+        )
+        if follow_token <= long_token:
+            self.violation(f"{event['name']}: the next holder's token {follow_token} is not above {long_token}")
+        recovered_slots = {h["slot"] for h in held.values() if h["key"] == key}
+        if follow_slot not in recovered_slots:
+            self.violation(
+                f"{event['name']}: the next holder got slot {follow_slot}, not one the stopped worker held "
+                f"({sorted(recovered_slots)})"
+            )
+        end = None
+        if self.wait_until(lambda: self.ledger_end(long_attempt) is not None, timeout=30, interval=0.2) is not None:
+            end = self.ledger_end(long_attempt)
+        time.sleep(1.0)  # the resumed worker's results reach a server
+        ended = dict(self.query(f"SELECT id, state FROM orbit_attempt WHERE id IN ({marks})", tuple(held)))
+        states = collections.Counter(ended.values())
+        late = self.query(
+            f"SELECT COUNT(*) FROM orbit_attempt WHERE id IN ({marks}) AND late_outcome IS NOT NULL", tuple(held)
+        )
+        event.update(
+            {
+                "held_states": dict(states),
+                "late_results_refused": late[0][0],
+                "long_write": None if end is None else end["write"],
+            }
+        )
+        # Recovered: a running attempt as UNKNOWN (its effect is unknown), one never started as
+        # EXPIRED, or RELEASED when its server closed the connection that did not acknowledge
+        # it (its task is leased again); none may take the resumed worker's result.
+        wrong = {
+            attempt_id: (h["state"], ended.get(attempt_id))
+            for attempt_id, h in held.items()
+            if ended.get(attempt_id) not in ({"UNKNOWN"} if h["state"] == "RUNNING" else {"EXPIRED", "RELEASED"})
+        }
+        if wrong:
+            self.violation(f"{event['name']}: the stopped worker's attempts (at the stop, at the end): {wrong}")
+        # A newer holder of L's slot that finished (wrote) before L's late write: L must be refused.
+        overtaken = any(
+            slot_ == long_slot and state == "SUCCEEDED" and end is not None and (utc_ts(finished) or 0) < end["t"]
+            for _, slot_, state, finished in follows
+        )
+        if overtaken and end is not None and end["write"] != "stale":
+            self.violation(f"{event['name']}: the stopped holder's late write on slot {long_slot} was accepted: {end}")
+        if end is None:
+            self.violation(f"{event['name']}: the stopped holder's handler never ended after SIGCONT")
         return event
 
     def kill_all_servers(self) -> dict[str, Any]:
@@ -1093,13 +1320,20 @@ class Harness:
         return event
 
     def schedule(self) -> list[Any]:
-        events = [
+        # Which server an event hits: B in the first round, then the other in turn.
+        events: list[Any] = []
+
+        def server_of(n: int) -> int:
+            return 1 + n // len(events)
+
+        events += [
             lambda n: self.kill_worker(n),
-            lambda n: self.kill_server(n),
+            lambda n: self.stop_worker_past_lease(n),
+            lambda n: self.kill_server(server_of(n)),
             lambda n: self.db_outage(kill=True),
             lambda n: self.db_outage(kill=False),
             lambda n: self.db_freeze(),
-            lambda n: self.freeze_node(n),
+            lambda n: self.freeze_node(server_of(n)),
         ]
         if not self.cfg.short:
             events += [
@@ -1200,13 +1434,30 @@ class Harness:
                 "worker_id": r[9],
                 "number": r[10],
                 "late": r[11] is not None,
+                "slot": r[12],
             }
             for r in self.query(
                 "SELECT id, task_id, state, epoch, concurrency_key, concurrency_token, leased_at, started_at, "
-                "finished_at, worker_id, number, late_outcome FROM orbit_attempt WHERE namespace_id=%s",
+                "finished_at, worker_id, number, late_outcome, concurrency_slot FROM orbit_attempt "
+                "WHERE namespace_id=%s",
                 (self.namespace_id,),
             )
         ]
+        rules = checks.KeyRules.of(
+            {
+                "match_kind": r[0],
+                "match_value": r[1],
+                "capacity": r[2],
+                "rate_starts": r[3],
+                "rate_per_seconds": r[4],
+                "rate_burst": r[5],
+            }
+            for r in self.query(
+                "SELECT match_kind, match_value, capacity, rate_starts, rate_per_seconds, rate_burst "
+                "FROM orbit_key_policy WHERE namespace_id=%s AND live",
+                (self.namespace_id,),
+            )
+        )
         records = {
             row[0]: row[1]
             for row in self.query(
@@ -1225,9 +1476,14 @@ class Harness:
             # Attempts agree with their tasks: counters recomputed, one success, no work after it.
             *checks.attempt_counters_match_started_attempts(tasks, attempts),
             *checks.one_success_per_succeeded_task(tasks, attempts),
-            # Per key: permits never overlap, tokens strictly increase in lease order.
+            # Per key: never more permits held than its capacity, each (key, slot) held by one
+            # attempt at a time, tokens strictly increase in lease order, Starts within its rate.
             *checks.key_tokens_increase_in_lease_order(attempts),
-            *checks.key_permits_never_overlap(attempts),
+            *checks.key_holders_within_capacity(attempts, rules),
+            *checks.key_slots_fit_capacity(attempts, rules),
+            *checks.slot_holders_never_overlap(attempts),
+            *checks.key_starts_keep_their_rate(attempts, rules),
+            *checks.rated_windows_within_bound(attempts, rules),
         ]
         for message in found:
             self.violation(message)
@@ -1240,6 +1496,7 @@ class Harness:
         self.figures["killed_worker_recovery_max_s"] = round(max(delays), 2) if delays else None
 
         self.check_ledgers({a["id"]: a for a in attempts})
+        self.key_figures(attempts, rules)
 
         states = collections.Counter(task["state"] for task in tasks.values())
         attempt_states = collections.Counter(a["state"] for a in attempts)
@@ -1247,6 +1504,7 @@ class Harness:
             {
                 "tasks_accepted": len(stats.accepted),
                 "tasks_in_db": len(tasks),
+                "tasks_lost": sum(1 for task_id in stats.accepted.values() if task_id not in tasks),
                 "task_states": dict(sorted(states.items())),
                 "attempts": len(attempts),
                 "attempt_states": dict(sorted(attempt_states.items())),
@@ -1266,13 +1524,39 @@ class Harness:
         for message in stats.slow[:20]:
             self.violation(f"slow answer: {message}")
 
+    def key_figures(self, attempts: list[dict], rules: checks.KeyRules) -> None:
+        """Per key family: the most permits one key held at once against its capacity, the
+        tokens granted; per rated key its Starts and its busiest window against the bound."""
+        holders = checks.key_holders_max(attempts)
+        families: dict[str, dict[str, Any]] = {}
+        for key, most in sorted(holders.items()):
+            family = key.rstrip("0123456789")
+            figure = families.setdefault(
+                family + "*", {"capacity": rules.of_key(key).capacity, "keys": 0, "holders_max": 0, "grants": 0}
+            )
+            figure["keys"] += 1
+            figure["holders_max"] = max(figure["holders_max"], most)
+        for attempt in attempts:
+            if attempt["key"]:
+                figure = families[attempt["key"].rstrip("0123456789") + "*"]
+                figure["grants"] += 1
+                figure["highest_token"] = max(figure.get("highest_token", 0), attempt["token"] or 0)
+        self.figures["key_holders"] = families
+        self.figures["key_slots_used"] = {
+            family: sorted(
+                {a["slot"] for a in attempts if a["key"] and a["key"].startswith(family.rstrip("*"))}, key=str
+            )
+            for family in (CAP_PREFIX + "*", RATED_PREFIX + "*", STOP_PREFIX + "*")
+        }
+        self.figures["rated_keys"] = checks.rated_window_figures(attempts, rules)
+
     def check_ledgers(self, attempts: dict[str, dict]) -> None:
         """The workers' ledgers against the attempt rows (reliability/checks.py)."""
         killed: dict[tuple[str, int], float] = {}
         for slot in self.slots:
             killed.update(slot.killed_at)
         ledgers = checks.read_ledgers(self.work / "ledgers")
-        runs_by_key = checks.executions_by_key(ledgers, attempts, killed)
+        runs_by_slot = checks.executions_by_slot(ledgers, attempts, killed)
         found = [
             *checks.handlers_ran_once(ledgers),
             *checks.ledger_attempts_exist(ledgers, attempts),
@@ -1280,8 +1564,8 @@ class Harness:
             *checks.handlers_begin_after_start_approved(ledgers, attempts),
             *checks.unended_handlers_were_killed(ledgers, attempts, killed),
             *checks.stale_writes_only_from_lost_leases(ledgers, attempts),
-            *checks.key_executions_never_overlap_while_both_held_the_permit(runs_by_key, attempts),
-            *checks.key_executions_begin_in_token_order(runs_by_key),
+            *checks.key_executions_never_overlap_while_both_held_the_permit(runs_by_slot, attempts),
+            *checks.key_executions_begin_in_token_order(runs_by_slot),
         ]
         for message in found:
             self.violation(message)
@@ -1290,7 +1574,7 @@ class Harness:
             {
                 "executions": len(ledgers.executions),
                 "executions_cut_by_kill": sum(1 for e in known if "end" not in e),
-                "fenced_overlaps": checks.fenced_overlaps(runs_by_key, attempts),
+                "fenced_overlaps": checks.fenced_overlaps(runs_by_slot, attempts),
                 "stale_writes_refused": sum(1 for e in known if e.get("write") == "stale"),
             }
         )
@@ -1321,8 +1605,9 @@ class Harness:
             stored = cursor.fetchone()[0]
             cursor.execute(f"INSERT INTO orbit_task ({stored}) SELECT {stored} FROM twin")
             cursor.execute(
-                "SELECT id, concurrency_key, leased_at FROM orbit_attempt WHERE concurrency_key<>'' "
-                "ORDER BY leased_at DESC LIMIT 1"
+                "SELECT id, concurrency_key, leased_at FROM orbit_attempt WHERE concurrency_key LIKE %s "
+                "ORDER BY leased_at DESC LIMIT 1",
+                ("chaos/resource-%",),
             )
             attempt_id, key, leased_at = cursor.fetchone()
             cursor.execute("UPDATE orbit_attempt SET concurrency_token=1 WHERE id=%s", (attempt_id,))
@@ -1334,6 +1619,35 @@ class Harness:
             previous = cursor.fetchone()[0]
             cursor.execute(
                 "UPDATE orbit_attempt SET finished_at=%s + INTERVAL 1 SECOND WHERE id=%s", (leased_at, previous)
+            )
+            # A capped key over its capacity: the CAP_CAPACITY attempts before one held on past its lease.
+            cursor.execute(
+                "SELECT id, concurrency_key, leased_at FROM orbit_attempt WHERE concurrency_key LIKE %s "
+                "ORDER BY leased_at DESC LIMIT 1",
+                (CAP_PREFIX + "%",),
+            )
+            attempt_id, key, leased_at = cursor.fetchone()
+            cursor.execute(
+                "UPDATE orbit_attempt SET finished_at=%s + INTERVAL 1 SECOND WHERE concurrency_key=%s AND "
+                "leased_at<%s ORDER BY leased_at DESC LIMIT %s",
+                (leased_at, key, leased_at, CAP_CAPACITY),
+            )
+            # A rated key's Starts at one moment, one more than its burst.
+            cursor.execute(
+                "SELECT concurrency_key FROM orbit_attempt WHERE concurrency_key LIKE %s AND started_at IS NOT NULL "
+                "GROUP BY concurrency_key ORDER BY COUNT(*) DESC LIMIT 1",
+                (RATED_PREFIX + "%",),
+            )
+            (key,) = cursor.fetchone()
+            cursor.execute(
+                "SELECT id, started_at FROM orbit_attempt WHERE concurrency_key=%s AND started_at IS NOT NULL "
+                "ORDER BY started_at LIMIT %s",
+                (key, RATED_RATE["burst"] + 1),
+            )
+            bunched = cursor.fetchall()
+            cursor.execute(
+                "UPDATE orbit_attempt SET started_at=%s WHERE id IN (" + ",".join(["%s"] * len(bunched)) + ")",
+                (bunched[0][1], *(row[0] for row in bunched)),
             )
             conn.commit()
         finally:

@@ -6,10 +6,12 @@ the task, attempt, concurrency key, permit token and wall-clock times. The
 harness reads the ledgers afterwards (a worker killed with -9 leaves "start"
 lines without an "end"; the harness knows when it killed the process).
 
-Keyed executions also write to a fenced resource: one file per key, updated
-under flock, that refuses a token lower than the highest it has accepted
-(the keyed-concurrency seed's resource model). A refused write is recorded as
-"stale" and the handler reports a retryable failure.
+Keyed executions also write to a fenced resource: one file per permit (the
+key, and its slot on a key of capacity above 1), updated under flock, that
+refuses a token lower than the highest it has accepted (the keyed-concurrency
+seed's resource model; holders of different slots of one key both write, as
+the SDK's fencing guard lets them). A refused write is recorded as "stale" and
+the handler reports a retryable failure.
 
 SIGTERM drains the worker (in-flight work finishes and reports); SIGKILL is
 what the harness uses to simulate a crash.
@@ -53,14 +55,15 @@ class Ledger:
 
 
 class FencedResource:
-    """Per-key files shared by all worker processes; check-and-raise under flock."""
+    """Per-permit files shared by all worker processes; check-and-raise under flock."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
 
-    def write(self, key: str, token: int) -> tuple[str, int]:
-        path = self.directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+    def write(self, key: str, slot: int | None, token: int) -> tuple[str, int]:
+        permit = key.encode() if slot is None else key.encode() + b"\0" + str(slot).encode()
+        path = self.directory / (hashlib.sha256(permit).hexdigest()[:32] + ".json")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -68,7 +71,7 @@ class FencedResource:
             highest = json.loads(raw)["highest"] if raw else 0
             if token < highest:
                 return "stale", highest
-            data = json.dumps({"key": key, "highest": token}).encode()
+            data = json.dumps({"key": key, "slot": slot, "highest": token}).encode()
             os.ftruncate(fd, 0)
             os.pwrite(fd, data, 0)
             return "accepted", highest
@@ -97,18 +100,20 @@ def main() -> int:
     def handle(execution: Execution) -> dict[str, str | None]:
         key = execution.concurrency_key
         token = execution.concurrency_token
+        slot = execution.concurrency_slot
         common = {
             "task_id": execution.task.id,
             "attempt_id": execution.attempt_id,
             "number": execution.attempt_number,
             "key": key,
             "token": str(token) if token is not None else None,
+            "slot": slot,
             "idem": execution.payload.get("idem"),
         }
         ledger.write(event="start", t=time.time(), **common)
         # Sleep, but stop early if the server says the lease is gone.
         execution.wait_cancelled(execution.payload.get("sleep_ms", 100) / 1000)
-        verdict, highest = ("unkeyed", 0) if key is None else resource.write(key, token)
+        verdict, highest = ("unkeyed", 0) if key is None else resource.write(key, slot, token)
         ledger.write(
             event="end",
             t=time.time(),

@@ -60,6 +60,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     names = [event["name"] for event in summary["events"]]
     assert names == [
         "kill -9 worker",
+        "SIGSTOP worker past its lease",
         "kill -9 server B",
         "kill -9 MariaDB",
         "SIGTERM restart of MariaDB",
@@ -70,6 +71,11 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert figures["orbit_check_exit"] == 0
     assert figures["tasks_accepted"] > 0 and figures["tasks_in_db"] == figures["tasks_accepted"]
     assert figures["submit_deduplicated_replays"] > 0  # the idempotency paths were exercised
+    # Keys with a capacity and a rate were used up to their capacity (the checks hold them to it).
+    holders = figures["key_holders"]
+    assert holders["chaos/cap/*"]["holders_max"] == holders["chaos/cap/*"]["capacity"] == 3, holders
+    assert holders["chaos/rated/*"]["capacity"] == 2 and holders["chaos/rated/*"]["grants"] > 0, holders
+    assert all(rated["starts"] > 0 for rated in figures["rated_keys"].values()), figures["rated_keys"]
     for event in summary["events"]:
         if "MariaDB" in event["name"]:
             assert event["outage_probes"] > 0
@@ -79,6 +85,11 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
             # and the other node refused nothing past the bound
             assert event["locks_released_s"] is not None and event["locks_released_s"] < 5, event
             assert event["server_A_answers"] > 0 and event["server_A_refused_after_8_s"] == 0, event
+        if event["name"] == "SIGSTOP worker past its lease":
+            # stopped past the lease: what it ran recovered as UNKNOWN, what it never started
+            # expired or released, and the key's next holder took a recovered permit
+            assert event["stopped_s"] > 10 and set(event["held_states"]) <= {"UNKNOWN", "EXPIRED", "RELEASED"}, event
+            assert event["held_states"].get("UNKNOWN", 0) >= 1 and event["next_token"] > event["long_token"], event
         if event["name"].startswith("MariaDB frozen"):
             assert event["submits_during_freeze"].get("503", 0) > 0, event
             assert event["submits_during_freeze"]["worst_s"] <= 5, event
