@@ -51,6 +51,8 @@ FULL = {
     "backlog_large": 1_000_000,
     "lease_samples": 200,
     "w0_seconds": 10,
+    "key_rate": 20,
+    "key_rate_seconds": 30,
 }
 QUICK = {
     **FULL,
@@ -60,10 +62,11 @@ QUICK = {
     "backlog_large": 20_000,
     "lease_samples": 100,
     "w0_seconds": 3,
+    "key_rate_seconds": 10,
 }
 DEADLINES = {  # seconds per run (the child is killed 60 s after)
-    "full": {"W0": 300, "W1": 1200, "W2": 2400, "W3": 300, "W4": 300, "W5": 3600},
-    "quick": {"W0": 120, "W1": 300, "W2": 600, "W3": 150, "W4": 180, "W5": 400},
+    "full": {"W0": 300, "W1": 1200, "W2": 2400, "W3": 300, "W4": 300, "W5": 3600, "W6": 600},
+    "quick": {"W0": 120, "W1": 300, "W2": 600, "W3": 150, "W4": 180, "W5": 400, "W6": 180},
 }
 PACKAGES = [
     "celery", "kombu", "amqp", "redis", "procrastinate", "psycopg", "psycopg-pool", "Django",
@@ -84,7 +87,8 @@ PREFERRED_ORDER = [
     "tasks_per_s_keys1", "keys1_frames_per_task", "keys1_rounds_per_task", "keys1_transactions_per_task",
     "tasks_per_s_keys10", "keys10_frames_per_task", "keys10_rounds_per_task", "keys10_transactions_per_task",
     "tasks_per_s_keys100", "keys100_frames_per_task", "keys100_rounds_per_task",
-    "keys100_transactions_per_task", "overlap_ok", "overlaps", "tokens_increasing",
+    "keys100_transactions_per_task", "tasks_per_s_keys10_cap4", "keys10_cap4_holders_max",
+    "cap4_within_capacity", "overlap_ok", "overlaps", "tokens_increasing",
     # W3
     "target_rate", "achieved_rate", "worst_window", "min_window", "windows_over_limit",
     "rate_error_pct",
@@ -94,6 +98,12 @@ PREFERRED_ORDER = [
     # W5
     "backlog_small", "backlog_large", "lease_p50_ms_1k", "lease_p99_ms_1k", "lease_p50_ms_1m",
     "lease_p99_ms_1m", "lease_p50_ratio_1m_vs_1k",
+    # W6
+    "key_rate", "unkeyed_tasks_per_s_alone", "unkeyed_tasks_per_s_with_limited_key", "unkeyed_ratio_with_vs_alone",
+    "limited_key_starts", "limited_key_achieved_rate", "limited_key_worst_window",
+    "limited_key_started_by_unkeyed_end", "unkeyed_tasks_per_s_with_limited_key_burst4",
+    "limited_key_starts_burst4", "limited_key_achieved_rate_burst4", "limited_key_worst_window_burst4",
+    "limited_key_started_by_unkeyed_end_burst4",
 ]  # fmt: skip
 RATIO_METRICS = [("W1", "tasks_per_s"), ("W1", "drain_tasks_per_s")]
 RESULTS_JSON = common.RESULTS_DIR / "results.json"

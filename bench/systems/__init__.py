@@ -78,7 +78,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-ALL_WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
+ALL_WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6")
 
 WORKLOAD_TITLES = {
     "W0": "ceiling: raw MariaDB commits/s for Orbit's transaction shapes",
@@ -87,6 +87,7 @@ WORKLOAD_TITLES = {
     "W3": "rate accuracy: one queue at 50 starts/s under more demand",
     "W4": "crash recovery: kill -9 a worker holding tasks",
     "W5": "backlog scale: lease/fetch latency with a small vs a large waiting backlog",
+    "W6": "key start rate: unkeyed throughput beside one rate-limited key in the same queue; the key's rate",
 }
 
 # name -> "module" or "module:ATTR" (inside bench/systems/); run order = this order

@@ -33,15 +33,18 @@ DURABILITY = (
     "results are committed in per-application rounds before any of them is answered or sent; a crash "
     "of any process loses nothing acknowledged"
 )
-WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5")
+WORKLOADS = ("W0", "W1", "W2", "W3", "W4", "W5", "W6")
 NOTES = {
     "W1": "submit = one POST /v1/tasks per task, orbit_sdk.Client.submit_task from 16 threads sharing one "
     "client; drain = backlog pre-loaded with POST /v1/tasks:batch",
-    "W2": "backlog pre-loaded with :batch, then drained; overlap and token order checked on the attempts table",
+    "W2": "backlog pre-loaded with :batch, then drained; overlap and token order checked on the attempts table; "
+    "keys10_cap4: the 10 keys under one prefix key policy of capacity 4 (at most 4 holders per key, checked)",
     "W3": "rate_per_second is a database window shared by all nodes; workers report starts after Start approval",
     "W4": "unstarted leases of the killed worker are re-leased after lease expiry; its running attempts become "
     "NEEDS_REVIEW (effect unknown), never re-run blindly",
     "W5": "lease transaction timed in-process on MariaDB; the large backlog is inserted with SQL, not HTTP",
+    "W6": "one key under a key policy's GCRA start rate, its tasks loaded ahead of the unkeyed ones in one queue; "
+    "a lease skips the key while it has no start room",
 }
 # Server processes on the one address (server/supervisor.py); 1 = one daphne process, as before.
 PROCESSES = int(os.environ.get("ORBIT_BENCH_PROCESSES", "1"))
@@ -82,7 +85,8 @@ class Trips:
 
 class Server:
     def __init__(self, database: str) -> None:
-        self.database = common.fresh_mariadb(database)
+        # The pid keeps two runs at once (two checkouts, two invocations) off each other's database.
+        self.database = common.fresh_mariadb(f"{database}_{os.getpid()}")
         self.port = common.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
@@ -158,6 +162,15 @@ class Server:
         response = await self.http.post("/v1/queues", json=body, headers={"Idempotency-Key": f"queue-{name}"})
         response.raise_for_status()
         return response.json()["data"]["queue"]["id"]
+
+    async def key_policy(self, match: dict[str, str], capacity: int, rate: dict[str, int] | None = None) -> None:
+        """A key policy (SPEC §12) over HTTP, as any client makes one."""
+        body: dict = {"match": match, "capacity": capacity, "reason": "bench"}
+        if rate is not None:
+            body["rate"] = rate
+        name = json.dumps(match, sort_keys=True)
+        response = await self.http.post("/v1/key-policies", json=body, headers={"Idempotency-Key": f"policy-{name}"})
+        response.raise_for_status()
 
     async def preload(self, queue_id: str, labels: list[str], extra=lambda label: {}) -> None:
         for start in range(0, len(labels), 500):
@@ -354,6 +367,25 @@ async def w1(scale: dict, deadline: float) -> dict:
         await server.close()
 
 
+def holders_max(server: Server, queue_id: str) -> int:
+    """The most permits any one key of the queue held at one moment (from the attempts'
+    leased_at to finished_at; an end at the moment of a grant does not overlap it)."""
+    rows = server.query(
+        "SELECT concurrency_key, leased_at, finished_at FROM orbit_attempt WHERE queue_id=%s", (queue_id,)
+    )
+    by_key: dict[str, list[tuple[float, int]]] = {}
+    for key, leased, finished in rows:
+        moments = by_key.setdefault(key, [])
+        moments += [(leased.timestamp(), 1), ((finished or leased).timestamp(), -1)]
+    most = 0
+    for moments in by_key.values():
+        held = 0
+        for _, step in sorted(moments):
+            held += step
+            most = max(most, held)
+    return most
+
+
 def key_checks(server: Server, queue_id: str) -> tuple[bool, int, bool]:
     rows = server.query(
         "SELECT concurrency_key, leased_at, finished_at, concurrency_token FROM orbit_attempt "
@@ -405,6 +437,79 @@ async def w2(scale: dict, deadline: float) -> dict:
             result["overlap_ok"] = result["overlap_ok"] and overlap_ok
             result["overlaps"] += overlaps
             result["tokens_increasing"] = result["tokens_increasing"] and increasing
+        # The 10 keys again, each with 4 permits (one prefix policy): holders per key up to 4.
+        queue_id = await server.create_queue("w2-10-cap4")
+        await server.key_policy({"prefix": "cap4/"}, CAP4)
+        labels = [f"c10-{n}" for n in range(scale["tasks"])]
+        await server.preload(queue_id, labels, lambda label: {"concurrency_key": f"cap4/{int(label[4:]) % 10}"})
+        events = common.EventLog(common.work_dir(f"orbit-w2-cap4-{time.time_ns()}"))
+        procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
+        try:
+            wait_done(events, labels, deadline)
+        finally:
+            stop_all(procs)
+        result["tasks_per_s_keys10_cap4"] = round(len(labels) / drain_span(events, labels), 1)
+        result["keys10_cap4_holders_max"] = holders_max(server, queue_id)
+        _, _, increasing = key_checks(server, queue_id)
+        result["tokens_increasing"] = result["tokens_increasing"] and increasing
+        result["cap4_within_capacity"] = result["keys10_cap4_holders_max"] <= CAP4
+        return result
+    finally:
+        await server.close()
+
+
+# W2's capacity variant: permits per key of its 10 keys.
+CAP4 = 4
+
+
+async def w6(scale: dict, deadline: float) -> dict:
+    """Unkeyed tasks drained alone, then again in one queue with a backlog of one
+    rate-limited key loaded ahead of them: the unkeyed throughput must not drop (the lease
+    skips the key while it has no start room: no head-of-line blocking), and the key
+    starts at up to its rate. The rate is checked on Starts, which come a round trip after
+    their lease: with burst 1 each Start's delay pushes the next one back (achieved rate
+    about 1 / (T + that delay)); a burst of 4 absorbs it (the `_burst4` figures)."""
+    server = Server(f"bench_orbit_w6_{scale['run']}")
+    rate = scale["key_rate"]
+    result: dict = {"server_processes": PROCESSES, "tasks": scale["tasks"], "key_rate": rate}
+    try:
+        phases = [("alone", None, 0), ("with_limited_key", "limited", 1), ("with_limited_key_burst4", "limited-b4", 4)]
+        for phase, key, burst in phases:
+            if key is not None:
+                await server.key_policy({"key": key}, 1000, {"starts": rate, "per_seconds": 1, "burst": burst})
+            queue_id = await server.create_queue(f"w6-{phase}")
+            limited = [f"{phase}-l{n}" for n in range(rate * scale["key_rate_seconds"])] if key else []
+            unkeyed = [f"{phase}-u{n}" for n in range(scale["tasks"])]
+            # The limited key's tasks first: the oldest, at the head of the queue.
+            await server.preload(queue_id, limited, lambda label, key=key: {"concurrency_key": key})
+            await server.preload(queue_id, unkeyed)
+            events = common.EventLog(common.work_dir(f"orbit-w6-{phase}-{time.time_ns()}"))
+            procs = server.workers([queue_id], scale["workers"], scale["capacity"], events)
+            try:
+                wait_done(events, unkeyed, deadline)
+                unkeyed_span = drain_span(events, unkeyed)
+                wait_done(events, limited, deadline)
+            finally:
+                stop_all(procs)
+            result[f"unkeyed_tasks_per_s_{phase}"] = round(len(unkeyed) / unkeyed_span, 1)
+            if not limited:
+                continue
+            suffix = "" if burst == 1 else f"_burst{burst}"
+            starts = sorted(events.starts[label][0][0] for label in limited)
+            result[f"limited_key_starts{suffix}"] = len(starts)
+            result[f"limited_key_achieved_rate{suffix}"] = round((len(starts) - 1) / (starts[-1] - starts[0]), 2)
+            worst, j = 0, 0
+            for i, at in enumerate(starts):
+                while starts[j] <= at - 1.0:
+                    j += 1
+                worst = max(worst, i - j + 1)
+            # Most Starts in a sliding 1 s; the bound is rate + burst.
+            result[f"limited_key_worst_window{suffix}"] = worst
+            unkeyed_done = max(events.dones[label][0][0] for label in unkeyed)
+            result[f"limited_key_started_by_unkeyed_end{suffix}"] = sum(1 for at in starts if at <= unkeyed_done)
+        result["unkeyed_ratio_with_vs_alone"] = round(
+            result["unkeyed_tasks_per_s_with_limited_key"] / result["unkeyed_tasks_per_s_alone"], 2
+        )
         return result
     finally:
         await server.close()
@@ -553,5 +658,5 @@ def run(workload: str, scale: dict) -> dict:
             str(scale["run"]),
             timeout=scale["deadline_s"],
         )
-    runner = {"W1": w1, "W2": w2, "W3": w3, "W4": w4}[workload]
+    runner = {"W1": w1, "W2": w2, "W3": w3, "W4": w4, "W6": w6}[workload]
     return asyncio.run(runner(scale, deadline))
