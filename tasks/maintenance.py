@@ -38,11 +38,7 @@ _started = threading.Event()
 
 def run_sweep() -> int:
     return (
-        recover_expired_leases()
-        + sweep_deadlines()
-        + fire_due_plans()
-        + catch_up_policies()
-        + run_follow_ups(settle)
+        recover_expired_leases() + sweep_deadlines() + fire_due_plans() + catch_up_policies() + run_follow_ups(settle)
     )
 
 

@@ -8,7 +8,6 @@ must leave every row as it was and orbit_check clean."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
