@@ -22,7 +22,7 @@ from orbit.api.fields import (
     is_valid_utf8,
     uint32_field,
 )
-from orbit.errors import PayloadTooLarge
+from orbit.errors import InvalidArgument, PayloadTooLarge
 from orbit.json_depth import TOO_DEEP, nested_too_deeply
 
 MAX_PAYLOAD_BYTES = 256 * 1024
@@ -164,6 +164,40 @@ class PayloadField(serializers.Field):
         return value
 
 
+MAX_DEPENDENCIES = 1000
+REF_PREFIX = "ref:"
+REF_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+TASK_ID = re.compile(r"[0-9a-f]{32}")
+
+
+@extend_schema_field({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_DEPENDENCIES})
+class DependsOnField(serializers.Field):
+    """1–1,000 distinct task ids, or in a batch `ref:NAME` of an earlier item
+    (SPEC §13). Refused by position, as depends_on[i], which DRF's messages
+    cannot name: the error is raised as the API's own."""
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        if not isinstance(data, list) or not 1 <= len(data) <= MAX_DEPENDENCIES:
+            raise InvalidArgument(f"depends_on: must be a list of 1 to {MAX_DEPENDENCIES} task ids")
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(data):
+            where = f"depends_on[{index}]"
+            if not isinstance(entry, str) or not (
+                TASK_ID.fullmatch(entry)
+                or (entry.startswith(REF_PREFIX) and REF_NAME.fullmatch(entry[len(REF_PREFIX) :]))
+            ):
+                raise InvalidArgument(
+                    f"{where}: must be a task id (32 lowercase hex characters) or, in a batch, ref:NAME"
+                )
+            if entry in seen:
+                raise InvalidArgument(f"{where}: repeats depends_on[{seen[entry]}]")
+            seen[entry] = index
+        return list(data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
 class SubmitTaskInput(StrictSerializer):
     plain_path = True  # every submit validates its body on the event loop (tasks/submit_route.py)
 
@@ -183,6 +217,8 @@ class SubmitTaskInput(StrictSerializer):
     max_attempts = uint32_field(1, 100, required=False, default=3)
     retry = RetryInput(required=False)
     lease_seconds = uint32_field(5, 3600, required=False, default=30)
+    depends_on = DependsOnField(required=False)
+    on_dependency_failure = StrictChoiceField(("CANCEL", "RUN"), required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if "deadline_at" in attrs and "timeout_seconds" in attrs:

@@ -21,7 +21,7 @@ from orbit.idempotency import validate_key
 from orbit.principal import Actor
 from tasks.actions import batch, blockers, endings, reads
 from tasks.actions.rounds import submit_request, submit_task
-from tasks.serializers import CancelTaskInput, ResolveTaskInput, SubmitTaskInput
+from tasks.serializers import REF_NAME, CancelTaskInput, ResolveTaskInput, SubmitTaskInput
 
 
 class TaskCollectionView(OrbitView):
@@ -169,6 +169,9 @@ class TaskResolveView(OrbitView):
         )
 
 
+BATCH_ENTRY_FIELDS = {"idempotency_key", "task", "ref"}
+
+
 class TaskBatchView(OrbitView):
     """POST /v1/tasks:batch — each item carries its own Idempotency-Key and gets
     its own result; the request as a whole is not idempotent and needs no header."""
@@ -191,10 +194,17 @@ class TaskBatchView(OrbitView):
         actor = self.actor(request)
         items: list[batch.Submission] = []
         seen: set[str] = set()
+        refs: set[str | None] = set()
         for index, entry in enumerate(entries):
             where = f"tasks[{index}]"
-            if not isinstance(entry, dict) or set(entry) != {"idempotency_key", "task"}:
-                raise InvalidArgument(f"{where}: must be an object with exactly idempotency_key and task")
+            if not isinstance(entry, dict) or not {"idempotency_key", "task"} <= set(entry) <= BATCH_ENTRY_FIELDS:
+                raise InvalidArgument(f"{where}: must be an object with idempotency_key, task and optionally ref")
+            ref = entry.get("ref")
+            if ref is not None and (not isinstance(ref, str) or not REF_NAME.fullmatch(ref)):
+                raise InvalidArgument(f"{where}.ref: must be 1-64 letters, digits, '.', '_' or '-'")
+            if ref is not None and ref in refs:
+                raise InvalidArgument(f"{where}.ref: used twice in one batch")
+            refs.add(ref)
             if not isinstance(entry["idempotency_key"], str):
                 raise InvalidArgument(f"{where}.idempotency_key: must be a string")
             try:
@@ -206,7 +216,9 @@ class TaskBatchView(OrbitView):
             seen.add(key)
             if not isinstance(entry["task"], dict):
                 raise InvalidArgument(f"{where}.task: must be a JSON object")
-            items.append(batch.Submission(key=key, body=entry["task"], request_id=actor.request_id))
+            items.append(
+                batch.Submission(key=key, body=entry["task"], request_id=actor.request_id, ref=ref, in_batch=True)
+            )
         outcomes = batch.submit_batch(actor=actor, items=items)
         results = [item_result(item.key, outcome) for item, outcome in zip(items, outcomes, strict=True)]
         return ok(request, {"results": results})

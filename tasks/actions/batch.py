@@ -21,6 +21,7 @@ from orbit.models import IdempotencyRecord
 from orbit.principal import Actor
 from orbit.transactions import outermost
 from tasks.actions.context import Configuration
+from tasks.actions.dependencies import resolve_depends_on
 from tasks.actions.serialize import task_detail
 from tasks.actions.submit import PreparedTasks, admit_prepared, check_times, prepare_tasks
 from tasks.models import Task
@@ -46,6 +47,10 @@ class Submission:
     # advance on the caller's thread so the application's round does not wait
     # for it; used only if the key has no record, as validation always is.
     checked: dict[str, Any] | OrbitError | None = None
+    # POST /v1/tasks:batch: the item's `ref`, which a later item's depends_on
+    # names as ref:NAME (SPEC §13); a single submit is in no batch.
+    ref: str | None = None
+    in_batch: bool = False
 
 
 def _validated(body: dict[str, Any]) -> dict[str, Any]:
@@ -98,6 +103,12 @@ def read_submissions(
             pending.append((index, fields))
         except OrbitError as error:
             results[index] = error
+    replayed = {index: result.data["task"]["id"] for index, result in enumerate(results) if isinstance(result, Receipt)}
+    pending, refused = resolve_depends_on(
+        actor.namespace_id, [item.ref for item in items], any(item.in_batch for item in items), replayed, pending
+    )
+    for index, refusal in refused.items():
+        results[index] = refusal
     return pending
 
 
@@ -243,6 +254,13 @@ def admit_submissions(actor: Actor, items: list[Submission], written: Written) -
     refused_keys: list[str] = []
     for (index, _), outcome in zip(written.pending, outcomes, strict=True):
         if isinstance(outcome, Task):
+            if written.receipts[index]["task"]["state"] != outcome.state:
+                # Its dependencies decided otherwise under the lock than the
+                # receipt written before it (SPEC §13): the record follows.
+                written.receipts[index] = {"deduplicated": False, "task": task_detail(outcome)}
+                IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key=items[index].key).update(
+                    response_data=written.receipts[index]
+                )
             results[index] = Receipt(status=201, data=written.receipts[index])
         else:
             results[index] = outcome

@@ -30,11 +30,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from orbit.audit import emit_event
-from orbit.db.rows import Add, lock_by_pk, update_by_pk
+from orbit.db.rows import Add, insert_rows, lock_by_pk, new_row, update_by_pk
+from orbit.errors import InvalidArgument
 from orbit.transactions import outermost
 from tasks import wakeups
 from tasks.locks import lock_application_state
-from tasks.models import DependencyFailure, DependencySettlement, Task, TaskDependency, TaskState
+from tasks.models import (
+    FINAL_TASK_STATES,
+    DependencyFailure,
+    DependencySettlement,
+    Task,
+    TaskDependency,
+    TaskState,
+)
+from tasks.serializers import REF_PREFIX
 
 # Edges one ending's transaction settles itself (its cascade included).
 INLINE_EDGES = 200
@@ -145,6 +154,184 @@ def _count_down(dependents: list[Task], now: datetime, transition: Transition) -
             transition(dependent, None, now=now, task_state=TaskState.WAITING, blocked_by=0)
     if ready:
         wakeups.wake_after_commit(sorted({d.queue_id for d in ready}))
+
+
+# --- submits: depends_on resolved, checked, admitted -------------------------
+
+
+@dataclass(frozen=True)
+class EarlierItem:
+    """depends_on's `ref:NAME` of an item of the same batch being created in
+    the same call: its task id is known once its row is prepared."""
+
+    index: int  # into the call's pending list
+
+
+Dependency = str | EarlierItem
+
+
+def resolve_depends_on(
+    namespace_id: str,
+    refs: list[str | None],
+    in_batch: bool,
+    replayed: dict[int, str],
+    pending: list[tuple[int, dict[str, Any]]],
+) -> tuple[list[tuple[int, dict[str, Any]]], dict[int, InvalidArgument]]:
+    """The unlocked check of the pending items' depends_on (items by index:
+    `refs` their batch refs, `replayed` the task ids of those answered from
+    their record). Each `ref:NAME` becomes the task id of an earlier item that
+    was replayed, or an EarlierItem for one being created now; each id must
+    name a task of the namespace (a foreign id answers as an unknown one).
+    Returns the pending items with their depends_on resolved (new field
+    dicts: a round decided again resolves again), and the refusals by index."""
+    wanted = {
+        entry for _, fields in pending for entry in fields.get("depends_on") or [] if not entry.startswith(REF_PREFIX)
+    }
+    if not wanted and not any(fields.get("depends_on") for _, fields in pending):
+        return pending, {}
+    known = set(Task.objects.filter(namespace_id=namespace_id, id__in=sorted(wanted)).values_list("id", flat=True))
+    accepted: list[tuple[int, dict[str, Any]]] = []
+    refused: dict[int, InvalidArgument] = {}
+    named: dict[str, int] = {}  # ref → the index of the earlier item that has it
+    pending_fields = dict(pending)
+    for index, ref in enumerate(refs):
+        fields = pending_fields.get(index)
+        if fields is not None:
+            try:
+                if fields.get("depends_on"):
+                    place = {earlier: position for position, (earlier, _) in enumerate(accepted)}
+                    resolved = [
+                        _resolved(at, entry, in_batch, named, replayed, place, known)
+                        for at, entry in enumerate(fields["depends_on"])
+                    ]
+                    fields = {**fields, "depends_on": resolved}
+                accepted.append((index, fields))
+            except InvalidArgument as refusal:
+                refused[index] = refusal
+        if ref is not None:
+            named[ref] = index
+    return accepted, refused
+
+
+def _resolved(
+    at: int,
+    entry: str,
+    in_batch: bool,
+    named: dict[str, int],
+    replayed: dict[int, str],
+    place: dict[int, int],
+    known: set[str],
+) -> Dependency:
+    where = f"depends_on[{at}]"
+    if not entry.startswith(REF_PREFIX):
+        if entry not in known:
+            raise InvalidArgument(f"{where}: task not found")
+        return entry
+    if not in_batch:
+        raise InvalidArgument(f"{where}: ref:NAME names an earlier item of the same POST /v1/tasks:batch")
+    name = entry[len(REF_PREFIX) :]
+    earlier = named.get(name)
+    if earlier is None:
+        raise InvalidArgument(f"{where}: no earlier item of this batch has ref {name}")
+    if earlier in replayed:
+        return replayed[earlier]
+    if earlier not in place:
+        raise InvalidArgument(f"{where}: the item with ref {name} was not accepted")
+    return EarlierItem(place[earlier])
+
+
+def link_dependencies(tasks: list[Task | None], items: list[dict[str, Any]]) -> None:
+    """Before any lock, on the rows prepared for `items` (not inserted yet):
+    each task's depends_on (an EarlierItem replaced by that item's task id,
+    "" for one without a row, which admission refuses), BLOCKED until
+    admission decides; an earlier item of the call depended on knows it has
+    dependents before its row is written."""
+    for task, fields in zip(tasks, items, strict=True):
+        wanted = fields.get("depends_on")
+        if task is None or not wanted:
+            continue
+        task.on_dependency_failure = fields.get("on_dependency_failure", DependencyFailure.CANCEL)
+        ids: list[str] = []
+        for entry in wanted:
+            if isinstance(entry, EarlierItem):
+                earlier = tasks[entry.index]
+                ids.append(earlier.id if earlier is not None else "")
+                if earlier is not None:
+                    earlier.has_dependents = True
+            else:
+                ids.append(entry)
+        task.depends_on = ids
+        task.state = TaskState.BLOCKED
+        task.blocked_by = len(ids)
+
+
+def parent_states(tasks: list[Task | None]) -> dict[str, str]:
+    """Under the application's lock: the states of the dependencies these
+    prepared tasks name outside their own call, read once. No other
+    transaction ends them meanwhile (every ending holds the same lock)."""
+    own = {task.id for task in tasks if task is not None}
+    wanted = sorted({p for t in tasks if t is not None for p in t.depends_on or [] if p and p not in own})
+    return dict(Task.objects.filter(id__in=wanted).values_list("id", "state")) if wanted else {}
+
+
+def decide(task: Task, accepted: dict[str, Task], states: dict[str, str], now: datetime) -> InvalidArgument | None:
+    """Under the application's lock, in item order: the state a task with
+    dependencies is admitted in (SPEC §13), from its dependencies' states
+    (`accepted`: this call's tasks admitted so far, whose states count as
+    they are now). BLOCKED while one is unfinished (`blocked_by` of them);
+    else WAITING, or CANCELLED (DEPENDENCY_FAILED) after a failed or
+    cancelled one under CANCEL. A refusal for a dependency that is gone (an
+    earlier item of the call not accepted, or a task pruned since the first
+    check)."""
+    parents: list[Task] = []
+    for at, parent_id in enumerate(task.depends_on or []):
+        parent = accepted.get(parent_id)
+        if parent is None and parent_id in states:
+            parent = Task(id=parent_id, state=states[parent_id])
+        if parent is None:
+            return InvalidArgument(f"depends_on[{at}]: task not found")
+        parents.append(parent)
+    failed = next((p for p in parents if p.state in FAILED_DEPENDENCY_STATES), None)
+    unfinished = [p for p in parents if p.state not in FINAL_TASK_STATES]
+    if failed is not None and task.on_dependency_failure == DependencyFailure.CANCEL:
+        task.state, task.blocked_by = TaskState.CANCELLED, 0
+        task.finished_at, task.last_error = now, dependency_failed(failed)
+    elif unfinished:
+        task.state, task.blocked_by = TaskState.BLOCKED, len(unfinished)
+    else:
+        task.state, task.blocked_by = TaskState.WAITING, 0
+    return None
+
+
+def write_admitted(tasks: list[Task], accepted: dict[str, Task], states: dict[str, str]) -> None:
+    """The writes of admitted tasks with dependencies, under the lock: the
+    rows whose state admission changed, their edges (an edge to a finished
+    dependency, or of a task that is not BLOCKED, settled already), and the
+    unfinished dependencies outside the call marked as having dependents."""
+    edges: list[TaskDependency] = []
+    marked: set[str] = set()
+    for task in tasks:
+        if task.state != TaskState.BLOCKED or task.blocked_by != len(task.depends_on or []):
+            changed = ["state", "blocked_by", "finished_at", "last_error"]
+            update_by_pk(Task, [task.id], {name: getattr(task, name) for name in changed})
+        for at, parent_id in enumerate(task.depends_on or []):
+            state = accepted[parent_id].state if parent_id in accepted else states[parent_id]
+            open_edge = task.state == TaskState.BLOCKED and state not in FINAL_TASK_STATES
+            if open_edge and parent_id not in accepted:
+                marked.add(parent_id)
+            edges.append(
+                new_row(
+                    TaskDependency,
+                    namespace_id=task.namespace_id,
+                    task_id=task.id,
+                    depends_on_id=parent_id,
+                    position=at,
+                    settled=not open_edge,
+                )
+            )
+    insert_rows(edges)
+    if marked:
+        update_by_pk(Task, sorted(marked), {"has_dependents": True})
 
 
 # --- what a dependent's assignment carries ---------------------------------

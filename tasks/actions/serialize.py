@@ -34,6 +34,9 @@ def task_summary(task: Task) -> dict[str, Any]:
         data["start_deadline_at"] = format_time(task.start_deadline_at)
     if task.deadline_at:
         data["deadline_at"] = format_time(task.deadline_at)
+    if task.depends_on:
+        data["depends_on"] = task.depends_on
+        data["on_dependency_failure"] = task.on_dependency_failure
     data.update(
         cancel_requested=task.cancel_requested,
         created_at=format_time(task.created_at),

@@ -21,6 +21,7 @@ from orbit.principal import Actor
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.context import Configuration
+from tasks.actions.dependencies import decide, link_dependencies, parent_states, write_admitted
 from tasks.actions.readiness import admit_readiness
 from tasks.actions.serialize import task_detail
 from tasks.locks import lock_application_state
@@ -134,6 +135,7 @@ def prepare_tasks(
     }
     app_limit = configuration.application(application_id).max_unfinished_tasks
     tasks = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
+    link_dependencies(tasks, items)
     rows = [task for task in tasks if task is not None]
     if rows:
         for task in rows:
@@ -157,14 +159,24 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
     app_unfinished = app_state.unfinished_tasks
     unfinished = {queue_id: state.unfinished_tasks for queue_id, state in queue_states.items()}
     outcomes: list[Task | OrbitError] = []
-    accepted: list[Task] = []
+    accepted: dict[str, Task] = {}
     refused: list[str] = []
+    # Dependencies' states, read under the lock that every ending holds.
+    parents = parent_states(prepared.tasks)
     for task in prepared.tasks:
         if task is None:
             outcomes.append(NotFound("queue not found"))
             continue
-        if not queue_states[task.queue_id].accepting:
+        refusal = decide(task, accepted, parents, now) if task.depends_on else None
+        if refusal is not None:
+            outcomes.append(refusal)
+        elif not queue_states[task.queue_id].accepting:
             outcomes.append(StateConflict("queue is retired"))
+        elif task.state == TaskState.CANCELLED:
+            # Born cancelled (a dependency failed under CANCEL): never unfinished.
+            accepted[task.id] = task
+            outcomes.append(task)
+            continue
         elif unfinished[task.queue_id] >= queues[task.queue_id].max_unfinished_tasks or app_unfinished >= (
             prepared.app_limit
         ):
@@ -172,7 +184,7 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
         else:
             unfinished[task.queue_id] += 1
             app_unfinished += 1
-            accepted.append(task)
+            accepted[task.id] = task
             outcomes.append(task)
             continue
         refused.append(task.id)
@@ -180,26 +192,30 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
         Task.objects.filter(id__in=refused).delete()
     if not accepted:
         return outcomes
-    ready = admit_readiness([task for task in accepted if task.concurrency_key], now)
+    write_admitted([task for task in accepted.values() if task.depends_on], accepted, parents)
+    ready = admit_readiness(
+        [task for task in accepted.values() if task.concurrency_key and task.state == TaskState.WAITING], now
+    )
     if ready:
         update_by_pk(Task, ready, {"key_ready": True})
-    add_to_row(ApplicationState, application_id, {"unfinished_tasks": len(accepted)})
-    per_queue = Counter(task.queue_id for task in accepted)
+    counted = [task for task in accepted.values() if task.state != TaskState.CANCELLED]
+    add_to_row(ApplicationState, application_id, {"unfinished_tasks": len(counted)})
+    per_queue = Counter(task.queue_id for task in counted)
     # The first task with a fairness key turns the queue's fair lease order
     # on for good (tasks.actions.fairness), in the counter's own statement.
-    fair = {task.queue_id for task in accepted if task.fairness_key}
+    fair = {task.queue_id for task in counted if task.fairness_key}
     for queue_id, count in sorted(per_queue.items()):
         changes: dict[str, Any] = {"unfinished_tasks": Add(count)}
         if queue_id in fair and not queue_states[queue_id].fair_shares:
             changes["fair_shares"] = True
         update_by_pk(QueueState, [queue_id], changes)
     with gathered_events():  # inside a round: with the round's own events
-        for task in accepted:
+        for task in accepted.values():
             emit_event(
                 namespace_id=task.namespace_id,
                 type="task.state_changed",
                 subject_id=task.id,
-                data={"queue_id": task.queue_id, "state": TaskState.WAITING},
+                data={"queue_id": task.queue_id, "state": task.state},
             )
     TASKS_SUBMITTED.inc(len(accepted))
     wake_after_commit(per_queue)
