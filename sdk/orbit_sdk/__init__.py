@@ -44,6 +44,7 @@ from orbit_sdk._exceptions import (
 from orbit_sdk._models import (
     Application,
     Attempt,
+    BatchItem,
     BatchItemResult,
     Blocker,
     CancelTaskResult,
@@ -56,6 +57,7 @@ from orbit_sdk._models import (
     CreatePlanRequest,
     CreateQueueRequest,
     CreateQueueResult,
+    Dependency,
     Event,
     EventPage,
     KeyMatch,
@@ -74,6 +76,7 @@ from orbit_sdk._models import (
     Task,
     TaskBlockers,
     TaskInfo,
+    TaskLink,
     UpdatePlanRequest,
 )
 from orbit_sdk._worker import Worker
@@ -85,6 +88,7 @@ __all__ = [
     "Application",
     "AsyncClient",
     "Attempt",
+    "BatchItem",
     "BatchItemResult",
     "Blocker",
     "CancelRequested",
@@ -101,6 +105,7 @@ __all__ = [
     "CreateQueueResult",
     "Credentials",
     "CredentialsError",
+    "Dependency",
     "Event",
     "EventPage",
     "Execution",
@@ -123,6 +128,7 @@ __all__ = [
     "Task",
     "TaskBlockers",
     "TaskInfo",
+    "TaskLink",
     "TransportError",
     "UnknownOutcome",
     "UpdatePlanRequest",

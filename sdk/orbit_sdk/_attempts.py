@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 from orbit_sdk._connection import Abandoned, Connection, Link, NoAnswer
 from orbit_sdk._exceptions import CancelRequested, ProtocolError, RetryableError, UnknownOutcome
-from orbit_sdk._models import TaskInfo
+from orbit_sdk._models import Dependency, TaskInfo
 from orbit_sdk._protocol import (
     TRANSIENT_CODES,
     Assignment,
@@ -106,6 +106,9 @@ class Execution:
         # The permit's slot (0…N−1) on a key of capacity N > 1; None under capacity 1. The
         # fencing guard fences (key, slot), so holders of different slots both write.
         self.concurrency_slot: int | None = assignment.concurrency_slot
+        # The task's dependencies in depends_on order, each with its final state and output, as
+        # the assignment carried them (SPEC §13): what a join reads. Empty without dependencies.
+        self.dependencies: tuple[Dependency, ...] = assignment.dependencies
         # The lease's end as the server last confirmed it: every renewal refreshes it, so a
         # resource can refuse a write from a worker paused past it (orbit_sdk.fencing).
         self.lease_expires_at: datetime.datetime | None = lease_expires_at

@@ -28,6 +28,7 @@ from orbit_sdk._exceptions import APIError, ProtocolError, TransportError
 from orbit_sdk._models import (
     Application,
     Attempt,
+    BatchItem,
     BatchItemResult,
     CancelTaskResult,
     ConcurrencyKey,
@@ -51,6 +52,7 @@ from orbit_sdk._models import (
     SubmitTaskResult,
     Task,
     TaskBlockers,
+    TaskLink,
     UpdatePlanRequest,
     _uint64_text,
 )
@@ -268,22 +270,37 @@ class _Verb(Generic[P, T]):
         return self._method(client, *args, **kwargs)
 
 
-def _batch_items(
-    tasks: Mapping[str, SubmitTaskRequest] | Iterable[tuple[str, SubmitTaskRequest]],
-) -> list[tuple[str, SubmitTaskRequest]]:
-    pairs = list(tasks.items() if isinstance(tasks, Mapping) else tasks)
-    if not 1 <= len(pairs) <= MAX_BATCH_ITEMS:
+BatchItems = Mapping[str, SubmitTaskRequest] | Iterable[tuple[str, SubmitTaskRequest] | BatchItem]
+
+
+def _batch_items(tasks: BatchItems) -> list[BatchItem]:
+    entries = list(tasks.items() if isinstance(tasks, Mapping) else tasks)
+    if not 1 <= len(entries) <= MAX_BATCH_ITEMS:
         # Refused here: split into several calls knowingly, each is its own transaction.
-        raise ValueError(f"submit_tasks takes 1 to {MAX_BATCH_ITEMS} tasks, got {len(pairs)}")
-    seen: set[str] = set()
-    for pair in pairs:
-        if not isinstance(pair, tuple) or len(pair) != 2:
-            raise TypeError("submit_tasks takes a mapping or pairs of (idempotency key, SubmitTaskRequest)")
-        key = _check_idempotency_key(pair[0])
-        if key in seen:
+        raise ValueError(f"submit_tasks takes 1 to {MAX_BATCH_ITEMS} tasks, got {len(entries)}")
+    items: list[BatchItem] = []
+    keys: set[str] = set()
+    refs: set[str] = set()
+    for entry in entries:
+        if isinstance(entry, tuple) and len(entry) == 2:
+            entry = BatchItem(entry[0], entry[1])
+        if not isinstance(entry, BatchItem):
+            raise TypeError("submit_tasks takes a mapping, pairs of (idempotency key, SubmitTaskRequest) or BatchItems")
+        key = _check_idempotency_key(entry.idempotency_key)
+        if key in keys:
             raise ValueError(f"Idempotency-Key {key!r} given twice in one batch")
-        seen.add(key)
-    return pairs
+        keys.add(key)
+        if entry.ref is not None:
+            if entry.ref in refs:
+                raise ValueError(f"ref {entry.ref!r} given twice in one batch")
+            refs.add(entry.ref)
+        items.append(entry)
+    return items
+
+
+def _batch_entry(item: BatchItem) -> dict[str, Any]:
+    entry = {"idempotency_key": item.idempotency_key, "task": _body_of(item.task, SubmitTaskRequest)}
+    return entry if item.ref is None else {**entry, "ref": item.ref}
 
 
 def _batch_results(keys: list[str]) -> Callable[[Any, str], list[BatchItemResult]]:
@@ -466,21 +483,21 @@ class _BaseClient:
         return _call("POST", "/v1/tasks", SubmitTaskResult.from_json, key=key, body=body)
 
     @_Verb
-    def submit_tasks(
-        self, tasks: Mapping[str, SubmitTaskRequest] | Iterable[tuple[str, SubmitTaskRequest]]
-    ) -> _Call[list[BatchItemResult]]:
+    def submit_tasks(self, tasks: BatchItems) -> _Call[list[BatchItemResult]]:
         """``POST /v1/tasks:batch``: up to 500 submits in one transaction, each with its own key.
 
-        ``tasks`` maps each Idempotency-Key to its request (or is a list of such pairs). The
-        answer is one :class:`BatchItemResult` per item, in order: accepted (``task`` set,
-        ``status`` 201, or 200 with ``deduplicated`` for a replay) or refused (``error`` set,
-        nothing stored for that key). Each item is digested as a single ``submit_task`` would
-        be, so a key replays across both. A batch the server cannot read at all (a key twice,
-        more than 500 items) raises :class:`APIError`; this method refuses those before sending.
+        ``tasks`` maps each Idempotency-Key to its request, or is a list of such pairs or of
+        :class:`BatchItem` (a key, a request and an optional ``ref`` that a later item's
+        ``depends_on`` names as ``"ref:NAME"``). The answer is one :class:`BatchItemResult` per
+        item, in order: accepted (``task`` set, ``status`` 201, or 200 with ``deduplicated`` for
+        a replay) or refused (``error`` set, nothing stored for that key). Each item is digested
+        as a single ``submit_task`` would be, so a key replays across both. A batch the server
+        cannot read at all (a key or a ref twice, more than 500 items) raises :class:`APIError`;
+        this method refuses those before sending.
         """
-        pairs = _batch_items(tasks)
-        body = {"tasks": [{"idempotency_key": key, "task": _body_of(task, SubmitTaskRequest)} for key, task in pairs]}
-        return _Call("POST", "/v1/tasks:batch", _batch_results([key for key, _ in pairs]), body=body)
+        items = _batch_items(tasks)
+        body = {"tasks": [_batch_entry(item) for item in items]}
+        return _Call("POST", "/v1/tasks:batch", _batch_results([item.idempotency_key for item in items]), body=body)
 
     @_Verb
     def get_task(self, task_id: str) -> _Call[Task]:
@@ -512,6 +529,24 @@ class _BaseClient:
     def get_task_blockers(self, task_id: str) -> _Call[TaskBlockers]:
         """Why the task is not running: every reason its next lease would not take it (a snapshot)."""
         return _call("GET", f"/v1/tasks/{_segment(task_id)}/blockers", TaskBlockers.from_json)
+
+    @_Verb
+    def list_dependencies(
+        self, task_id: str, page_size: int | None = None, page_token: str | None = None
+    ) -> _Call[Page[TaskLink]]:
+        """The tasks this task waits for, in its ``depends_on`` order, a page at a time."""
+        params = {"page_size": page_size, "page_token": page_token}
+        path = f"/v1/tasks/{_segment(task_id)}/dependencies"
+        return _call("GET", path, lambda data: _page(data, TaskLink.from_json), params=params)
+
+    @_Verb
+    def list_dependents(
+        self, task_id: str, page_size: int | None = None, page_token: str | None = None
+    ) -> _Call[Page[TaskLink]]:
+        """The tasks whose ``depends_on`` names this task, in the order they were submitted, a page at a time."""
+        params = {"page_size": page_size, "page_token": page_token}
+        path = f"/v1/tasks/{_segment(task_id)}/dependents"
+        return _call("GET", path, lambda data: _page(data, TaskLink.from_json), params=params)
 
     @_Verb
     def list_attempts(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
@@ -132,6 +132,16 @@ def _uint64_text(value: Any, field: str) -> str:
     return str(value)
 
 
+def _str_tuple(obj: Mapping[str, Any], name: str, what: str) -> tuple[str, ...]:
+    """An optional list of strings; absent or null reads as empty."""
+    value = obj.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ProtocolError(f"{what}.{name}: expected a list of strings, got {value!r}")
+    return tuple(value)
+
+
 def _without_none(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
@@ -176,7 +186,14 @@ class Queue:
 
 @dataclass(frozen=True)
 class Task:
-    """A task (SPEC §5). ``payload`` is only present on the detail read (``get_task``)."""
+    """A task (SPEC §5). ``payload`` is only present on the detail read (``get_task``).
+
+    ``state`` is one of BLOCKED (a dependency has not finished, SPEC §13), WAITING, LEASED,
+    RUNNING, SUCCEEDED, FAILED, CANCELLED and NEEDS_REVIEW. ``depends_on`` lists the ids of the
+    tasks it waits for, in the order submitted (a batch's ``ref:NAME`` entries resolved to ids;
+    empty for a task without dependencies), and ``on_dependency_failure`` (CANCEL or RUN) what
+    a failed or cancelled one does to it (None without dependencies).
+    """
 
     id: str
     namespace_id: str
@@ -201,6 +218,8 @@ class Task:
     finished_at: datetime.datetime | None = None
     output: Any = None
     last_error: Any = None
+    depends_on: tuple[str, ...] = ()
+    on_dependency_failure: str | None = None
 
     @classmethod
     def from_json(cls, value: Any) -> Task:
@@ -230,6 +249,43 @@ class Task:
             finished_at=_opt_time(obj, "finished_at", what),
             output=obj.get("output"),
             last_error=obj.get("last_error"),
+            depends_on=_str_tuple(obj, "depends_on", what),
+            on_dependency_failure=_opt_str(obj, "on_dependency_failure", what),
+        )
+
+
+@dataclass(frozen=True)
+class TaskLink:
+    """A related task in short form (``list_dependencies`` / ``list_dependents``, SPEC §13).
+
+    A task the credential may read has ``queue_id``, ``handler``, ``state`` and its times; one
+    outside the credential's queues has its ``id`` alone; one pruned since has ``pruned`` True.
+    """
+
+    id: str
+    queue_id: str | None = None
+    handler: str | None = None
+    state: str | None = None
+    business_key: str | None = None
+    created_at: datetime.datetime | None = None
+    updated_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+    pruned: bool = False
+
+    @classmethod
+    def from_json(cls, value: Any) -> TaskLink:
+        what = "task link"
+        obj = _object(value, what)
+        return cls(
+            id=_str(obj, "id", what),
+            queue_id=_opt_str(obj, "queue_id", what),
+            handler=_opt_str(obj, "handler", what),
+            state=_opt_str(obj, "state", what),
+            business_key=_opt_str(obj, "business_key", what),
+            created_at=_opt_time(obj, "created_at", what),
+            updated_at=_opt_time(obj, "updated_at", what),
+            finished_at=_opt_time(obj, "finished_at", what),
+            pruned=_bool(obj, "pruned", what) if "pruned" in obj else False,
         )
 
 
@@ -304,6 +360,24 @@ class TaskInfo:
             business_key=_opt_str(obj, "business_key", what),
             concurrency_key=_opt_str(obj, "concurrency_key", what),
         )
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """One dependency of the task a worker runs, as its assignment carries it (SPEC §13), in
+    ``depends_on`` order: ``Execution.dependencies``. ``state`` is the dependency's final state
+    (SUCCEEDED, or FAILED / CANCELLED for a task submitted with ``on_dependency_failure="RUN"``);
+    ``output`` is what it returned (None when it returned nothing, or did not succeed). Both
+    are None for a dependency the server could no longer read."""
+
+    task_id: str
+    state: str | None = None
+    output: Any = None
+
+    @classmethod
+    def from_json(cls, value: Any, what: str = "assignment.dependencies[]") -> Dependency:
+        obj = _object(value, what)
+        return cls(task_id=_str(obj, "task_id", what), state=_opt_str(obj, "state", what), output=obj.get("output"))
 
 
 @dataclass(frozen=True)
@@ -808,6 +882,13 @@ class RetryPolicy:
 
 @dataclass
 class SubmitTaskRequest:
+    """One task to submit. ``depends_on`` (SPEC §13): 1 to 1,000 distinct ids of tasks of the
+    namespace (any queue) it waits for, BLOCKED until each has finished; in a ``submit_tasks``
+    batch an entry may also be ``"ref:NAME"``, the ``ref`` of an earlier :class:`BatchItem` of
+    the same batch. ``on_dependency_failure``: ``"CANCEL"`` (the server's default: cancelled with
+    ``DEPENDENCY_FAILED`` once one fails or is cancelled) or ``"RUN"`` (runs after all have
+    finished, however they ended)."""
+
     queue_id: str
     handler: str
     handler_version: str
@@ -825,6 +906,8 @@ class SubmitTaskRequest:
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     lease_seconds: int | None = None
+    depends_on: Sequence[str] | None = None
+    on_dependency_failure: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         def when(value: datetime.datetime | None) -> str | None:
@@ -846,9 +929,47 @@ class SubmitTaskRequest:
             "max_attempts": self.max_attempts,
             "retry": None if self.retry is None else self.retry.to_json(),
             "lease_seconds": self.lease_seconds,
+            "depends_on": _depends_on_json(self.depends_on),
+            "on_dependency_failure": self.on_dependency_failure,
         }
         # payload is required and may itself be JSON null: it is never dropped.
         return {**_without_none(body), "payload": self.payload}
+
+
+def _depends_on_json(depends_on: Sequence[str] | None) -> list[str] | None:
+    # A bare string is a sequence of characters: refused rather than sent as one id per letter.
+    if depends_on is None:
+        return None
+    if isinstance(depends_on, str | bytes) or not all(isinstance(entry, str) for entry in depends_on):
+        raise TypeError(f"depends_on must be a list of task ids or ref:NAME strings, got {depends_on!r}")
+    return list(depends_on)
+
+
+REF_PREFIX = "ref:"
+_REF_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One item of a ``submit_tasks`` batch: its Idempotency-Key, its task, and optionally a
+    ``ref`` (1-64 letters, digits, ``.``, ``_`` or ``-``, unique in the batch) that later items
+    name in their ``depends_on`` as ``"ref:NAME"`` (:attr:`depends_on_ref`) before the
+    task has an id. The ref is not part of the item's digest: only the task is."""
+
+    idempotency_key: str
+    task: SubmitTaskRequest
+    ref: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ref is not None and (not isinstance(self.ref, str) or not _REF_NAME.fullmatch(self.ref)):
+            raise ValueError(f"ref must be 1-64 letters, digits, '.', '_' or '-', got {self.ref!r}")
+
+    @property
+    def depends_on_ref(self) -> str:
+        """``"ref:NAME"``: this item, as a later item of the same batch names it in ``depends_on``."""
+        if self.ref is None:
+            raise ValueError(f"batch item {self.idempotency_key!r} has no ref")
+        return REF_PREFIX + self.ref
 
 
 # --------------------------------------------------------------------------- key policies

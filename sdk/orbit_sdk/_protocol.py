@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from orbit_sdk._exceptions import STATUS_OF_CODE, APIError, ProtocolError
-from orbit_sdk._models import TaskInfo, _object, _opt_int, _opt_str, _opt_time, parse_uint64
+from orbit_sdk._models import Dependency, TaskInfo, _object, _opt_int, _opt_str, _opt_time, parse_uint64
 
 CONNECT_PATH = "/v1/workers/connect"
 MAX_OUTPUT_DEPTH = 20  # the server refuses an output nested deeper (MariaDB stores JSON up to 32 levels)
@@ -128,6 +128,9 @@ class Assignment:
     attempt_number: int | None
     # The permit's slot of a key with capacity above 1 (SPEC §12); absent (None) under capacity 1.
     concurrency_slot: int | None = None
+    # The task's dependencies, in depends_on order, with their states and outputs (SPEC §13);
+    # empty for a task without dependencies.
+    dependencies: tuple[Dependency, ...] = ()
 
 
 def ids_of(frame: Any) -> tuple[str, int] | None:
@@ -164,6 +167,9 @@ def parse_assignment(frame: Any, *, concurrency_keys: bool) -> Assignment:
     slot = _opt_int(obj, "concurrency_slot", what)
     if slot is not None and (slot < 0 or task.concurrency_key is None):
         raise ProtocolError(f"concurrency_slot {slot!r} without a concurrency key, or below 0")
+    dependencies = obj.get("dependencies", [])
+    if not isinstance(dependencies, list):
+        raise ProtocolError(f"{what}.dependencies: expected a list, got {type(dependencies).__name__}")
     return Assignment(
         attempt_id=ids[0],
         epoch=ids[1],
@@ -173,6 +179,9 @@ def parse_assignment(frame: Any, *, concurrency_keys: bool) -> Assignment:
         state=_opt_str(obj, "state", what),
         attempt_number=_opt_int(obj, "attempt_number", what),
         concurrency_slot=slot,
+        dependencies=tuple(
+            Dependency.from_json(item, f"{what}.dependencies[{index}]") for index, item in enumerate(dependencies)
+        ),
     )
 
 

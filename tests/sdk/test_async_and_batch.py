@@ -100,6 +100,8 @@ VERBS: list[tuple[str, tuple[Any, ...], Any]] = [
     ("get_task", (TASK_ID,), {**TASK_SUMMARY, "payload": {"a": 1}}),
     ("list_tasks", (QUEUE_ID, "WAITING", None, None, 5), {"items": [TASK_SUMMARY]}),
     ("get_task_blockers", (TASK_ID,), {"state": "WAITING", "items": [{"code": "NO_WORKER", "message": "m"}]}),
+    ("list_dependencies", (TASK_ID, 10, "tok"), {"items": [{"id": TASK_ID, "state": "SUCCEEDED"}]}),
+    ("list_dependents", (TASK_ID,), {"items": [{"id": TASK_ID}], "next_page_token": "next"}),
     ("list_attempts", (TASK_ID,), {"items": [ATTEMPT]}),
     ("get_attempt", (ATTEMPT_ID,), ATTEMPT),
     ("cancel_task", (TASK_ID, "k12", "not needed"), {"deduplicated": False, "task": TASK_SUMMARY}),
