@@ -31,3 +31,13 @@ def test_keyed_concurrency_example_prints_the_seed_lines(orbit_server, tmp_path)
         "queues=2 completed=2 tokens_increasing=true",
         "resource_writes=2 stale_write_rejected=true worker_drained=true",
     ]
+
+
+def test_pipeline_example_joins_the_sum_of_its_twenty_parts(orbit_server, tmp_path):
+    result = run_example("pipeline.py", orbit_server, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "submitted=22 blocked=21",  # all but the split wait for what they depend on
+        "parts=20 state=SUCCEEDED sum=500000500000 expected=500000500000",
+        "worker_drained=true",
+    ]
