@@ -29,7 +29,8 @@ from tasks.models import (
     WorkerIdentity,
 )
 
-UNFINISHED_STATES = [TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
+# BLOCKED tasks count too: they hold a backlog slot from their submit (SPEC §13).
+UNFINISHED_STATES = [TaskState.BLOCKED, TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW]
 # A round reads a namespace's key policies ahead of its transaction (SPEC §10): a lease
 # committed this long after a policy change is sure to have applied the change.
 POLICY_SETTLE = timedelta(seconds=5)

@@ -27,9 +27,10 @@ its results locked, for its leases: tasks.locks.keeping_key_rows); the rows lock
 the union are only ever waited for by transactions that hold the same
 application_state row first, or by a hello's update of its identity row, which
 holds nothing else, so the parts cannot deadlock with other paths.
-A round with no keyed submit in it locks its keyed results' key rows and its
-results' and starts' tasks and attempts in the counters' round trip
-(orbit.db.rows.locked_ahead, tasks.locks.key_rows_ahead)."""
+A round with no keyed submit and no submit with depends_on in it locks its
+keyed results' key rows and its results' and starts' tasks and attempts in
+the counters' round trip (orbit.db.rows.locked_ahead,
+tasks.locks.key_rows_ahead)."""
 
 from __future__ import annotations
 
@@ -388,9 +389,10 @@ class _Parts:
         worker identity row (a hello of the same worker_id waits for this
         round, then counts what it leased as held); each worker's credential,
         read again so a revocation commits before this round (which then
-        refuses its items) or after it; and, with no keyed submit in the
-        round, the key rows of its keyed results and of its Starts under a key's
-        rate (dispatch.start_key_rules), then the results' and
+        refuses its items) or after it; and, with no keyed submit and no
+        submit with depends_on in the round, the key rows of its keyed
+        results and of its Starts under a key's rate
+        (dispatch.start_key_rules), then the results' and
         starts' tasks and attempts, which nothing but their own part changes
         (key rows before tasks): the results and starts then lock nothing in
         round trips of their own."""
@@ -399,7 +401,12 @@ class _Parts:
             (WorkerIdentity, _identity_ids(self.leases)),
             (Credential, {w.credential.principal.credential_id for w in workers if w.credential is not None}),
         ]
-        if submitting and any(fields.get("concurrency_key") for _, fields in submitting.pending):
+        # A keyed submit changes key rows, and one with depends_on marks its
+        # parents' task rows (has_dependents), before the results lock theirs:
+        # rows read ahead would be stale then.
+        if submitting and any(
+            fields.get("concurrency_key") or fields.get("depends_on") for _, fields in submitting.pending
+        ):
             return ahead
         reports, starts = self.reports, self.starts
         result_keys = keys_by_namespace(self.report_peeks[report.attempt_id] for _, report in reports)
