@@ -9,6 +9,13 @@ Submitting (``key`` is the Idempotency-Key: re-send with the same key, never a s
         accepted = client.submit_task("update-object-42-operation-001", request)
         results = client.submit_tasks({"update-object-43-op-1": request2, ...})  # one transaction
 
+Dependencies (SPEC §13; in a batch, an item names an earlier one by its ref)::
+
+    split = orbit_sdk.BatchItem("split-1", split_request, ref="split")
+    part = orbit_sdk.BatchItem("part-1", orbit_sdk.SubmitTaskRequest(..., depends_on=[split.depends_on_ref]))
+    client.submit_tasks([split, part])  # part is BLOCKED until split has succeeded
+    # part's handler reads execution.dependencies[0].output: what split returned
+
 Working::
 
     def update(execution: orbit_sdk.Execution) -> dict[str, str]:

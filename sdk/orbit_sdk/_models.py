@@ -537,15 +537,19 @@ class PlanTrigger:
 
 @dataclass(frozen=True)
 class Blocker:
-    """One reason the next lease would not take a WAITING task (``GET /v1/tasks/{id}/blockers``).
+    """One reason the next lease would not take a WAITING task, or why a BLOCKED one waits
+    (``GET /v1/tasks/{id}/blockers``).
 
     ``code`` is one of the server's blocker codes (``NOT_YET_AVAILABLE``, ``QUEUE_PAUSED``,
-    ``KEY_HELD``, ``KEY_AT_CAPACITY``, ``KEY_RATE_LIMITED``, ``NO_WORKER``, …); ``facts`` holds
+    ``KEY_HELD``, ``KEY_AT_CAPACITY``, ``KEY_RATE_LIMITED``, ``NO_WORKER``,
+    ``WAITING_FOR_DEPENDENCIES``, …); ``facts`` holds
     what the server says behind it, as sent (for ``KEY_HELD``, a key of capacity 1: the holder's
     ``attempt_id``, ``task_id``, ``worker_id`` and ``since``; for ``KEY_AT_CAPACITY``, a key of
     capacity above 1: its ``capacity`` and how many ``holders`` hold; for ``KEY_RATE_LIMITED``:
     ``next_start_at``, when the key's start rate lets a lease take one of its tasks again; both
-    with the ``policy_id`` that set them), and only what the credential may read itself.
+    with the ``policy_id`` that set them; for ``WAITING_FOR_DEPENDENCIES``, a BLOCKED task's
+    only blocker: ``task_ids``, the dependencies it still waits for), and only what the
+    credential may read itself.
     """
 
     code: str
@@ -563,8 +567,9 @@ class Blocker:
 @dataclass(frozen=True)
 class TaskBlockers:
     """Why a task is not running: its ``state`` and, when WAITING, every ``Blocker`` of its next
-    lease. Empty ``items``: a lease would take it now (always empty unless WAITING). A snapshot,
-    read without locks; the next lease decides."""
+    lease; when BLOCKED, the one ``WAITING_FOR_DEPENDENCIES``. Empty ``items``: a lease would
+    take it now (always empty unless WAITING or BLOCKED). A snapshot, read without locks; the
+    next lease decides."""
 
     state: str
     items: list[Blocker]
