@@ -24,11 +24,16 @@ from orbit.api.schema import base_field_schema, exclusive
 from orbit.json_depth import MAX_JSON_DEPTH
 from tasks.actions.batch import MAX_BATCH_ITEMS
 from tasks.actions.blockers import MESSAGES as BLOCKER_CODES
-from tasks.models import AttemptState, TaskState
+from tasks.models import AttemptState, DependencyFailure, TaskState
 from tasks.serializers import (
+    MAX_DEPENDENCIES,
     MAX_PAYLOAD_BYTES,
+    REF_NAME,
+    REF_PREFIX,
     RFC3339_DATE_TIME,
+    TASK_ID,
     ConcurrencyKeyField,
+    DependsOnField,
     PayloadField,
     SubmitTaskInput,
     TimeField,
@@ -40,7 +45,16 @@ DATE_TIME_PATTERN = "^" + RFC3339_DATE_TIME.pattern.replace(r"\d", "[0-9]") + "$
 
 # --------------------------------------------------------------------------- objects
 
-TASK_STATE = shapes.enum(TaskState.values)
+TASK_STATE = shapes.enum(
+    TaskState.values, "BLOCKED: waiting for its dependencies (depends_on), never leased until they finish"
+)
+ON_DEPENDENCY_FAILURE = shapes.enum(
+    DependencyFailure.values,
+    "when a dependency ends FAILED or CANCELLED: CANCEL the task with DEPENDENCY_FAILED, "
+    "or RUN it once the rest have finished",
+)
+TASK_ID_PATTERN = f"^{TASK_ID.pattern}$"
+REF_NAME_PATTERN = f"^{REF_NAME.pattern}$"
 
 _TASK_FIELDS: dict[str, Schema] = {
     "id": shapes.ID,
@@ -59,6 +73,14 @@ _TASK_FIELDS: dict[str, Schema] = {
     "available_at": shapes.TIME,
     "start_deadline_at": shapes.TIME,
     "deadline_at": shapes.TIME,
+    "depends_on": {
+        "type": "array",
+        "items": {"type": "string", "pattern": TASK_ID_PATTERN},
+        "minItems": 1,
+        "maxItems": MAX_DEPENDENCIES,
+        "description": "the ids of the tasks it waits for, in the order submitted (refs resolved)",
+    },
+    "on_dependency_failure": ON_DEPENDENCY_FAILURE,
     "cancel_requested": {"type": "boolean"},
     "created_at": shapes.TIME,
     "updated_at": shapes.TIME,
@@ -72,6 +94,8 @@ _TASK_OPTIONAL = (
     "fairness_key",
     "start_deadline_at",
     "deadline_at",
+    "depends_on",
+    "on_dependency_failure",
     "finished_at",
     "output",
     "last_error",
@@ -109,6 +133,24 @@ ATTEMPT = shapes.closed(
     optional=("number", "concurrency_token", "started_at", "finished_at", "outcome", "error", "late_outcome"),
 )
 
+# GET /v1/tasks/{id}/dependencies and /dependents (tasks.actions.serialize.task_link).
+TASK_LINK = shapes.closed(
+    {
+        "id": shapes.ID,
+        "pruned": {"type": "boolean", "enum": [True], "description": "the task was pruned from the database"},
+        "queue_id": shapes.ID,
+        "handler": {"type": "string"},
+        "business_key": {"type": "string", "minLength": 1},
+        "state": shapes.ref("TaskState"),
+        "created_at": shapes.TIME,
+        "updated_at": shapes.TIME,
+        "finished_at": shapes.TIME,
+    },
+    optional=("pruned", "queue_id", "handler", "business_key", "state", "created_at", "updated_at", "finished_at"),
+    description="a related task in short form; only its id when the credential's queue range does not cover it, "
+    "its id and pruned when it is no longer in the database",
+)
+
 # POST /v1/tasks:batch: each item's own answer, as a single submit would give it.
 BATCH_ACCEPTED = shapes.closed(
     {
@@ -144,7 +186,8 @@ BLOCKER: Schema = {
     "required": ["code", "message"],
     "additionalProperties": True,
     "description": "a reason the next lease would not take the task, with the facts behind it"
-    " (e.g. until, active_permits, max_concurrency, attempt_id, task_id, worker_id, since, reason)",
+    " (e.g. until, active_permits, max_concurrency, attempt_id, task_id, worker_id, since, reason;"
+    " WAITING_FOR_DEPENDENCIES: task_ids, the dependencies not finished, in depends_on order)",
 }
 BLOCKERS = shapes.closed(
     {
@@ -152,7 +195,8 @@ BLOCKERS = shapes.closed(
         "items": {
             "type": "array",
             "items": shapes.ref("Blocker"),
-            "description": "empty: a lease would take the task now (always empty unless WAITING)",
+            "description": "WAITING: empty when a lease would take the task now; BLOCKED: "
+            "WAITING_FOR_DEPENDENCIES; empty in every other state",
         },
     }
 )
@@ -167,13 +211,39 @@ SUBMIT_BATCH_INPUT = shapes.closed(
             "minItems": 1,
             "maxItems": MAX_BATCH_ITEMS,
             "items": shapes.closed(
-                {"idempotency_key": shapes.ref("IdempotencyKey"), "task": shapes.ref("SubmitTaskInput")}
+                {
+                    "idempotency_key": shapes.ref("IdempotencyKey"),
+                    "ref": {
+                        "type": "string",
+                        "pattern": REF_NAME_PATTERN,
+                        "description": f"a name a later item's depends_on gives as {REF_PREFIX}NAME",
+                    },
+                    "task": shapes.ref("SubmitTaskInput"),
+                },
+                optional=("ref",),
             ),
-            "description": "each item's key used once in the batch; each item is answered as "
+            "description": "each item's key and ref used once in the batch; each item is answered as "
             "POST /v1/tasks would answer it",
         }
     }
 )
+
+
+def depends_on_schema() -> Schema:
+    """tasks.serializers.DependsOnField."""
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_DEPENDENCIES,
+        "uniqueItems": True,
+        "items": {
+            "type": "string",
+            "pattern": f"^(?:{TASK_ID.pattern}|{REF_PREFIX}{REF_NAME.pattern})$",
+        },
+        "description": "distinct ids of tasks of the namespace (any queue) this one waits for; in a batch, "
+        f"{REF_PREFIX}NAME names an earlier item's ref. An unknown or another namespace's id is 400 naming "
+        "depends_on[i]",
+    }
 
 
 def payload_schema() -> Schema:
@@ -242,12 +312,15 @@ def register() -> None:
     register_component("BatchItemAccepted", BATCH_ACCEPTED)
     register_component("BatchItemRefused", BATCH_REFUSED)
     register_component("BatchResults", BATCH_RESULTS)
+    register_component("TaskLink", TASK_LINK)
+    register_component("TaskLinkPage", shapes.page_of("TaskLink"))
     register_component("Attempt", ATTEMPT)
     register_component("AttemptPage", shapes.page_of("Attempt"))
     register_component("Blocker", BLOCKER)
     register_component("Blockers", BLOCKERS)
     register_component("SubmitBatchInput", SUBMIT_BATCH_INPUT)
     register_field_schema(PayloadField, payload_schema)
+    register_field_schema(DependsOnField, depends_on_schema)
     register_body_rule("SubmitTaskInput", _DEADLINE_OR_TIMEOUT)
     register_body_rule("RetryInput", _retry_rule)
     register_referenced_serializer(SubmitTaskInput)

@@ -13,6 +13,8 @@ urlpatterns = [
     re_path(rf"^v1/tasks/{TASK}:resolve$", pooled(views.TaskResolveView.as_view())),
     re_path(rf"^v1/tasks/{TASK}/attempts$", pooled(views.TaskAttemptsView.as_view())),
     re_path(rf"^v1/tasks/{TASK}/blockers$", pooled(views.TaskBlockersView.as_view())),
+    re_path(rf"^v1/tasks/{TASK}/dependencies$", pooled(views.TaskDependenciesView.as_view())),
+    re_path(rf"^v1/tasks/{TASK}/dependents$", pooled(views.TaskDependentsView.as_view())),
     re_path(rf"^v1/tasks/{TASK}$", pooled(views.TaskDetailView.as_view())),
     re_path(r"^v1/key-policies$", pooled(policy_views.KeyPolicyCollectionView.as_view())),
     re_path(rf"^v1/key-policies/{POLICY}:configure$", pooled(policy_views.KeyPolicyConfigureView.as_view())),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rest_framework.request import Request
@@ -22,6 +23,17 @@ from orbit.principal import Actor
 from tasks.actions import batch, blockers, endings, reads
 from tasks.actions.rounds import submit_request, submit_task
 from tasks.serializers import REF_NAME, CancelTaskInput, ResolveTaskInput, SubmitTaskInput
+
+# read(after, limit) -> (items, the cursor to continue after; None: the last page)
+PageRead = Callable[[int | None, int], tuple[list[dict[str, Any]], int | None]]
+
+
+def numbered_page(request: Request, cursor_pattern: str, read: PageRead) -> Response:
+    """A list paged by a positive integer cursor (`cursor_pattern`, in the
+    page token), as every v1 list: page_size, page_token, next_page_token."""
+    after = decode_page_token(request, cursor_pattern=cursor_pattern)
+    items, last = read(None if after is None else int(after), page_size_of(request))
+    return ok(request, page(items, encode_page_token(str(last)) if last else ""))
 
 
 class TaskCollectionView(OrbitView):
@@ -108,14 +120,51 @@ class TaskAttemptsView(OrbitView):
         pass a page's next_page_token as page_token for the next; an empty one ends the list."""
         principal = self.principal(request)
         principal.require("tasks:read")
-        after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,8}")  # an epoch
-        items, last_epoch = reads.attempt_list(
-            principal=principal,
-            task_id=task_id,
-            after_epoch=None if after is None else int(after),
-            limit=page_size_of(request),
+        return numbered_page(
+            request,
+            r"[1-9][0-9]{0,8}",  # an epoch
+            lambda after, limit: reads.attempt_list(
+                principal=principal, task_id=task_id, after_epoch=after, limit=limit
+            ),
         )
-        return ok(request, page(items, encode_page_token(str(last_epoch)) if last_epoch else ""))
+
+
+class TaskDependenciesView(OrbitView):
+    @documented(data="TaskLinkPage", operation_id="tasks_dependencies_list", paged=True)
+    def get(self, request: Request, task_id: str) -> Response:
+        """List the tasks a task depends on.
+
+        Its depends_on, in that order, each with its queue, handler and state (tasks:read), one
+        page at a time: pass a page's next_page_token as page_token for the next; an empty one
+        ends the list. A dependency outside the credential's queue range shows its id alone; one
+        pruned from the database, its id and pruned: true."""
+        principal = self.principal(request)
+        principal.require("tasks:read")
+        return numbered_page(
+            request,
+            r"[1-9][0-9]{0,3}",  # how many dependencies are listed so far
+            lambda after, limit: reads.dependency_list(principal=principal, task_id=task_id, after=after, limit=limit),
+        )
+
+
+class TaskDependentsView(OrbitView):
+    @documented(data="TaskLinkPage", operation_id="tasks_dependents_list", paged=True)
+    def get(self, request: Request, task_id: str) -> Response:
+        """List the tasks that depend on a task.
+
+        Every task whose depends_on names it, in the order they were admitted, each with its
+        queue, handler and state (tasks:read), one page at a time: pass a page's next_page_token
+        as page_token for the next; an empty one ends the list. A dependent outside the
+        credential's queue range shows its id alone."""
+        principal = self.principal(request)
+        principal.require("tasks:read")
+        return numbered_page(
+            request,
+            r"[1-9][0-9]{0,17}",  # an edge's id (a BIGINT)
+            lambda after, limit: reads.dependent_list(
+                principal=principal, task_id=task_id, after_edge=after, limit=limit
+            ),
+        )
 
 
 class AttemptDetailView(OrbitView):

@@ -5,7 +5,9 @@ code and the facts behind it, asked with the lease's own predicates
 (tasks.actions.context: queue_closed, concurrency_room, rate_room,
 application_room, key_blocks, available, takes) on the rows as they are now.
 Read without locks: the answer is a snapshot, and the next lease decides
-under its locks. An empty list: a lease would take the task now.
+under its locks. An empty list: a lease would take the task now. For a
+BLOCKED task, one reason: the dependencies it still waits for
+(WAITING_FOR_DEPENDENCIES), which no lease predicate is asked about.
 
 A credential reads each reason's facts only where it may read them itself: a
 key's holder outside its queue range (a task GET would answer 404) and the
@@ -38,7 +40,7 @@ from tasks.actions.identities import SESSION_STALE_SECONDS
 from tasks.actions.keys import key_holders, namespace_policies
 from tasks.actions.reads import visible_task
 from tasks.key_rules import KeyRule
-from tasks.models import Attempt, ConcurrencyKey, Task, TaskState, WorkerIdentity
+from tasks.models import Attempt, ConcurrencyKey, Task, TaskDependency, TaskState, WorkerIdentity
 
 MESSAGES = {
     "NOT_YET_AVAILABLE": "the task is not available before available_at",
@@ -53,6 +55,7 @@ MESSAGES = {
     "KEY_TOKENS_EXHAUSTED": "the concurrency key's token space is spent; it never leases again",
     "KEY_TURN_OF_ANOTHER_TASK": "another waiting task of the same key and queue is next in line",
     "NO_WORKER": "no connected worker may take the task",
+    "WAITING_FOR_DEPENDENCIES": "dependencies of the task have not finished yet",
 }
 
 
@@ -61,12 +64,27 @@ def _reason(code: str, **facts: Any) -> dict[str, Any]:
 
 
 def task_blockers(*, principal: Principal, task_id: str) -> dict[str, Any]:
-    """The task's state and, when WAITING, its blockers (empty: a lease would take it now)."""
+    """The task's state and, when WAITING or BLOCKED, its blockers (empty: a lease would take it now)."""
     task = visible_task(principal, task_id)
-    return {
-        "state": task.state,
-        "items": blockers_of(task, reader=principal) if task.state == TaskState.WAITING else [],
-    }
+    items: list[dict[str, Any]] = []
+    if task.state == TaskState.WAITING:
+        items = blockers_of(task, reader=principal)
+    elif task.state == TaskState.BLOCKED:
+        items = dependency_blockers(task)
+    return {"state": task.state, "items": items}
+
+
+def dependency_blockers(task: Task) -> list[dict[str, Any]]:
+    """WAITING_FOR_DEPENDENCIES with the dependencies whose edges are not
+    settled: those not finished, and (for a wide fan-out's follow-up, within
+    a second) one that finished but has not counted down this task yet. Ids
+    only: they are the task's own depends_on, which its reader sees already."""
+    waiting_for = list(
+        TaskDependency.objects.filter(task_id=task.id, settled=False)
+        .order_by("position")
+        .values_list("depends_on_id", flat=True)
+    )
+    return [_reason("WAITING_FOR_DEPENDENCIES", task_ids=waiting_for)]
 
 
 def blockers_of(task: Task, now: datetime | None = None, *, reader: Principal | None = None) -> list[dict[str, Any]]:

@@ -7,8 +7,8 @@ from typing import Any
 from orbit.db.rows import keyset_page
 from orbit.errors import InvalidArgument, NotFound
 from orbit.principal import Principal
-from tasks.actions.serialize import attempt_view, task_detail, task_summary
-from tasks.models import Attempt, Task, TaskState
+from tasks.actions.serialize import LINK_FIELDS, attempt_view, task_detail, task_link, task_summary
+from tasks.models import Attempt, Task, TaskDependency, TaskState
 
 
 def visible_task(principal: Principal, task_id: str) -> Task:
@@ -58,3 +58,60 @@ def attempt_get(*, principal: Principal, attempt_id: str) -> dict[str, Any]:
     if attempt is None or not principal.covers_queue(attempt.queue_id):
         raise NotFound("attempt not found")
     return attempt_view(attempt)
+
+
+def dependency_list(
+    *, principal: Principal, task_id: str, after: int | None, limit: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """The task's dependencies in depends_on order (frozen at submit, so a
+    pruned one keeps its place), a page after the first `after` of them, and
+    the count to continue after (None: the last page)."""
+    task = visible_task(principal, task_id)
+    wanted = task.depends_on or []
+    start = after or 0
+    ids = wanted[start : start + limit]
+    return _links(principal, ids), (start + limit if start + limit < len(wanted) else None)
+
+
+def dependent_list(
+    *, principal: Principal, task_id: str, after_edge: int | None, limit: int
+) -> tuple[list[dict[str, Any]], int | None]:
+    """The tasks that depend on this one, in edge order (the order their
+    edges were written, which is the order they were admitted), a page after
+    the edge `after_edge`, and the edge to continue after (None: the last page)."""
+    task = visible_task(principal, task_id)
+    # Edge order within each half of the (depends_on_id, settled, id) index,
+    # merged: a wide fan-out's page costs its own rows, not a sort of all of them.
+    halves = [
+        list(
+            TaskDependency.objects.filter(
+                depends_on_id=task.id, settled=settled, **({"id__gt": after_edge} if after_edge else {})
+            )
+            .order_by("id")
+            .values_list("id", "task_id")[: limit + 1]
+        )
+        for settled in (False, True)
+    ]
+    edges = sorted(halves[0] + halves[1])[: limit + 1]
+    page = edges[:limit]
+    return _links(principal, [dependent for _, dependent in page]), (page[-1][0] if len(edges) > limit else None)
+
+
+def _links(principal: Principal, ids: list[str]) -> list[dict[str, Any]]:
+    """Each related task in the order given, in short form; one the
+    credential may not read (outside its queue range) by its id alone, one
+    pruned from the database by its id and `pruned: true`."""
+    rows = {
+        row.id: row
+        for row in Task.objects.filter(namespace_id=principal.namespace_id, id__in=sorted(set(ids))).only(*LINK_FIELDS)
+    }
+    links: list[dict[str, Any]] = []
+    for related_id in ids:
+        row = rows.get(related_id)
+        if row is None:
+            links.append({"id": related_id, "pruned": True})
+        elif not principal.covers_queue(row.queue_id):
+            links.append({"id": related_id})
+        else:
+            links.append(task_link(row))
+    return links

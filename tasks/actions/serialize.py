@@ -51,6 +51,31 @@ def task_summary(task: Task) -> dict[str, Any]:
     return data
 
 
+# The columns task_link reads.
+LINK_FIELDS = (
+    "id",
+    "namespace_id",
+    "queue_id",
+    "handler",
+    "business_key",
+    "state",
+    "created_at",
+    "updated_at",
+    "finished_at",
+)
+
+
+def task_link(task: Task) -> dict[str, Any]:
+    """A related task in short form (GET /v1/tasks/{id}/dependencies and /dependents)."""
+    data: dict[str, Any] = {"id": task.id, "queue_id": task.queue_id, "handler": task.handler}
+    if task.business_key:
+        data["business_key"] = task.business_key
+    data.update(state=task.state, created_at=format_time(task.created_at), updated_at=format_time(task.updated_at))
+    if task.finished_at:
+        data["finished_at"] = format_time(task.finished_at)
+    return data
+
+
 def task_detail(task: Task) -> dict[str, Any]:
     data = task_summary(task)
     data["payload"] = task.payload

@@ -15,10 +15,11 @@ from rest_framework.exceptions import ValidationError
 
 from orbit.api.fields import ReasonField, Uint64StringField, canonical_uint64
 from orbit.api.openapi_objects import decimal_up_to
+from orbit.errors import InvalidArgument
 from orbit.fields import UINT64_MAX
 from plans.openapi import CRON_PATTERN
 from plans.serializers import ScheduleInput, iana_zone_names
-from tasks.serializers import TimeField
+from tasks.serializers import DependsOnField, TimeField
 
 ENDPOINTS = {
     "/v1/queues": {"get", "post"},
@@ -43,6 +44,8 @@ ENDPOINTS = {
     "/v1/plans/{plan_id}:retire": {"post"},
     "/v1/plans/{plan_id}/triggers": {"get"},
     "/v1/tasks/{task_id}/blockers": {"get"},
+    "/v1/tasks/{task_id}/dependencies": {"get"},
+    "/v1/tasks/{task_id}/dependents": {"get"},
     "/v1/concurrency-keys": {"get"},
     "/v1/concurrency-keys/{key}": {"get"},
     "/v1/key-policies": {"get", "post"},
@@ -67,6 +70,8 @@ OPERATION_IDS = {
     ("post", "/v1/tasks/{task_id}:resolve"): "tasks_resolve",
     ("get", "/v1/tasks/{task_id}/attempts"): "tasks_attempts_list",
     ("get", "/v1/tasks/{task_id}/blockers"): "tasks_blockers_get",
+    ("get", "/v1/tasks/{task_id}/dependencies"): "tasks_dependencies_list",
+    ("get", "/v1/tasks/{task_id}/dependents"): "tasks_dependents_list",
     ("get", "/v1/attempts/{attempt_id}"): "attempts_get",
     ("get", "/v1/applications/{application_id}"): "applications_get",
     ("post", "/v1/applications/{application_id}:configure"): "applications_configure",
@@ -141,7 +146,13 @@ def test_creates_mutations_and_lists_document_their_statuses_headers_and_query()
     assert parameters("/v1/tasks:batch", "post", "header") == set()  # each item carries its own key
     assert parameters("/v1/queues", "get", "query") == {"page_size", "page_token"}
     assert parameters("/v1/events", "get", "query") == {"after", "page_size"}
-    for listing in ("/v1/plans", "/v1/plans/{plan_id}/triggers"):
+    for listing in (
+        "/v1/plans",
+        "/v1/plans/{plan_id}/triggers",
+        "/v1/tasks/{task_id}/attempts",
+        "/v1/tasks/{task_id}/dependencies",
+        "/v1/tasks/{task_id}/dependents",
+    ):
         assert parameters(listing, "get", "query") == {"page_size", "page_token"}
     assert parameters("/v1/tasks", "get", "query") == {
         "queue_id",
@@ -322,3 +333,70 @@ def test_a_time_zone_is_a_documented_string_not_an_enum_of_names():
     for name, accepted in (("Europe/Berlin", True), ("Etc/GMT+0", True), ("Mars/Olympus_Mons", False), ("", False)):
         body = {"cron": "30 2 * * *", "timezone": name}
         assert ScheduleInput(data=body).is_valid() is accepted, name
+
+
+def test_dependencies_are_documented():
+    """SPEC §13 in the document: the submit's depends_on and
+    on_dependency_failure, a batch item's ref, BLOCKED, the task object's
+    depends_on, the two lists and their item, the blockers code."""
+    schema = document()
+    components = schema["components"]["schemas"]
+    submit = components["SubmitTaskInput"]["properties"]
+    depends_on = submit["depends_on"]
+    assert (depends_on["minItems"], depends_on["maxItems"], depends_on["uniqueItems"]) == (1, 1000, True)
+    on_failure = submit["on_dependency_failure"]["$ref"].rsplit("/", 1)[1]
+    assert components[on_failure]["enum"] == ["CANCEL", "RUN"]
+    assert "BLOCKED" in components["TaskState"]["enum"]
+    item = components["SubmitBatchInput"]["properties"]["tasks"]["items"]
+    assert set(item["properties"]) == {"idempotency_key", "ref", "task"} and "ref" not in item["required"]
+    for name in ("TaskSummary", "Task"):
+        task = components[name]
+        assert task["properties"]["depends_on"]["items"]["pattern"] == "^[0-9a-f]{32}$"
+        assert task["properties"]["on_dependency_failure"]["allOf"][0]["$ref"].endswith(f"/{on_failure}")
+        assert {"depends_on", "on_dependency_failure"}.isdisjoint(task["required"])
+    for path in ("/v1/tasks/{task_id}/dependencies", "/v1/tasks/{task_id}/dependents"):
+        responses = schema["paths"][path]["get"]["responses"]
+        assert set(responses) >= {"200", "400", "401", "403", "404", "503"}
+        envelope = responses["200"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        assert components[envelope]["properties"]["data"]["$ref"].endswith("/TaskLinkPage")
+    assert components["TaskLinkPage"]["properties"]["items"]["items"]["$ref"].endswith("/TaskLink")
+    link = components["TaskLink"]
+    assert link["required"] == ["id"] and link["additionalProperties"] is False
+    assert set(link["properties"]) == {
+        "id",
+        "pruned",
+        "queue_id",
+        "handler",
+        "business_key",
+        "state",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    }
+    codes = components["Blocker"]["properties"]["code"]["$ref"].rsplit("/", 1)[1]
+    assert {"KEY_HELD", "KEY_AT_CAPACITY", "WAITING_FOR_DEPENDENCIES"} <= set(components[codes]["enum"])
+    assert "task_ids" in components["Blocker"]["description"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "in_batch"),
+    [
+        ("0123456789abcdef0123456789abcdef", True),
+        ("ref:split.1_a-b", True),
+        ("ref:" + "x" * 64, True),
+        ("ref:" + "x" * 65, False),
+        ("ref:", False),
+        ("ref:a b", False),
+        ("0123456789ABCDEF0123456789ABCDEF", False),
+        ("0123456789abcdef0123456789abcde", False),
+        ("task", False),
+    ],
+)
+def test_the_depends_on_pattern_is_the_fields_rule(entry, in_batch):
+    pattern = document()["components"]["schemas"]["SubmitTaskInput"]["properties"]["depends_on"]["items"]["pattern"]
+    try:
+        DependsOnField().to_internal_value([entry])
+        accepted = True
+    except InvalidArgument:
+        accepted = False
+    assert accepted == in_batch == bool(re.search(pattern, entry)), entry
