@@ -116,6 +116,16 @@ def _task(choose: Callable[[World], str]) -> Callable[[Any, World], None]:
     return prepare
 
 
+def _blocked_pair(world: World) -> tuple[str, str]:
+    """(a waiting task, a task BLOCKED on it): both lists and the
+    WAITING_FOR_DEPENDENCIES blocker answer something."""
+    if "blocked" not in world.named:
+        world.named["blocked_on"] = world.new_task("dependencies")
+        body = {**TASK_BODY, "queue_id": world.queue("dependencies"), "depends_on": [world.named["blocked_on"]]}
+        world.named["blocked"] = world.post("/v1/tasks", body)["task"]["id"]
+    return world.named["blocked_on"], world.named["blocked"]
+
+
 def _application(case: Any, world: World) -> None:
     case.path_parameters = {"application_id": world.application_id}
     if case.method.upper() == "POST":
@@ -198,6 +208,9 @@ PREPARE: dict[str, Callable[[Any, World], None]] = {
     "POST /v1/tasks/{task_id}:cancel": _task(lambda world: world.task("cancel")),
     "POST /v1/tasks/{task_id}:resolve": _task(World.task_needing_review),
     "GET /v1/tasks/{task_id}/attempts": _task(World.worked_task),
+    "GET /v1/tasks/{task_id}/blockers": _task(lambda world: _blocked_pair(world)[1]),
+    "GET /v1/tasks/{task_id}/dependencies": _task(lambda world: _blocked_pair(world)[1]),
+    "GET /v1/tasks/{task_id}/dependents": _task(lambda world: _blocked_pair(world)[0]),
     "GET /v1/attempts/{attempt_id}": lambda case, world: setattr(
         case, "path_parameters", {"attempt_id": world.attempt()}
     ),
