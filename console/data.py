@@ -7,14 +7,16 @@
   (key_ready, priority) range of idx_task_dispatch, the smallest of them;
 - starts and results per minute from the tasks.QueueMinute rollup, which the
   engine writes in the transactions that approve starts and record results;
-- a key's token history along idx_attempt_ckey, newest lease first.
+- a key's token history along idx_attempt_ckey, newest lease first;
+- a task's dependencies from its own depends_on, and its dependents along
+  idx_dependency_parent (depends_on_id, settled, id), a page at a time.
 
 Nothing here scans the task or attempt table."""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,13 +27,13 @@ from django.utils import timezone
 from console.metrics_view import queue_gauges
 from orbit.models import Application, Namespace
 from queues.models import Queue
-from tasks.models import Attempt, Task, TaskState
+from tasks.models import Attempt, Task, TaskDependency, TaskState
 
 PRIORITIES = range(10)  # tasks.serializers: 0-9
 CHART_MINUTES = 60
 # The dashboard charts at most this many queues (the most unfinished first).
 DASHBOARD_QUEUES = 24
-STATES = ("WAITING", "LEASED", "RUNNING", "NEEDS_REVIEW")
+STATES = ("BLOCKED", "WAITING", "LEASED", "RUNNING", "NEEDS_REVIEW")
 
 
 @dataclass
@@ -44,6 +46,7 @@ class QueueRow:
     retired_at: datetime | None
     max_concurrency: int
     rate_per_second: int
+    blocked: int = 0
     waiting: int = 0
     leased: int = 0
     running: int = 0
@@ -58,6 +61,7 @@ class QueueRow:
     @property
     def by_state(self) -> dict[str, int]:
         return {
+            "BLOCKED": self.blocked,
             "WAITING": self.waiting,
             "LEASED": self.leased,
             "RUNNING": self.running,
@@ -104,7 +108,8 @@ def queue_rows(queue_ids: list[str] | None = None) -> list[QueueRow]:
         )
         gauge = gauges.get((applications.get(namespace[1], ""), namespace[2], namespace[3], name))
         if gauge is not None:
-            row.waiting, row.leased, row.running = gauge.waiting, gauge.leased, gauge.running
+            row.blocked, row.waiting = gauge.blocked, gauge.waiting
+            row.leased, row.running = gauge.leased, gauge.running
             row.needs_review, row.unfinished = gauge.needs_review, gauge.unfinished
             row.active_permits, row.window_count = gauge.active_permits, gauge.window_count
         rows.append(row)
@@ -177,7 +182,13 @@ def minute_series(queue_ids: list[str], now: datetime) -> dict[str, tuple[list[i
 
 # --------------------------------------------------------------------------- charts
 
-STATE_COLOURS = {"WAITING": "#6c8ebf", "LEASED": "#d6b656", "RUNNING": "#82b366", "NEEDS_REVIEW": "#b85450"}
+STATE_COLOURS = {
+    "BLOCKED": "#9673a6",
+    "WAITING": "#6c8ebf",
+    "LEASED": "#d6b656",
+    "RUNNING": "#82b366",
+    "NEEDS_REVIEW": "#b85450",
+}
 
 
 def state_bar(row: QueueRow, width: int = 240, height: int = 14) -> dict[str, Any]:
@@ -269,6 +280,7 @@ def dashboard(now: datetime | None = None) -> dict[str, Any]:
                 retired_at=None,
                 max_concurrency=0,
                 rate_per_second=0,
+                blocked=totals["BLOCKED"],
                 waiting=totals["WAITING"],
                 leased=totals["LEASED"],
                 running=totals["RUNNING"],
@@ -305,6 +317,177 @@ def key_waiting_tasks(namespace_id: str, key: str, limit: int = KEY_WAITING_SHOW
 def task_attempts(task_id: str, limit: int = 200) -> list[Attempt]:
     """A task's attempts in lease order (idx_attempt_task_epoch)."""
     return list(Attempt.objects.filter(task_id=task_id).order_by("epoch")[:limit])
+
+
+# --------------------------------------------------------------------------- dependencies
+
+# Rows of a task page's dependency and dependent tables.
+DEPENDENCIES_PER_PAGE = 100
+# A task's dependents are counted this far (a fan-out has no upper bound).
+DEPENDENTS_COUNT_CAP = 100_000
+# Dependencies and dependents drawn each way in the task's graph.
+GRAPH_NODES = 20
+
+
+@dataclass
+class Linked:
+    """A task at the other end of one of a task's dependency edges. state
+    None: the task is gone (pruned)."""
+
+    task_id: str
+    state: str | None = None
+    handler: str = ""
+    queue_id: str = ""
+    blocked_by: int = 0
+    on_dependency_failure: str = ""
+    # Whether the edge is settled: the dependency's ending has been counted.
+    settled: bool = False
+    queue_name: str = ""
+
+
+@dataclass
+class LinkedPage:
+    rows: list[Linked]
+    number: int
+    per_page: int
+    count: int
+    capped: bool = False
+
+    @property
+    def first_index(self) -> int:
+        return (self.number - 1) * self.per_page + 1 if self.rows else 0
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.rows) - 1 if self.rows else 0
+
+    @property
+    def has_next(self) -> bool:
+        return self.number * self.per_page < self.count
+
+    @property
+    def pages(self) -> int:
+        return max(1, -(-self.count // self.per_page))
+
+
+@dataclass
+class TaskDependencies:
+    dependencies: LinkedPage
+    dependents: LinkedPage
+    # The graph's nodes each way, in table order: the first GRAPH_NODES.
+    parents: list[Linked]
+    children: list[Linked]
+    # A BLOCKED task's first GRAPH_NODES dependencies not settled yet, in depends_on order.
+    waiting_for: list[Linked]
+
+
+def page_number(value: str | None) -> int:
+    """A ?…_page= value: anything but a positive number is the first page."""
+    try:
+        number = int(value or 1)
+    except ValueError:
+        return 1
+    return max(1, min(number, 1_000_000))
+
+
+def task_dependencies(
+    task: Task, dependencies_page: int = 1, dependents_page: int = 1, per_page: int = DEPENDENCIES_PER_PAGE
+) -> TaskDependencies:
+    """The task's dependencies (depends_on order) and dependents (the edges
+    still to settle first, then in edge order), a page of each, and the
+    first GRAPH_NODES each way for its graph, and what a BLOCKED task still
+    waits for. At most eight queries whatever the fan-out: the dependents are counted up to DEPENDENTS_COUNT_CAP along
+    the index and only the shown ones are read."""
+    depends_on = list(task.depends_on or [])
+    dependency_pages = max(1, -(-len(depends_on) // per_page))
+    dependencies_page = min(dependencies_page, dependency_pages)
+    shown_parents = depends_on[(dependencies_page - 1) * per_page : dependencies_page * per_page]
+    drawn_parents = depends_on[:GRAPH_NODES]
+
+    edges = TaskDependency.objects.filter(depends_on_id=task.id)
+    count = edges.order_by()[:DEPENDENTS_COUNT_CAP].count()
+    dependent_pages = max(1, -(-count // per_page))
+    dependents_page = min(dependents_page, dependent_pages)
+    # (depends_on_id, settled, id): idx_dependency_parent orders it, no sort.
+    ordered = edges.order_by("settled", "id").values_list("task_id", "settled")
+    offset = (dependents_page - 1) * per_page
+    shown_children = list(ordered[offset : offset + per_page]) if count else []
+    drawn_children = shown_children[:GRAPH_NODES] if offset == 0 else list(ordered[:GRAPH_NODES])
+
+    parent_edges = set(shown_parents) | set(drawn_parents)
+    settled_parents = (
+        dict(
+            TaskDependency.objects.filter(task_id=task.id, depends_on_id__in=sorted(parent_edges)).values_list(
+                "depends_on_id", "settled"
+            )
+        )
+        if parent_edges
+        else {}
+    )
+    # The edges a BLOCKED task's blocked_by counts (its unique index narrows them to its own, at most 1,000).
+    waiting_for = (
+        list(
+            TaskDependency.objects.filter(task_id=task.id, settled=False)
+            .order_by("position")
+            .values_list("depends_on_id", flat=True)[:GRAPH_NODES]
+        )
+        if task.state == TaskState.BLOCKED and depends_on
+        else []
+    )
+    wanted = (
+        parent_edges
+        | set(waiting_for)
+        | {task_id for task_id, _ in shown_children}
+        | {task_id for task_id, _ in drawn_children}
+    )
+    found = linked_tasks(wanted)
+
+    def linked(task_id: str, settled: bool) -> Linked:
+        row = found.get(task_id)
+        return Linked(task_id=task_id, settled=settled) if row is None else replace(row, settled=settled)
+
+    return TaskDependencies(
+        dependencies=LinkedPage(
+            rows=[linked(p, settled_parents.get(p, False)) for p in shown_parents],
+            number=dependencies_page,
+            per_page=per_page,
+            count=len(depends_on),
+        ),
+        dependents=LinkedPage(
+            rows=[linked(c, settled) for c, settled in shown_children],
+            number=dependents_page,
+            per_page=per_page,
+            count=count,
+            capped=count >= DEPENDENTS_COUNT_CAP,
+        ),
+        parents=[linked(p, settled_parents.get(p, False)) for p in drawn_parents],
+        children=[linked(c, settled) for c, settled in drawn_children],
+        waiting_for=[linked(p, False) for p in waiting_for],
+    )
+
+
+def linked_tasks(task_ids: set[str]) -> dict[str, Linked]:
+    """These tasks (those still there) with their queues' names: two queries."""
+    if not task_ids:
+        return {}
+    rows = list(
+        Task.objects.filter(id__in=sorted(task_ids)).values_list(
+            "id", "state", "handler", "queue_id", "blocked_by", "on_dependency_failure"
+        )
+    )
+    names = dict(Queue.objects.filter(id__in={row[3] for row in rows}).values_list("id", "name"))
+    return {
+        task_id: Linked(
+            task_id=task_id,
+            state=state,
+            handler=handler,
+            queue_id=queue_id,
+            blocked_by=blocked_by,
+            on_dependency_failure=on_failure,
+            queue_name=names.get(queue_id, queue_id),
+        )
+        for task_id, state, handler, queue_id, blocked_by, on_failure in rows
+    }
 
 
 def human_age(seconds: float | None) -> str:

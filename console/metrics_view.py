@@ -42,13 +42,16 @@ QUEUE_LABELS = ["application", "environment", "namespace", "queue"]
 # policy (its id, or "default" for the keys no policy matches: capacity 1, no rate).
 KEY_POLICY_LABELS = ["application", "environment", "namespace", "policy"]
 DEFAULT_POLICY_LABEL = "default"
-# IN lists of at most this many queue ids per NEEDS_REVIEW count.
+# IN lists of at most this many queue ids per counted state.
 _ID_CHUNK = 1000
+# The unfinished states queue_state keeps no counter of.
+COUNTED_STATES = (TaskState.BLOCKED, TaskState.NEEDS_REVIEW)
 
 
 @dataclass(frozen=True)
 class QueueGauges:
     labels: tuple[str, str, str, str]
+    blocked: int
     waiting: int
     leased: int
     running: int
@@ -65,19 +68,20 @@ def _window_open(started_at: datetime | None, now: datetime) -> bool:
     return started_at is not None and now < started_at + RATE_WINDOW
 
 
-def needs_review_counts(queue_ids: list[str]) -> dict[str, int]:
-    """NEEDS_REVIEW tasks per queue, counted as ranges of the dispatch index
-    (queue_id, state, ...): each queue's NEEDS_REVIEW rows, read from the index
-    alone. queue_state has no column for them (docs/decisions.md, Metrics)."""
-    counts: dict[str, int] = {}
+def state_counts(queue_ids: list[str]) -> dict[tuple[str, str], int]:
+    """BLOCKED and NEEDS_REVIEW tasks per (queue, state), counted in one
+    statement as ranges of the dispatch index (queue_id, state, ...): each
+    queue's rows of those states, read from the index alone. queue_state has
+    no column for them (docs/decisions.md, Metrics)."""
+    counts: dict[tuple[str, str], int] = {}
     for start in range(0, len(queue_ids), _ID_CHUNK):
         rows = (
-            Task.objects.filter(queue_id__in=queue_ids[start : start + _ID_CHUNK], state=TaskState.NEEDS_REVIEW)
-            .values_list("queue_id")
+            Task.objects.filter(queue_id__in=queue_ids[start : start + _ID_CHUNK], state__in=COUNTED_STATES)
+            .values_list("queue_id", "state")
             .annotate(n=Count("*"))
             .order_by()
         )
-        counts.update(dict(rows))
+        counts.update({(queue_id, state): n for queue_id, state, n in rows})
     return counts
 
 
@@ -97,8 +101,9 @@ def queue_gauges() -> list[QueueGauges]:
     )
     namespaces = {row[0]: row for row in Namespace.objects.values_list("id", "application_id", "environment", "name")}
     applications = dict(Application.objects.values_list("id", "name"))
-    # Only a queue with unfinished tasks can hold NEEDS_REVIEW ones.
-    review = needs_review_counts([queue_id for queue_id, *_ in queues if states.get(queue_id, (0, 0))[1]])
+    # Only a queue with unfinished tasks can hold BLOCKED or NEEDS_REVIEW ones.
+    counted = [queue_id for queue_id, *_ in queues if states.get(queue_id, (0, 0))[1]]
+    by_state = state_counts(counted)
     gauges = []
     for queue_id, namespace_id, name, retired_at, paused, max_concurrency, rate_per_second in queues:
         state = states.get(queue_id)
@@ -108,13 +113,16 @@ def queue_gauges() -> list[QueueGauges]:
         _, unfinished, active, reserved, window_started_at, window_count = state
         if retired_at is not None and not unfinished:
             continue
-        needs_review = review.get(queue_id, 0)
+        needs_review = by_state.get((queue_id, TaskState.NEEDS_REVIEW), 0)
+        blocked = by_state.get((queue_id, TaskState.BLOCKED), 0)
         gauges.append(
             QueueGauges(
                 labels=(applications.get(namespace[1], ""), namespace[2], namespace[3], name),
                 # The rows are read by separate statements, each its own
-                # snapshot: a difference never goes below zero.
-                waiting=max(0, unfinished - active - needs_review),
+                # snapshot: a difference never goes below zero. A BLOCKED task
+                # counts in unfinished_tasks (SPEC §13) but is not waiting.
+                blocked=blocked,
+                waiting=max(0, unfinished - active - needs_review - blocked),
                 leased=reserved,
                 running=max(0, active - reserved),
                 needs_review=needs_review,
@@ -214,6 +222,7 @@ class QueueCollector(Collector):
         for gauge in self.gauges:
             labels = list(gauge.labels)
             for state, value in (
+                ("BLOCKED", gauge.blocked),
                 ("WAITING", gauge.waiting),
                 ("LEASED", gauge.leased),
                 ("RUNNING", gauge.running),

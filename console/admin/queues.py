@@ -17,7 +17,7 @@ from queues.models import Queue, QueueState
 
 @admin.register(Queue)
 class QueueAdmin(ReadOnlyAdmin):
-    """One row per queue: its backlog by state, permits, start window and the
+    """One row per queue: its backlog by state (BLOCKED included), permits, start window and the
     oldest waiting task, from the counters and index-ordered LIMIT reads
     (console.data), and a link to its tasks."""
 
@@ -25,6 +25,7 @@ class QueueAdmin(ReadOnlyAdmin):
         "name",
         "namespace",
         "status",
+        "blocked",
         "waiting",
         "leased",
         "running",
@@ -66,6 +67,10 @@ class QueueAdmin(ReadOnlyAdmin):
     def _count(self, queue: Queue, name: str) -> str:
         row = self._row(queue)
         return f"{getattr(row, name):,}" if row else "—"
+
+    @admin.display(description="BLOCKED")
+    def blocked(self, queue: Queue) -> str:
+        return self._count(queue, "blocked")
 
     @admin.display(description="WAITING")
     def waiting(self, queue: Queue) -> str:
@@ -112,8 +117,9 @@ class QueueAdmin(ReadOnlyAdmin):
             return format_html("—")
         now = timezone.now()
         return format_html(
-            "WAITING {} · LEASED {} · RUNNING {} · NEEDS_REVIEW {} · permits {} of {} · starts this window {} of {}/s"
-            " · oldest waiting {} · {}",
+            "BLOCKED {} · WAITING {} · LEASED {} · RUNNING {} · NEEDS_REVIEW {} · permits {} of {}"
+            " · starts this window {} of {}/s · oldest waiting {} · {}",
+            f"{row.blocked:,}",
             f"{row.waiting:,}",
             f"{row.leased:,}",
             f"{row.running:,}",

@@ -9,7 +9,8 @@ from django.urls import NoReverseMatch, URLPattern, path, reverse
 from django.utils.safestring import SafeString
 
 from console import data
-from console.admin_base import ReadOnlyAdmin, change_url, format_ms, key_url, link, short_id
+from console.admin_base import ReadOnlyAdmin, change_url, count_text, format_ms, key_url, link, short_id
+from console.dependency_graph import task_graph
 from orbit.models import Namespace
 from queues.models import Queue
 from tasks.actions import keys
@@ -40,6 +41,8 @@ def with_fact_links(item: dict[str, Any]) -> dict[str, Any]:
 
 # Shown on a task's page below its fields, readable (orbit.console: pretty JSON).
 TASK_JSON_FIELDS = ("payload", "output", "last_error")
+# Shown in the dependencies panel instead, each id linked with its state.
+TASK_PANEL_FIELDS = ("depends_on",)
 
 
 def task_blockers(task: Task) -> dict[str, Any] | None:
@@ -96,7 +99,7 @@ class TaskAdmin(ReadOnlyAdmin):
         return [
             f.name
             for f in Task._meta.fields
-            if f.name not in TASK_JSON_FIELDS and f.name not in TASK_INTERNAL_FIELDS and not f.generated
+            if f.name not in (*TASK_JSON_FIELDS, *TASK_INTERNAL_FIELDS, *TASK_PANEL_FIELDS) and not f.generated
         ]
 
     def queue_of_search(self, request: HttpRequest) -> Queue | None:
@@ -155,8 +158,51 @@ class TaskAdmin(ReadOnlyAdmin):
                 attempts_url=reverse("admin:tasks_attempt_changelist") + f"?q={task.id}",
                 json_fields=[(name, getattr(task, name)) for name in TASK_JSON_FIELDS],
                 blockers=task_blockers(task),
+                **dependency_context(request, task),
             )
         return super().change_view(request, object_id, form_url, extra_context=context)
+
+
+def page_query(request: HttpRequest, name: str, number: int) -> str:
+    """The page's query string with `name` (dependencies_page or
+    dependents_page) set to `number`, the other table's page kept."""
+    query = request.GET.copy()
+    query[name] = str(number)
+    return "?" + query.urlencode()
+
+
+def page_links(request: HttpRequest, name: str, page: data.LinkedPage) -> dict[str, str]:
+    links = {}
+    if page.number > 1:
+        links["first"] = page_query(request, name, 1)
+        links["previous"] = page_query(request, name, page.number - 1)
+    if page.has_next:
+        links["next"] = page_query(request, name, page.number + 1)
+        if not page.capped:
+            links["last"] = page_query(request, name, page.pages)
+    return links
+
+
+def dependency_context(request: HttpRequest, task: Task) -> dict[str, Any]:
+    """The task page's dependencies, dependents and graph (console.data.task_dependencies)."""
+    found = data.task_dependencies(
+        task,
+        dependencies_page=data.page_number(request.GET.get("dependencies_page")),
+        dependents_page=data.page_number(request.GET.get("dependents_page")),
+    )
+    shown = [*found.dependencies.rows, *found.dependents.rows, *found.parents, *found.children, *found.waiting_for]
+    href_of = {row.task_id: change_url(Task, row.task_id) for row in shown if row.state is not None}
+    href_of[task.id] = change_url(Task, task.id)
+    itself = data.Linked(task_id=task.id, state=task.state, handler=task.handler, queue_id=task.queue_id)
+    return {
+        "dependencies": found.dependencies,
+        "dependencies_links": page_links(request, "dependencies_page", found.dependencies),
+        "dependents": found.dependents,
+        "dependents_count": count_text(found.dependents.count, found.dependents.capped),
+        "dependents_links": page_links(request, "dependents_page", found.dependents),
+        "graph": task_graph(itself, found.parents, found.dependencies, found.children, found.dependents, href_of),
+        "waiting_for": found.waiting_for,
+    }
 
 
 @admin.register(Attempt)

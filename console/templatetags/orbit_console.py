@@ -13,7 +13,7 @@ from django.db.models import Model
 from django.http import HttpRequest
 
 from console import data
-from console.admin_base import format_ms, short_id
+from console.admin_base import change_url, format_ms, short_id
 from queues.models import Queue
 from tasks.models import Task
 
@@ -68,3 +68,9 @@ def count(value: int | None) -> str:
 def short_id_filter(value: str) -> str:
     """An id's first 8, the whole in the tooltip (console.admin_base.short_id)."""
     return short_id(str(value))
+
+
+@register.filter
+def task_url(task_id: str) -> str:
+    """The console page of the task with this id."""
+    return change_url(Task, task_id)
