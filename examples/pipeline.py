@@ -82,7 +82,8 @@ def main() -> int:
         raise SystemExit(f"example: the batch refused {refused[0].idempotency_key}: {refused[0].error}")
     submitted = [result.task for result in results if result.task is not None]
     blocked = sum(task.state == "BLOCKED" for task in submitted)
-    print(f"submitted={len(submitted)} blocked={blocked}", flush=True)
+    fanned_out = client.list_dependents(submitted[0].id, page_size=PARTS + 1).items  # the split's dependents
+    print(f"submitted={len(submitted)} blocked={blocked} split_dependents={len(fanned_out)}", flush=True)
 
     worker = Worker(
         url,

@@ -37,7 +37,7 @@ def test_pipeline_example_joins_the_sum_of_its_twenty_parts(orbit_server, tmp_pa
     result = run_example("pipeline.py", orbit_server, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.splitlines() == [
-        "submitted=22 blocked=21",  # all but the split wait for what they depend on
+        "submitted=22 blocked=21 split_dependents=20",  # all but the split wait for what they depend on
         "parts=20 state=SUCCEEDED sum=500000500000 expected=500000500000",
         "worker_drained=true",
     ]
