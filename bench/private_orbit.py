@@ -62,12 +62,13 @@ def wait_for_port(port: int, seconds: float) -> None:
 
 
 @contextmanager
-def private_orbit(repo: Path, name: str, work: Path) -> Iterator[PrivateOrbit]:
+def private_orbit(repo: Path, name: str, work: Path, mariadb_args: tuple[str, ...] = ()) -> Iterator[PrivateOrbit]:
     """The checkout `repo`'s server on a private MariaDB under `work`, its database,
-    application, namespace and queue all called `name`."""
+    application, namespace and queue all called `name`; `mariadb_args`: more
+    mariadbd options."""
     python = str(repo / ".venv" / "bin" / "python")
     work.chmod(0o755)  # the private server runs as the mysql user
-    db = PrivateMariaDB(work / "mariadb")
+    db = PrivateMariaDB(work / "mariadb", extra_args=mariadb_args)
     db.start()
     server = None
     try:

@@ -43,8 +43,9 @@ def free_port() -> int:
 
 
 class PrivateMariaDB:
-    def __init__(self, base_dir: Path, port: int | None = None) -> None:
+    def __init__(self, base_dir: Path, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
         self.base_dir = Path(base_dir)
+        self.extra_args = extra_args  # more mariadbd options, e.g. a benchmark's performance_schema
         self.datadir = self.base_dir / "data"
         self.socket = self.base_dir / "mysqld.sock"
         self.pid_file = self.base_dir / "mysqld.pid"
@@ -108,6 +109,7 @@ class PrivateMariaDB:
                 "--character-set-server=utf8mb4",
                 "--collation-server=utf8mb4_unicode_ci",
                 f"--log-error={self.log_path}",
+                *self.extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
