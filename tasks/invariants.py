@@ -11,7 +11,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Max, Q
+from django.db.models import Count, Max, Min, Q
+from django.utils import timezone
 
 from orbit.models import Application, ApplicationState, Event, EventSequence
 from plans.models import Plan, PlanTrigger, TriggerOutcome
@@ -19,12 +20,16 @@ from queues.models import Queue, QueueState
 from tasks.key_rules import PolicySet, Rate, read_policy_set
 from tasks.models import (
     ACTIVE_ATTEMPT_STATES,
+    FINAL_TASK_STATES,
     Attempt,
     AttemptState,
     ConcurrencyKey,
     ConcurrencySlot,
+    DependencyFailure,
+    DependencySettlement,
     KeyPolicy,
     Task,
+    TaskDependency,
     TaskState,
     WorkerIdentity,
 )
@@ -34,6 +39,18 @@ UNFINISHED_STATES = [TaskState.BLOCKED, TaskState.WAITING, TaskState.LEASED, Tas
 # A round reads a namespace's key policies ahead of its transaction (SPEC §10): a lease
 # committed this long after a policy change is sure to have applied the change.
 POLICY_SETTLE = timedelta(seconds=5)
+# A wide fan-out's follow-up settles within a second (SPEC §13); a settlement row
+# older than this is one no follow-up is getting through.
+SETTLEMENT_STUCK_AFTER = timedelta(seconds=60)
+# The dependency checks of finished tasks look at the tasks of this many most
+# recent leases (idx_attempt_leased): a bounded read, whatever the history.
+RECENT_LEASES = 10_000
+# Ids per IN list of the dependency checks.
+ID_CHUNK = 1000
+# The tasks that count as having run, or as about to: a dependency of theirs
+# must have finished, and not failed under CANCEL.
+PAST_BLOCKED_STATES = frozenset({TaskState.WAITING, TaskState.LEASED, TaskState.RUNNING, TaskState.NEEDS_REVIEW})
+FAILED_STATES = frozenset({TaskState.FAILED, TaskState.CANCELLED})
 # The GCRA replay's slack for the timestamps' rounding (the rate's interval is whole microseconds).
 RATE_TOLERANCE = timedelta(milliseconds=1)
 
@@ -43,7 +60,11 @@ def find_violations_in_snapshot() -> list[str]:
 
     At READ COMMITTED each query sees its own moment, and a commit between two
     of them looks like drift. On MySQL the checks run in one REPEATABLE READ
-    transaction (one consistent snapshot); SQLite's read transaction already is one."""
+    transaction (one consistent snapshot); SQLite's read transaction already is one.
+    Inside a transaction already (a test case's, a shell's) they run in that one:
+    its isolation level can no longer change."""
+    if connection.in_atomic_block:
+        return find_violations()
     with transaction.atomic():
         if connection.vendor == "mysql":
             with connection.cursor() as cursor:
@@ -66,6 +87,7 @@ def find_violations() -> list[str]:
     problems.extend(readiness_violations())
     problems.extend(plan_trigger_violations())
     problems.extend(event_cursor_violations())
+    problems.extend(dependency_violations())
     return problems
 
 
@@ -512,4 +534,165 @@ def token_order_violations() -> list[str]:
         if previous is not None and token <= previous[0]:
             problems.append(f"key {ident}: token {token} of {attempt_id} not above {previous[0]} of {previous[1]}")
         last[ident] = (token, attempt_id)
+    return problems
+
+
+# --- dependencies (SPEC §13) ------------------------------------------------
+
+
+def _chunks(ids: Sequence[str]) -> list[list[str]]:
+    ordered = sorted(ids)
+    return [ordered[start : start + ID_CHUNK] for start in range(0, len(ordered), ID_CHUNK)]
+
+
+def _edges_of(dependent_ids: Sequence[str]) -> dict[str, list[tuple[str, bool]]]:
+    """Each dependent's edges (depends_on_id, settled), read through
+    uniq_dependency_edge (task_id first)."""
+    edges: dict[str, list[tuple[str, bool]]] = defaultdict(list)
+    for chunk in _chunks(dependent_ids):
+        rows = TaskDependency.objects.filter(task_id__in=chunk).values_list("task_id", "depends_on_id", "settled")
+        for task_id, parent_id, settled in rows:
+            edges[task_id].append((parent_id, settled))
+    return edges
+
+
+def _states_of(task_ids: Sequence[str]) -> dict[str, str]:
+    states: dict[str, str] = {}
+    for chunk in _chunks(task_ids):
+        states.update(Task.objects.filter(id__in=chunk).values_list("id", "state"))
+    return states
+
+
+def dependency_violations() -> list[str]:
+    """The dependency graph against its tasks, from two bounded reads: the
+    unfinished tasks with dependencies (each queue's range of
+    idx_task_dispatch, so it costs the backlog, not the history) and the tasks
+    of the RECENT_LEASES newest leases (idx_attempt_leased); their edges by
+    dependent (uniq_dependency_edge), their dependencies by primary key, the
+    settlement rows (a finished task's fan-out still being settled) whole."""
+    queue_ids = list(Queue.objects.values_list("id", flat=True))
+    unfinished = (
+        list(
+            Task.objects.filter(
+                queue_id__in=queue_ids, state__in=UNFINISHED_STATES, depends_on__isnull=False
+            ).values_list("id", "state", "blocked_by", "on_dependency_failure", "depends_on")
+        )
+        if queue_ids
+        else []
+    )
+    recent_ids = set(Attempt.objects.order_by("-leased_at").values_list("task_id", flat=True)[:RECENT_LEASES]) - {
+        row[0] for row in unfinished
+    }
+    recent = [
+        row
+        for chunk in _chunks(list(recent_ids))
+        for row in Task.objects.filter(id__in=chunk).values_list(
+            "id", "state", "blocked_by", "on_dependency_failure", "depends_on"
+        )
+    ]
+    pending = dict(DependencySettlement.objects.values_list("task_id", "created_at"))
+    edges = _edges_of([row[0] for row in unfinished + recent if row[4]])
+    parents = _states_of(sorted({parent for rows in edges.values() for parent, _ in rows}))
+    problems = _dependent_violations(unfinished, edges, parents)
+    problems += _ran_despite_failure_violations([row for row in recent if row[4]], edges, parents)
+    # A finished dependency with unsettled edges and no settlement pending left
+    # its dependents behind: from the unfinished dependents' edges, and each
+    # recently run task probed as a dependency (idx_dependency_parent, settled = 0).
+    suspects = {
+        parent
+        for rows in edges.values()
+        for parent, settled in rows
+        if not settled and parents.get(parent) in FINAL_TASK_STATES
+    }
+    suspects |= {row[0] for row in recent if row[1] in FINAL_TASK_STATES}
+    problems += _left_behind_violations(sorted(suspects - set(pending)), {**parents, **{r[0]: r[1] for r in recent}})
+    stuck_before = timezone.now() - SETTLEMENT_STUCK_AFTER
+    for task_id, created_at in sorted(pending.items()):
+        if created_at < stuck_before:
+            problems.append(
+                f"dependency {task_id}: settlement pending since {created_at.isoformat()}, "
+                f"more than {SETTLEMENT_STUCK_AFTER.seconds} s: its follow-up is stuck"
+            )
+    return problems
+
+
+DependentRow = tuple[str, str, int, str, Any]
+
+
+def _dependent_violations(
+    unfinished: Sequence[DependentRow], edges: Mapping[str, list[tuple[str, bool]]], parents: Mapping[str, str]
+) -> list[str]:
+    """An unfinished task with dependencies: BLOCKED exactly while it has
+    unsettled edges, counting them in blocked_by; past BLOCKED only once
+    every dependency finished, and never after a failed one under CANCEL."""
+    problems: list[str] = []
+    for task_id, state, blocked_by, on_failure, depends_on in unfinished:
+        own = edges.get(task_id, [])
+        if len(own) != len(depends_on):
+            problems.append(f"task {task_id}: depends_on names {len(depends_on)} tasks but it has {len(own)} edges")
+        for parent_id, _ in own:
+            if parent_id not in parents:
+                problems.append(f"task {task_id}: {state} but its dependency {parent_id} is gone")
+        unsettled = [parent_id for parent_id, settled in own if not settled]
+        if state == TaskState.BLOCKED:
+            if not unsettled:
+                problems.append(
+                    f"task {task_id}: BLOCKED (blocked_by={blocked_by}) but all its dependency edges are "
+                    "settled: nothing will move it"
+                )
+            elif blocked_by != len(unsettled):
+                problems.append(
+                    f"task {task_id}: BLOCKED with blocked_by={blocked_by} but {len(unsettled)} unsettled edges"
+                )
+            continue
+        for parent_id, _ in own:
+            parent_state = parents.get(parent_id)
+            if parent_state is not None and parent_state not in FINAL_TASK_STATES:
+                problems.append(f"task {task_id}: {state} before its dependency {parent_id} finished ({parent_state})")
+        problems += _cancel_ignored(task_id, state, on_failure, own, parents)
+    return problems
+
+
+def _cancel_ignored(
+    task_id: str, state: str, on_failure: str, own: list[tuple[str, bool]], parents: Mapping[str, str]
+) -> list[str]:
+    if on_failure != DependencyFailure.CANCEL:
+        return []
+    return [
+        f"task {task_id}: {state} although its dependency {parent_id} ended {parents[parent_id]} "
+        "under on_dependency_failure CANCEL"
+        for parent_id, _ in own
+        if parents.get(parent_id) in FAILED_STATES
+    ]
+
+
+def _ran_despite_failure_violations(
+    recent: Sequence[DependentRow], edges: Mapping[str, list[tuple[str, bool]]], parents: Mapping[str, str]
+) -> list[str]:
+    """A task that was leased (it has an attempt) with a dependency that
+    failed or was cancelled under CANCEL: a dependency's end is final, so it
+    had ended before the lease, which must not have been."""
+    problems: list[str] = []
+    for task_id, state, _, on_failure, _ in recent:
+        problems += _cancel_ignored(task_id, f"ran ({state})", on_failure, edges.get(task_id, []), parents)
+    return problems
+
+
+def _left_behind_violations(parent_ids: Sequence[str], states: Mapping[str, str]) -> list[str]:
+    """Of these finished tasks with no settlement pending, those with
+    unsettled edges: one range of idx_dependency_parent each (settled = 0
+    holds only what is wrong), grouped by dependency."""
+    problems: list[str] = []
+    for chunk in _chunks(parent_ids):
+        left = (
+            TaskDependency.objects.filter(depends_on_id__in=chunk, settled=False)
+            .values_list("depends_on_id")
+            .annotate(edges=Count("id"), first=Min("task_id"))
+            .values_list("depends_on_id", "edges", "first")
+        )
+        for parent_id, count, first in sorted(left):
+            problems.append(
+                f"dependency {parent_id}: ended {states.get(parent_id)} but {count} of its edges are unsettled "
+                f"(task {first} first) and no settlement is pending: its dependents were left behind"
+            )
     return problems

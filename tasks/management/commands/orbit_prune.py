@@ -1,7 +1,7 @@
 """`manage.py orbit_prune --finished-before DURATION [--dry-run]`: opt-in retention.
 
 Removes the tasks that finished (SUCCEEDED, FAILED, CANCELLED) before now -
-DURATION, with their attempts and their task events, then the idempotency
+DURATION, with their attempts, their dependency edges and their task events, then the idempotency
 records older than the retention (--idempotency-before, the same DURATION
 unless given) whose task, if they name one, is gone. Never a concurrency-key
 row (a key's row is its token sequence), never an unfinished or NEEDS_REVIEW
@@ -12,13 +12,21 @@ Every table is walked along its primary key in batches (--batch-size ids,
 short transaction (@outermost: run again whole after a deadlock or lock-wait
 timeout) of DELETEs of those that qualify, re-checked in the DELETEs' own
 WHERE. Finished tasks are in no counter (queue_state and application_state
-count unfinished tasks and active attempts only: tasks/invariants.py), so no
-batch locks a counter row, and the engine's transactions never wait on one
-for long. What else the prune keeps, and why (docs/decisions.md, Console and
-retention):
+count unfinished tasks and active attempts only: tasks/invariants.py); a
+batch locks its tasks' application_state rows only so that a submit naming
+one of them in depends_on (which reads its dependencies' states under that
+row) sees it either still there or gone, never admits a dependent of a task
+deleted under it. What else the prune keeps, and why (docs/decisions.md,
+Console and retention):
 
 - a task a plan made (its CREATED trigger row names it: the trigger history
   stays whole);
+- a task another task depends on while that one is unfinished (its
+  assignment carries this task's state and output, SPEC §13), and one whose
+  dependents are not all settled (a DependencySettlement row, or an edge
+  left unsettled, which orbit_check reports): once every dependent has
+  finished and been settled it goes as any other. A pruned task's edges go
+  with it: its own (as a dependent) and those naming it as the dependency;
 - each namespace's newest event (its sequence row names that cursor);
 - an idempotency record whose task still exists: a replay answers the
   task's receipt for as long as the task is there. Once the task is pruned
@@ -28,23 +36,28 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from orbit.models import Event, EventSequence, IdempotencyRecord
+from orbit.db.rows import lock_by_pk
+from orbit.models import ApplicationState, Event, EventSequence, IdempotencyRecord
 from orbit.transactions import outermost
 from plans.models import PlanTrigger, TriggerOutcome
-from tasks.models import FINAL_TASK_STATES, Attempt, Task
+from tasks.models import FINAL_TASK_STATES, Attempt, DependencySettlement, Task, TaskDependency
 
 DURATION = re.compile(r"^([0-9]{1,9})([smhd])$")
 UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 FINISHED = sorted(FINAL_TASK_STATES)
 DEFAULT_BATCH = 500
+KEPT_FOR_DEPENDENT = "tasks an unfinished task depends on"
+KEPT_FOR_SETTLEMENT = "tasks whose dependents are not all settled"
 
 
 def parse_duration(text: str) -> timedelta:
@@ -139,33 +152,53 @@ class Command(BaseCommand):
             .values_list("task_id", flat=True)
         )
         scanned = 0
-        for page in batches(Task, ("state", "finished_at"), size):
+        for page in batches(Task, ("state", "finished_at", "application_id"), size):
             scanned += len(page)
-            chosen = []
-            for task_id, state, finished_at in page:
+            chosen: dict[str, str] = {}
+            for task_id, state, finished_at, application_id in page:
                 if state not in FINAL_TASK_STATES or finished_at is None or finished_at >= bound:
                     continue
                 if task_id in planned:
                     tally.keep("tasks made by a plan")
                     continue
-                chosen.append(task_id)
+                chosen[task_id] = application_id
             if chosen:
-                tasks, attempts = self.remove_tasks(chosen, bound)
+                tasks, attempts, kept = self.remove_tasks(chosen, bound)
                 tally.tasks += tasks
                 tally.attempts += attempts
+                for reason, count in kept.items():
+                    tally.keep(reason, count)
             self.progress("tasks", scanned, tally.tasks)
 
-    def remove_tasks(self, ids: list[str], bound: datetime) -> tuple[int, int]:
+    def remove_tasks(self, chosen: dict[str, str], bound: datetime) -> tuple[int, int, dict[str, int]]:
+        """Removes these tasks (id → application id) that are still finished
+        before the bound and that no dependent holds, with their attempts,
+        edges and any settlement row; returns the tasks, the attempts and
+        the kept counts by reason."""
+        ids = sorted(chosen)
+
         @outermost
-        def once() -> tuple[int, int]:
+        def once() -> tuple[int, int, dict[str, int]]:
+            if not self.dry_run:
+                # The lock a submit reads its dependencies' states under (orbit.locking: first here).
+                lock_by_pk(ApplicationState, sorted(set(chosen.values())))
             # Re-checked here: only rows still finished before the bound go.
-            tasks = Task.objects.filter(id__in=ids, state__in=FINISHED, finished_at__lt=bound)
-            gone = list(tasks.values_list("id", flat=True))
+            finished = list(
+                Task.objects.filter(id__in=ids, state__in=FINISHED, finished_at__lt=bound).values_list("id", flat=True)
+            )
+            held = held_by_dependents(finished)
+            kept = dict(Counter(held.values()))
+            gone = [task_id for task_id in finished if task_id not in held]
             if self.dry_run or not gone:
-                return len(gone), Attempt.objects.filter(task_id__in=gone).count() if gone else 0
-            attempts = Attempt.objects.filter(task_id__in=gone).delete()[0]
+                return len(gone), Attempt.objects.filter(task_id__in=gone).count() if gone else 0, kept
             Task.objects.filter(id__in=gone, state__in=FINISHED, finished_at__lt=bound).delete()
-            return len(gone), attempts
+            attempts = Attempt.objects.filter(task_id__in=gone).delete()[0]
+            # Its own edges (uniq_dependency_edge), then those naming it: all
+            # settled, or it would have been held (idx_dependency_parent).
+            TaskDependency.objects.filter(task_id__in=gone).delete()
+            TaskDependency.objects.filter(depends_on_id__in=gone, settled=True).delete()
+            DependencySettlement.objects.filter(task_id__in=gone).delete()
+            return len(gone), attempts, kept
 
         return once()
 
@@ -231,7 +264,8 @@ class Command(BaseCommand):
         if not task_ids:
             return set()
         finished = Task.objects.filter(id__in=task_ids, state__in=FINISHED, finished_at__lt=bound)
-        return set(finished.values_list("id", flat=True)) - getattr(self, "planned", set())
+        chosen = set(finished.values_list("id", flat=True)) - getattr(self, "planned", set())
+        return chosen - set(held_by_dependents(sorted(chosen)))
 
     def remove(self, rows: Any) -> int:
         if self.dry_run:
@@ -242,6 +276,36 @@ class Command(BaseCommand):
             return rows.delete()[0]
 
         return once()
+
+
+def held_by_dependents(task_ids: list[str]) -> dict[str, str]:
+    """Of these finished tasks, those a dependent still needs, with the
+    reason: an unfinished task depends on it, or its settlement is not done
+    (a DependencySettlement row, or an edge left unsettled). One statement
+    with two semi-joins per task, each a range of idx_dependency_parent
+    (the dependents' rows by primary key), plus the settlement rows by
+    primary key: a task without dependents costs one index probe."""
+    if not task_ids:
+        return {}
+    unfinished_dependent = TaskDependency.objects.filter(depends_on_id=OuterRef("id")).filter(
+        Exists(Task.objects.filter(id=OuterRef("task_id")).exclude(state__in=FINISHED))
+    )
+    unsettled_edge = TaskDependency.objects.filter(depends_on_id=OuterRef("id"), settled=False)
+    # In the select list only: a WHERE on them lets MariaDB turn the semi-join
+    # into a materialized scan of every unfinished task.
+    rows = (
+        Task.objects.filter(id__in=task_ids)
+        .annotate(waited_on=Exists(unfinished_dependent), unsettled=Exists(unsettled_edge))
+        .values_list("id", "waited_on", "unsettled")
+    )
+    held = {
+        task_id: KEPT_FOR_DEPENDENT if waited_on else KEPT_FOR_SETTLEMENT
+        for task_id, waited_on, unsettled in rows
+        if waited_on or unsettled
+    }
+    for task_id in DependencySettlement.objects.filter(task_id__in=task_ids).values_list("task_id", flat=True):
+        held.setdefault(task_id, KEPT_FOR_SETTLEMENT)
+    return held
 
 
 def task_of(data: Any) -> str | None:
