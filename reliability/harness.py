@@ -69,6 +69,7 @@ sys.path.insert(0, str(ROOT))
 
 from reliability import checks  # noqa: E402
 from reliability.mariadb import PrivateMariaDB, available, free_port  # noqa: E402
+from reliability.pipelines import Pipelines  # noqa: E402
 
 PYTHON = sys.executable
 HERE = Path(__file__).resolve().parent
@@ -137,6 +138,9 @@ class Config:
     # Longer than a request's deadline (4.5 s): a request that waited on the
     # frozen server instead of answering 503 shows as a slow answer.
     freeze_seconds: float = 10.0
+    # A pipeline (SPEC §13: chain, fan-out/fan-in, wide fan-out; reliability/pipelines.py)
+    # submitted this often, besides the load.
+    pipeline_every: float = 3.0
 
 
 # --------------------------------------------------------------------------- processes
@@ -597,6 +601,7 @@ class Harness:
         self.api_server: Server | None = None
         self.slots: list[WorkerSlot] = []
         self.submitter: Submitter | None = None
+        self.pipelines: Pipelines | None = None
         self.violations: list[str] = []
         self.notes: list[str] = []
         self.events: list[dict[str, Any]] = []
@@ -745,6 +750,7 @@ class Harness:
             slot.start(cfg.capacity, self.credentials)
             self.slots.append(slot)
         self.submitter = Submitter(cfg, self.run_id, self.servers, self.token, self.queues)
+        self.pipelines = Pipelines(self, DB_NAME)
         log(
             f"{cfg.workers} workers (capacity {cfg.capacity}) on servers "
             + ", ".join(f"w{s.index}->{s.server.name}" for s in self.slots)
@@ -941,7 +947,11 @@ class Harness:
     def kill_server(self, index: int) -> dict[str, Any]:
         server = self.servers[index % len(self.servers)]
         event: dict[str, Any] = {"name": f"kill -9 server {server.name}"}
+        # A wide cancel through this server, its follow-up held in flight by the kill.
+        cut = self.pipelines.cut_follow_up(server, event["name"]) if self.pipelines else None
         server.stop(kill=True)
+        if cut is not None:
+            cut.release()
         time.sleep(1.0)
         restarted_wall = time.time()
         event["listen_s"] = round(server.start(), 2)
@@ -954,6 +964,8 @@ class Harness:
         event["workers_reconnected_s"] = None if seconds is None else round(seconds, 2)
         if seconds is None:
             self.violation(f"{event['name']}: its workers did not reconnect within 30 s")
+        if cut is not None:
+            event["follow_up"] = cut.settled()
         return event
 
     def submit_direct(self, name: str, payload: dict, key: str, max_attempts: int = 1) -> str:
@@ -1215,8 +1227,14 @@ class Harness:
         if restart_server is not None:
             name += f" + server {restart_server.name} restarted while it is down"
         event: dict[str, Any] = {"name": name}
+        cut = None
+        if kill and restart_server is None and down_seconds is None and self.pipelines and self.api_server:
+            # A wide cancel whose follow-up is held in flight when the database dies.
+            cut = self.pipelines.cut_follow_up(self.api_server, name)
         began = time.monotonic()
         self.db.stop(kill=kill)
+        if cut is not None:
+            cut.release()
         event["stop_s"] = round(time.monotonic() - began, 2)
         if restart_server is not None:
             restart_server.stop(kill=True)
@@ -1231,6 +1249,8 @@ class Harness:
             event["workers_reconnected_s"] = None if seconds is None else round(seconds, 2)
             if seconds is None:
                 self.violation(f"{name}: workers of server {restart_server.name} did not reconnect within 30 s")
+        if cut is not None:
+            event["follow_up"] = cut.settled()
         return event
 
     def db_freeze(self) -> dict[str, Any]:
@@ -1348,8 +1368,9 @@ class Harness:
     def chaos(self) -> None:
         """Short: each event once. Full: the events in turn until the time is up."""
         cfg = self.cfg
-        assert self.submitter is not None
+        assert self.submitter is not None and self.pipelines is not None
         self.submitter.start()
+        self.pipelines.start()
         time.sleep(cfg.warmup_seconds)
         events = self.schedule()
         began = time.monotonic()
@@ -1378,14 +1399,24 @@ class Harness:
     def settle(self) -> None:
         assert self.submitter is not None
         log("stopping submitters")
+        if self.pipelines is not None:
+            self.pipelines.finish(timeout=30)
         self.submitter.finish(timeout=30)
-        unsettled_sql = "SELECT COUNT(*) FROM orbit_task WHERE state IN ('WAITING','LEASED','RUNNING')"
-        seconds = self.wait_until(lambda: self.query(unsettled_sql)[0][0] == 0, self.cfg.settle_seconds, 0.5)
+        # A BLOCKED task waits for its dependencies; a NEEDS_REVIEW pipeline task (a kill left its
+        # effect unknown) is moved on with RETRY, as an operator would, so its dependents end too.
+        unsettled_sql = "SELECT COUNT(*) FROM orbit_task WHERE state IN ('BLOCKED','WAITING','LEASED','RUNNING')"
+
+        def quiet() -> bool:
+            if self.pipelines is not None:
+                self.pipelines.resolve_reviews()
+            return self.query(unsettled_sql)[0][0] == 0
+
+        seconds = self.wait_until(quiet, self.cfg.settle_seconds, 0.5)
         self.figures["settle_s"] = None if seconds is None else round(seconds, 1)
         if seconds is None:
             rows = self.query(
                 "SELECT id, state, concurrency_key, available_at FROM orbit_task "
-                "WHERE state IN ('WAITING','LEASED','RUNNING') LIMIT 10"
+                "WHERE state IN ('BLOCKED','WAITING','LEASED','RUNNING') LIMIT 10"
             )
             self.violation(
                 f"{self.query(unsettled_sql)[0][0]} tasks not settled {self.cfg.settle_seconds:.0f} s after the "
@@ -1497,6 +1528,13 @@ class Harness:
 
         self.check_ledgers({a["id"]: a for a in attempts})
         self.key_figures(attempts, rules)
+        if self.pipelines is not None:
+            # Dependencies (SPEC §13): each dependent ran only after its dependencies ended, and
+            # ended as its plan says; nothing BLOCKED or left to settle.
+            found, figures = self.pipelines.check(self.work / "ledgers")
+            for message in found:
+                self.violation(message)
+            self.figures.update(figures)
 
         states = collections.Counter(task["state"] for task in tasks.values())
         attempt_states = collections.Counter(a["state"] for a in attempts)
@@ -1649,6 +1687,8 @@ class Harness:
                 "UPDATE orbit_attempt SET started_at=%s WHERE id IN (" + ",".join(["%s"] * len(bunched)) + ")",
                 (bunched[0][1], *(row[0] for row in bunched)),
             )
+            if self.pipelines is not None:
+                self.pipelines.inject_faults(cursor)
             conn.commit()
         finally:
             conn.close()

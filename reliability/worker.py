@@ -110,7 +110,12 @@ def main() -> int:
             "slot": slot,
             "idem": execution.payload.get("idem"),
         }
-        ledger.write(event="start", t=time.time(), **common)
+        # A pipeline's dependent (SPEC §13): what its assignment said of each dependency, for
+        # the harness to hold against the rows (states final, outputs of those that succeeded).
+        dependencies = [
+            {"task_id": d.task_id, "state": d.state, "output": d.output is not None} for d in execution.dependencies
+        ]
+        ledger.write(event="start", t=time.time(), **common, **({"dependencies": dependencies} if dependencies else {}))
         # Sleep, but stop early if the server says the lease is gone.
         execution.wait_cancelled(execution.payload.get("sleep_ms", 100) / 1000)
         verdict, highest = ("unkeyed", 0) if key is None else resource.write(key, slot, token)
@@ -126,6 +131,8 @@ def main() -> int:
             raise RetryableError(f"stale token {token} < {highest} for {key}")
         if execution.payload.get("fail_first") and execution.attempt_number == 1:
             raise RetryableError("first attempt fails on purpose")
+        if execution.payload.get("fail_always"):  # a pipeline's failing task: every attempt, retries exhausted
+            raise RetryableError("fails on every attempt on purpose")
         return {"worker_id": args.worker_id, "token": common["token"]}
 
     worker = Worker(
