@@ -396,7 +396,7 @@ def task_dependencies(
     """The task's dependencies (depends_on order) and dependents (the edges
     still to settle first, then in edge order), a page of each, and the
     first GRAPH_NODES each way for its graph, and what a BLOCKED task still
-    waits for. At most eight queries whatever the fan-out: the dependents are counted up to DEPENDENTS_COUNT_CAP along
+    waits for. At most seven queries whatever the fan-out: the dependents are counted up to DEPENDENTS_COUNT_CAP along
     the index and only the shown ones are read."""
     depends_on = list(task.depends_on or [])
     dependency_pages = max(1, -(-len(depends_on) // per_page))
