@@ -111,6 +111,10 @@ ATTEMPT = shapes.closed(
         "state": shapes.ref("AttemptState"),
         "epoch": {**shapes.COUNT, "minimum": 1},
         "concurrency_token": shapes.UINT64_STRING,
+        "concurrency_slot": {
+            **shapes.COUNT,
+            "description": "which of its key's permits the attempt holds; only for a key of capacity above 1",
+        },
         "worker_id": {"type": "string"},
         "leased_at": shapes.TIME,
         "lease_expires_at": shapes.TIME,
@@ -130,7 +134,16 @@ ATTEMPT = shapes.closed(
             description="a result that arrived after the attempt ended; it changed nothing",
         ),
     },
-    optional=("number", "concurrency_token", "started_at", "finished_at", "outcome", "error", "late_outcome"),
+    optional=(
+        "number",
+        "concurrency_token",
+        "concurrency_slot",
+        "started_at",
+        "finished_at",
+        "outcome",
+        "error",
+        "late_outcome",
+    ),
 )
 
 # GET /v1/tasks/{id}/dependencies and /dependents (tasks.actions.serialize.task_link).

@@ -241,7 +241,7 @@ def test_every_block_is_run_or_marked_not_run():
     assert [b.lang for b in blocks if b.runs] == EXPECTED_RUNNABLE, "a block was added or removed: check it below"
 
 
-EXPECTED_RUNNABLE = ["sh"] * 6 + ["python"] + ["sh"] * 11
+EXPECTED_RUNNABLE = ["sh"] * 6 + ["python"] * 2 + ["sh"] * 11
 
 
 def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: LiveServer):
@@ -274,6 +274,7 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
         read_back,
         attempts,
         sdk,
+        dependencies,
         mint,
         _seed_queue,  # compared with the documented answer above
         configure_retire,
@@ -310,6 +311,9 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
     # Your first task, with the SDK.
     assert sdk.splitlines() == ["SUCCEEDED {'resized': 42}"]
 
+    # Tasks that wait for tasks: the join is BLOCKED at submit, then runs after its parts.
+    assert dependencies.splitlines() == ["BLOCKED", "SUCCEEDED ['SUCCEEDED', 'SUCCEEDED', 'SUCCEEDED']"]
+
     # HTTP API: the development credential may not manage plans or the application (so the
     # README has the reader mint one that may), the minted one may.
     dev = {"Authorization": f"Bearer {credentials['token']}"}
@@ -342,7 +346,7 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
 
     # Examples: the seeds' lines.
     lines = examples.splitlines()
-    assert len(lines) == 7, examples
+    assert len(lines) == 10, examples
     assert lines[0] == "backpressure=QUEUE_FULL http=429"
     assert lines[1] == "duplicate=true rejected_request_retried=true"
     for line in lines[2:4]:
@@ -351,6 +355,9 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
     assert lines[5:] == [
         "queues=2 completed=2 tokens_increasing=true",
         "resource_writes=2 stale_write_rejected=true worker_drained=true",
+        "submitted=22 blocked=21 split_dependents=20",
+        "parts=20 state=SUCCEEDED sum=500000500000 expected=500000500000",
+        "worker_drained=true",
     ]
 
     # Production: probes, metrics, orbit_check.
