@@ -26,6 +26,8 @@ LOCK_ORDER: tuple[str, ...] = (
     "orbit_concurrency_slot",  # a key's slots 1…N−1, only ever under their key's row (GUARDED_BY)
     "orbit_task",  # ascending id
     "orbit_attempt",  # ascending id
+    "orbit_task_dependency",  # a dependency's edges, settled under the application's state row
+    "orbit_dependency_settlement",  # a wide fan-out's settlement left to the follow-up, deleted by its last chunk
     "orbit_fair_share",  # a fair lease's served times, one upsert after all its passes (ascending queue, key)
     "orbit_queue_minute",  # the console's rollup, added at the end of a round (ascending queue, minute)
     "orbit_event_sequence",  # last: events are written at the end of their transaction

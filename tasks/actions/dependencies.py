@@ -16,7 +16,9 @@ cancellations included; a wider fan-out leaves a DependencySettlement row,
 written in the same transaction, and the follow-up (run_follow_ups, nudged
 after the commit and swept by maintenance) settles the rest FOLLOW_UP_CHUNK
 edges a transaction, so no transaction holds the application's counters for
-long."""
+long. A follow-up chunk that cancels locks its dependents' queue_state rows
+before their task rows (LOCK_ORDER); a cascade of it whose cancellations
+would move another queue's counters gets a settlement row of its own."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from orbit.audit import emit_event
 from orbit.db.rows import Add, insert_rows, lock_by_pk, new_row, update_by_pk
 from orbit.errors import InvalidArgument
 from orbit.transactions import outermost
+from queues.locks import lock_queue_states
 from tasks import wakeups
 from tasks.locks import lock_application_state
 from tasks.models import (
@@ -59,6 +62,10 @@ Transition = Callable[..., None]
 @dataclass
 class _Budget:
     edges: int = INLINE_EDGES
+    # In a follow-up: the queues whose queue_state rows it locked before any
+    # task row (LOCK_ORDER). A cascade whose cancellations would move another
+    # queue's counters is left to a settlement row of its own.
+    queues: frozenset[str] | None = None
 
 
 _inline = threading.local()
@@ -99,15 +106,17 @@ def settle_dependents(parent: Task, now: datetime, transition: Transition) -> No
 def _settle_chunk(parent: Task, limit: int, now: datetime, transition: Transition, budget: _Budget) -> bool:
     """Settles up to `limit` of the parent's unsettled edges, in edge order;
     returns whether more are left."""
-    edges = list(TaskDependency.objects.filter(depends_on_id=parent.id, settled=False).order_by("id")[: limit + 1])
+    edges = _unsettled_edges(parent.id, limit + 1)
     more = len(edges) > limit
     edges = edges[:limit]
     if not edges:
         return False
+    failed = parent.state in FAILED_DEPENDENCY_STATES
+    if failed and budget.queues is not None and not _queues_of(edges) <= budget.queues:
+        return True
     budget.edges -= len(edges)
     dependents = lock_by_pk(Task, sorted({edge.task_id for edge in edges}))
     update_by_pk(TaskDependency, [edge.id for edge in edges], {"settled": True})
-    failed = parent.state in FAILED_DEPENDENCY_STATES
     counted: list[Task] = []
     cancelled: list[Task] = []
     for edge in edges:
@@ -122,6 +131,16 @@ def _settle_chunk(parent: Task, limit: int, now: datetime, transition: Transitio
     for dependent in cancelled:
         transition(dependent, None, now=now, task_state=TaskState.CANCELLED, last_error=dependency_failed(parent))
     return more
+
+
+def _unsettled_edges(parent_id: str, limit: int) -> list[TaskDependency]:
+    return list(TaskDependency.objects.filter(depends_on_id=parent_id, settled=False).order_by("id")[:limit])
+
+
+def _queues_of(edges: list[TaskDependency]) -> frozenset[str]:
+    """The queues of the edges' dependents, read without a lock (a task's queue never changes)."""
+    ids = sorted({edge.task_id for edge in edges})
+    return frozenset(Task.objects.filter(id__in=ids).values_list("queue_id", flat=True))
 
 
 def _count_down(dependents: list[Task], now: datetime, transition: Transition) -> None:
@@ -398,8 +417,15 @@ def _follow_up_chunk(task_id: str, application_id: str, transition: Transition) 
     if parent is None:
         DependencySettlement.objects.filter(task_id=task_id).delete()
         return False
+    queues: frozenset[str] = frozenset()
+    if parent.state in FAILED_DEPENDENCY_STATES:
+        # The chunk cancels dependents, which moves their queues' counters:
+        # those queue_state rows are locked before the task rows, found by a
+        # first read without a lock (edges change only under the lock held).
+        queues = _queues_of(_unsettled_edges(parent.id, FOLLOW_UP_CHUNK))
+        lock_queue_states(queues)
     now = timezone.now()
-    _inline.budget = _Budget(FOLLOW_UP_CHUNK)
+    _inline.budget = _Budget(FOLLOW_UP_CHUNK, queues)
     try:
         more = _settle_chunk(parent, FOLLOW_UP_CHUNK, now, transition, _inline.budget)
     finally:

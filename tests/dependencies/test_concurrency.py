@@ -8,23 +8,33 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from orbit.models import Event
 from tasks.actions import rounds
 from tasks.actions.dependencies import INLINE_EDGES, run_follow_ups
+from tasks.actions.endings import sweep_deadlines
 from tasks.actions.permits import settle
 from tasks.models import DependencySettlement, Task, TaskDependency
 from tests.conftest import api_client, post_json
 from tests.support.api import make_queue
 from tests.support.live import LiveServer, WorkerConnection, server_env
+from tests.support.lock_order import assert_lock_order
 from tests.support.tasks import (
     assert_invariants,
     cancel,
+    ends_unknown,
+    in_seconds,
     lease_one,
     report,
+    resolve,
     run_threads,
     start,
     submit_ok,
@@ -312,4 +322,94 @@ def test_a_join_over_workers_on_two_servers_is_assigned_once_with_its_parents_ou
         second.stop()
     assert moves(join)[:3] == [("BLOCKED", None), ("WAITING", "BLOCKED"), ("LEASED", "WAITING")]
     assert row(join).blocked_by == 0
+    assert_invariants()
+
+
+# --- the lock order of every path that settles dependencies -----------------
+
+
+def checked(what: Callable[[], Any]) -> list[list[str]]:
+    """Runs `what`; its transactions' locks must follow LOCK_ORDER."""
+    with CaptureQueriesContext(connection) as queries:
+        what()
+    return assert_lock_order(queries)
+
+
+@pytest.mark.mysql_only
+def test_endings_that_settle_dependents_across_queues_and_keys_lock_in_the_global_order(tenant):
+    first = make_queue(tenant.client, "first", max_concurrency=10, rate_per_second=1000)
+    other = make_queue(tenant.client, "other", max_concurrency=10, rate_per_second=1000)
+    # a submit with dependencies, keyed, in another queue
+    succeeds = submit_ok(tenant.client, first["id"], "succeeds", concurrency_key="k/parent", priority=9)["id"]
+    (locked,) = checked(
+        lambda: submit_ok(tenant.client, other["id"], "keyed", depends_on=[succeeds], concurrency_key="k/child")
+    )
+    assert "orbit_application_state" in locked
+    submit_ok(tenant.client, other["id"], "plain", depends_on=[succeeds])
+    # a success that makes them WAITING
+    lease = lease_one(tenant, first["id"])
+    start(lease)
+    (locked,) = checked(lambda: report(lease, "SUCCEEDED"))
+    assert "orbit_task_dependency" in locked
+    # a failure whose cascade cancels in another queue and back
+    fails = submit_ok(tenant.client, first["id"], "fails", max_attempts=1, priority=9)["id"]
+    child = submit_ok(tenant.client, other["id"], "child", depends_on=[fails], concurrency_key="k/c")["id"]
+    submit_ok(tenant.client, first["id"], "grandchild", depends_on=[child])
+    lease = lease_one(tenant, first["id"])
+    start(lease)
+    checked(lambda: report(lease, "FAILED", error={"code": "boom"}))
+    assert row(child).state == "CANCELLED"
+    # a cancel and a deadline of a blocked task, each with a dependent elsewhere
+    waits = submit_ok(tenant.client, first["id"], "waits", priority=0)["id"]
+    blocked = submit_ok(tenant.client, first["id"], "blocked", depends_on=[waits], deadline_at=in_seconds(60))["id"]
+    submit_ok(tenant.client, other["id"], "below-blocked", depends_on=[blocked])
+    Task.objects.filter(id=blocked).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    checked(sweep_deadlines)
+    assert row(blocked).state == "FAILED"
+    submit_ok(tenant.client, other["id"], "below-waits", depends_on=[waits], concurrency_key="k/w")
+    checked(lambda: cancel(tenant.client, waits, "cancel-waits"))
+    # a resolve to FAILED
+    reviewed = submit_ok(tenant.client, first["id"], "reviewed", priority=9)["id"]
+    submit_ok(tenant.client, other["id"], "below-reviewed", depends_on=[reviewed])
+    ends_unknown(tenant, first["id"])
+    checked(lambda: resolve(tenant.client, reviewed, "resolve-reviewed", "FAILED"))
+    assert not TaskDependency.objects.filter(settled=False).exists()
+    assert_invariants()
+
+
+@pytest.mark.mysql_only
+def test_a_follow_up_that_cancels_across_queues_locks_their_counters_first(tenant):
+    first = make_queue(tenant.client, "first", max_concurrency=10, rate_per_second=1000)
+    queues = [make_queue(tenant.client, f"fan-{n}", max_concurrency=10, rate_per_second=1000) for n in range(3)]
+    parent = submit_ok(tenant.client, first["id"], "parent", max_attempts=1, priority=9)["id"]
+    width = INLINE_EDGES + 60
+    items = [
+        {"idempotency_key": f"fan-{n}", "task": task_body(queues[n % 2]["id"], depends_on=[parent])}
+        for n in range(width)
+    ]
+    results = post_json(tenant.client, "/v1/tasks:batch", {"tasks": items}).json()["data"]["results"]
+    dependents = [result["task"]["id"] for result in results]
+    # the last dependents, settled by the follow-up, have dependents in a third queue
+    below = [
+        submit_ok(tenant.client, queues[2]["id"], f"below-{n}", depends_on=[dependents[-1 - n]])["id"] for n in range(3)
+    ]
+    lease = lease_one(tenant, first["id"])
+    start(lease)
+    report(lease, "FAILED", error={"code": "boom"})
+    assert DependencySettlement.objects.filter(task_id=parent).exists()
+    assert Task.objects.filter(id__in=dependents, state="CANCELLED").count() == INLINE_EDGES
+
+    chunks = checked(lambda: run_follow_ups(settle))
+    # the chunk locked the counters of the queues it cancels in; its cascade
+    # into a third queue, whose counter row it did not lock first, is left
+    # to settlement rows of their own, which the next run settles
+    assert sorted(DependencySettlement.objects.values_list("task_id", flat=True)) == sorted(dependents[-3:])
+    assert Task.objects.filter(id__in=below, state="BLOCKED").count() == len(below)
+    chunks += checked(lambda: run_follow_ups(settle))
+
+    assert any("orbit_dependency_settlement" in locked for locked in chunks)
+    assert Task.objects.filter(id__in=dependents + below, state="CANCELLED").count() == width + len(below)
+    for task_id in below:
+        assert moves(task_id) == [("BLOCKED", None), ("CANCELLED", "BLOCKED")]
+    assert not DependencySettlement.objects.exists()
     assert_invariants()
