@@ -408,3 +408,63 @@ def test_a_prune_of_a_finished_chain_of_5000(graph):
     print(f"\nprune of a finished chain of 5,000 tasks (5,000 edges): {took:.2f} s\n{out}")
     assert "removed 5000 tasks" in out and "1 tasks an unfinished task depends on" in out
     assert TaskDependency.objects.count() == 52  # the fan-out's 50 and the join's 2
+
+
+def test_a_prune_batch_holds_its_applications_row_before_it_deletes(tenant, queue):
+    """A submit reads its dependencies' states under the application's row:
+    the prune's deletes come under the same row, so a dependent is admitted
+    either before (and holds its dependency) or after (and is refused)."""
+    from django.test.utils import CaptureQueriesContext
+
+    parent = submit_ok(tenant.client, queue["id"], "parent")
+    child = submit_ok(tenant.client, queue["id"], "child", depends_on=[parent["id"]])
+    run_one(tenant, queue["id"])
+    run_one(tenant, queue["id"])
+    age([parent["id"], child["id"]])
+    with CaptureQueriesContext(connection) as queries:
+        assert "removed 2 tasks" in prune()
+    statements = [q["sql"] for q in queries.captured_queries]
+
+    def first(prefix: str) -> int:
+        return next(n for n, sql in enumerate(statements) if sql.startswith(prefix))
+
+    locked = next(n for n, sql in enumerate(statements) if "`orbit_application_state`" in sql and "FOR UPDATE" in sql)
+    order = [
+        locked,
+        first("DELETE FROM `orbit_task` "),
+        first("DELETE FROM `orbit_attempt`"),
+        first("DELETE FROM `orbit_task_dependency`"),
+    ]
+    assert order == sorted(order), statements
+    assert not DependencySettlement.objects.exists() and not TaskDependency.objects.exists()
+
+
+def test_clean_after_a_blocked_task_misses_its_deadline(tenant, queue):
+    from tasks.actions.endings import sweep_deadlines
+
+    parent = submit_ok(tenant.client, queue["id"], "parent")
+    late = submit_ok(tenant.client, queue["id"], "late", depends_on=[parent["id"]])
+    tail = submit_ok(tenant.client, queue["id"], "tail", depends_on=[late["id"]])
+    Task.objects.filter(id=late["id"]).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    assert sweep_deadlines() == 1
+    assert Task.objects.get(id=late["id"]).state == "FAILED"
+    assert Task.objects.get(id=tail["id"]).state == "CANCELLED"  # its CANCEL dependent with it
+    assert_clean()
+    run_one(tenant, queue["id"])  # the parent settles the failed one's edge: nothing to do
+    assert_clean()
+
+
+def test_clean_through_a_cancel_cascade_past_the_inline_budget(tenant, queue):
+    parent = submit_ok(tenant.client, queue["id"], "parent", max_attempts=1)
+    dependents = fan_out(tenant, queue["id"], parent["id"], INLINE_EDGES + 30)
+    grandchildren = [
+        submit_ok(tenant.client, queue["id"], f"grandchild-{n}", depends_on=[dependents[-1 - n]])["id"]
+        for n in range(3)
+    ]
+    run_one(tenant, queue["id"], "FAILED")
+    assert DependencySettlement.objects.exists()
+    assert_clean()  # the cascade half done, its follow-up pending
+    run_follow_ups(settle)
+    assert Task.objects.filter(id__in=dependents + grandchildren, state="CANCELLED").count() == len(dependents) + 3
+    assert not DependencySettlement.objects.exists()
+    assert_clean()
