@@ -223,6 +223,7 @@ def resolve_depends_on(
                         _resolved(at, entry, in_batch, named, replayed, place, known)
                         for at, entry in enumerate(fields["depends_on"])
                     ]
+                    _refuse_repeats(resolved)
                     fields = {**fields, "depends_on": resolved}
                 accepted.append((index, fields))
             except InvalidArgument as refusal:
@@ -257,6 +258,17 @@ def _resolved(
     if earlier not in place:
         raise InvalidArgument(f"{where}: the item with ref {name} was not accepted")
     return EarlierItem(place[earlier])
+
+
+def _refuse_repeats(resolved: list[Dependency]) -> None:
+    """A ref of a replayed item resolves to a task id the same list may
+    also name directly: one dependency twice, refused as the validator
+    refuses a repeated id."""
+    seen: dict[Dependency, int] = {}
+    for at, dependency in enumerate(resolved):
+        if dependency in seen:
+            raise InvalidArgument(f"depends_on[{at}]: repeats depends_on[{seen[dependency]}]")
+        seen[dependency] = at
 
 
 def link_dependencies(tasks: list[Task | None], items: list[dict[str, Any]]) -> None:

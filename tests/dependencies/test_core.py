@@ -186,3 +186,17 @@ def test_a_wide_fan_out_settles_past_the_inline_budget_in_a_follow_up(tenant, qu
     assert Task.objects.filter(id__in=dependents, state="WAITING").count() == 500
     assert not DependencySettlement.objects.exists()
     assert_invariants()
+
+
+def test_a_ref_and_the_id_it_resolves_to_are_one_dependency_named_twice(tenant, queue):
+    split = {"idempotency_key": "split", "ref": "split", "task": task_body(queue["id"])}
+    first = post_json(tenant.client, "/v1/tasks:batch", {"tasks": [split]}).json()["data"]["results"][0]
+    split_id = first["task"]["id"]
+    # replayed, the split answers its task: naming it by ref and by id names one task twice
+    join = {"idempotency_key": "join", "task": task_body(queue["id"], depends_on=["ref:split", split_id])}
+    results = post_json(tenant.client, "/v1/tasks:batch", {"tasks": [split, join]}).json()["data"]["results"]
+    assert [r["status"] for r in results] == [200, 400]
+    assert results[1]["error"]["code"] == "INVALID_ARGUMENT"
+    assert results[1]["error"]["message"] == "depends_on[1]: repeats depends_on[0]"
+    assert not TaskDependency.objects.filter(depends_on_id=split_id).exists()
+    assert_invariants()
