@@ -153,6 +153,18 @@ def test_the_graph_draws_the_task_between_its_parents_and_children(operator, ten
     assert "<script" not in html[html.index('id="task-graph"') : html.index("</svg>")]
 
 
+def test_a_join_of_25_draws_20_parents_and_a_more_node_for_the_rest(operator, tenant, queue):
+    parents = [submit_ok(tenant.client, queue["id"], f"parent-{n}")["id"] for n in range(25)]
+    join = submit_ok(tenant.client, queue["id"], "join", depends_on=parents)
+    html = page_of(operator, join["id"])
+
+    nodes = graph_nodes(html)
+    assert [task_id for _, kind, task_id, _ in nodes if kind == "parent"] == parents[: data.GRAPH_NODES]
+    assert nodes[-1][:2] == ("a", "more") and ">+5 more</text>" in html
+    assert 'href="#task-dependencies"' in html
+    assert [task_id for task_id, _ in rows_of(html, "dependency")] == parents
+
+
 def test_a_task_without_dependencies_or_dependents_draws_no_graph(operator, tenant, queue):
     alone = submit_ok(tenant.client, queue["id"], "alone")
     html = page_of(operator, alone["id"])
