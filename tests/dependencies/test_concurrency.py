@@ -63,6 +63,15 @@ def moves(task_id: str) -> list[tuple[str, str | None]]:
     return [(e.data["state"], e.data.get("previous")) for e in events]
 
 
+def moves_of(task_ids: list[str]) -> dict[str, list[tuple[str, str | None]]]:
+    """moves() of many tasks, read at once."""
+    paths: dict[str, list[tuple[str, str | None]]] = {task_id: [] for task_id in task_ids}
+    events = Event.objects.filter(subject_id__in=task_ids, type="task.state_changed").order_by("seq")
+    for event in events:
+        paths[event.subject_id].append((event.data["state"], event.data.get("previous")))
+    return paths
+
+
 def final_seq(task_ids: list[str]) -> dict[str, int]:
     """Where each task's move into a final state stands in the event order."""
     finals = Event.objects.filter(
@@ -252,15 +261,17 @@ def test_a_wide_fan_out_settling_in_chunks_while_dependents_and_a_sibling_are_ca
         for event in Event.objects.filter(subject_id__in=dependents, type="task.state_changed", data__state="WAITING")
     }
     blocked_by = dict(Task.objects.filter(id__in=dependents).values_list("id", "blocked_by"))
+    errors = dict(Task.objects.filter(id__in=dependents).values_list("id", "last_error"))
+    paths = moves_of(dependents)
     for task_id in dependents:
-        path = moves(task_id)
+        path = paths[task_id]
         assert Counter(state for state, _ in path)["CANCELLED"] <= 1, (task_id, path)
         assert sum(1 for _, previous in path if previous == "BLOCKED") == 1, (task_id, path)
         if task_id in waiting_at:
             assert blocked_by[task_id] == 0
             assert waiting_at[task_id] > max(ended[p] for p in parents_of[task_id]), (task_id, path)
         if states[task_id] == "CANCELLED" and task_id not in client_cancels:
-            assert row(task_id).last_error["task_id"] == doomed
+            assert errors[task_id]["task_id"] == doomed
     assert Task.objects.filter(id__in=dependents, state="WAITING").count() > INLINE_EDGES
     assert_invariants()
 
