@@ -17,8 +17,8 @@ NODE_HEIGHT = 38
 ROW = 46  # a node and the gap below it
 COLUMN_GAP = 110
 MARGIN = 10
-# Characters of a handler that fit a node at the graph's font size.
-HANDLER_CHARACTERS = 26
+# Characters of a handler that fit a node after the short id (12 px monospace).
+HANDLER_CHARACTERS = 17
 
 # (fill, stroke) per state: a light fill under dark text, the state's colour
 # round it (the dashboard's bars use the strokes' colours).
