@@ -424,3 +424,30 @@ def test_a_follow_up_that_cancels_across_queues_locks_their_counters_first(tenan
         assert moves(task_id) == [("BLOCKED", None), ("CANCELLED", "BLOCKED")]
     assert not DependencySettlement.objects.exists()
     assert_invariants()
+
+
+def test_children_submitted_while_their_parents_end_are_never_left_blocked(tenant, queue):
+    # given running parents
+    parents, leases = running_parents(tenant, queue["id"], PARENTS)
+    gate = threading.Barrier(2 * PARENTS)
+
+    # when each parent's child is submitted at the moment the parent succeeds
+    # (the same round or either side of it)
+    def act(index: int) -> Any:
+        n = index // 2
+        if index % 2:
+            client = api_client(tenant.token)
+            gate.wait(timeout=10)
+            return submit_ok(client, queue["id"], f"child-{n}", depends_on=[parents[n]])["id"]
+        gate.wait(timeout=10)
+        return report(leases[n], "SUCCEEDED", output={"n": n})
+
+    results = run_threads(2 * PARENTS, act)
+    children = results[1::2]
+
+    # then every child is WAITING: admitted so, or made so by its parent's ending
+    assert dict(Task.objects.filter(id__in=children).values_list("id", "state")) == dict.fromkeys(children, "WAITING")
+    for child, path in moves_of(children).items():
+        assert path in ([("WAITING", None)], [("BLOCKED", None), ("WAITING", "BLOCKED")]), (child, path)
+    assert not TaskDependency.objects.filter(task_id__in=children, settled=False).exists()
+    assert_invariants()
