@@ -71,6 +71,9 @@ READY_WITHIN_SECONDS = 1.0
 # A cut follow-up must be settled this long after the kill at the latest.
 CUT_SETTLED_WITHIN_SECONDS = 30.0
 REQUEST_TIMEOUT = httpx.Timeout(15.0, connect=2.0)
+# information_schema.INNODB_TRX / INNODB_LOCK_WAITS come from a buffer InnoDB refreshes only
+# when it was last read more than 0.1 s before: polled faster, they never change.
+INNODB_INFO_REFRESH_SECONDS = 0.15
 
 
 def _ts(value: datetime.datetime | None) -> float | None:
@@ -427,8 +430,12 @@ class Pipelines:
         cut = Cut(label, parent_id, held, [self.ids[d.idem] for d in dependents], conn, self)
         cursor = conn.cursor()
         cursor.execute("SELECT id FROM orbit_task WHERE id=%s FOR UPDATE", (held,))
-        cursor.execute("SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id=CONNECTION_ID()")
-        own_trx = cursor.fetchone()[0]
+        own_trx = None
+        while own_trx is None:
+            # InnoDB refreshes these tables' buffer only when it was last read over 0.1 s ago.
+            time.sleep(INNODB_INFO_REFRESH_SECONDS)
+            cursor.execute("SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id=CONNECTION_ID()")
+            own_trx = (cursor.fetchone() or [None])[0]
         began = time.monotonic()
         status, text = None, ""
         for _ in range(5):  # the same key again after a 503 or a lost answer: one cancel
@@ -464,7 +471,7 @@ class Pipelines:
             return bool(rows)
 
         # Bounded: on a loaded machine the follow-up may take seconds to come round.
-        caught = self.h.wait_until(waiting_on_us, timeout=15.0, interval=0.02)
+        caught = self.h.wait_until(waiting_on_us, timeout=15.0, interval=INNODB_INFO_REFRESH_SECONDS)
         pending = self.h.query("SELECT COUNT(*) FROM orbit_dependency_settlement WHERE task_id=%s", (parent_id,))[0][0]
         blocked = self._blocked_of(cut)
         cut.figures.update(
@@ -557,18 +564,21 @@ class Pipelines:
         """Moves NEEDS_REVIEW pipeline tasks (a kill left their effect unknown) on with RETRY, as
         an operator would; a dependent waits for that (SPEC §13). Returns how many were moved."""
         rows = self.h.query(
-            "SELECT id FROM orbit_task WHERE namespace_id=%s AND state='NEEDS_REVIEW' "
+            "SELECT id, attempts FROM orbit_task WHERE namespace_id=%s AND state='NEEDS_REVIEW' "
             "AND JSON_EXTRACT(payload, '$.pipe') IS NOT NULL",
             (self.h.namespace_id,),
         )
         moved = 0
-        for (task_id,) in rows:
+        for task_id, attempts in rows:
             server = self.h.servers[moved % len(self.h.servers)]
             try:
                 response = httpx.post(
                     f"{server.url}/v1/tasks/{task_id}:resolve",
                     json={"resolution": "RETRY", "reason": "chaos: its worker was killed"},
-                    headers={**self._headers(), "Idempotency-Key": f"chaos-{self.h.run_id}-resolve-{task_id}"},
+                    headers={
+                        **self._headers(),
+                        "Idempotency-Key": f"chaos-{self.h.run_id}-resolve-{task_id}-{attempts}",
+                    },
                     timeout=REQUEST_TIMEOUT,
                 )
             except httpx.HTTPError:

@@ -1,9 +1,10 @@
 """The reliability harness (reliability/harness.py) in its short form.
 
 It starts its own private MariaDB (never the shared one on 127.0.0.1:3306), two Orbit
-servers and an API-only one, four SDK workers and HTTP submitters, then kills a worker, a
-server and MariaDB (kill -9, then a clean restart) under load, and checks the rows
-afterwards. The full run: `.venv/bin/python reliability/harness.py`."""
+servers and an API-only one, four SDK workers and HTTP submitters (tasks, and pipelines of
+tasks that depend on tasks: reliability/pipelines.py), then kills a worker, a server and
+MariaDB (kill -9, then a clean restart) under load, and checks the rows afterwards. The full
+run: `.venv/bin/python reliability/harness.py`."""
 
 from __future__ import annotations
 
@@ -90,8 +91,30 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
             # expired or released, and the key's next holder took a recovered permit
             assert event["stopped_s"] > 10 and set(event["held_states"]) <= {"UNKNOWN", "EXPIRED", "RELEASED"}, event
             assert event["held_states"].get("UNKNOWN", 0) >= 1 and event["next_token"] > event["long_token"], event
+        if event["name"] in ("kill -9 server B", "kill -9 MariaDB"):
+            # a wide cancel's follow-up (past the inline budget) was in flight at the kill, and
+            # another node, or a server after the restart, settled the rest from its row
+            cut = event["follow_up"]
+            assert cut["settlement_pending_at_kill"] and cut["follow_up_waiting_at_kill"], cut
+            assert cut["blocked_at_kill"] == cut["dependents"] - 200, cut
+            assert cut["settled_after_kill_s"] is not None, cut
+            if "server" in event["name"]:
+                assert cut["follow_up_held_on"] == "B", cut  # the nudged follow-up of the node killed
         if event["name"].startswith("MariaDB frozen"):
             assert event["submits_during_freeze"].get("503", 0) > 0, event
             assert event["submits_during_freeze"]["worst_s"] <= 5, event
             for server in ("A", "B", "C"):
                 assert event[f"server_{server}_recovered_s"] is not None
+    # Pipelines (SPEC §13) ran alongside: chains, fan-out/fan-in, a wide fan-out past the
+    # inline budget; failed parents under CANCEL cut their dependents, under RUN let them run.
+    pipelines = figures["pipelines"]
+    assert pipelines["chains"] + pipelines["chains_stepwise"] >= 3 and pipelines["fan_ins"] >= 3, pipelines
+    assert pipelines["wide_fan_outs"] >= 1 and pipelines["cut_follow_ups"] == 2, pipelines
+    outcomes = figures["pipeline_outcomes"]
+    assert outcomes["chains_completed"] > 0 and outcomes["chains_cut_short"] > 0, outcomes
+    assert outcomes["joins_ran"] > 0 and outcomes["joins_cancelled"] > 0, outcomes
+    assert outcomes["dependents_cancelled_dependency_failed"] > 0, outcomes
+    assert outcomes["dependents_ran_after_a_failed_dependency"] > 0, outcomes
+    wide = figures["pipeline_states_by_role"]["wide dependent"]
+    assert wide == {"SUCCEEDED": 300 * pipelines["wide_fan_outs"]}, wide
+    assert figures["pipeline_readiness"]["measured"] > 300, figures["pipeline_readiness"]
