@@ -14,7 +14,8 @@
    with SDK workers (reliability/worker.py) split across them, server C that serves the API
    only, and submitter threads that send keyed and unkeyed tasks to A and B with unique
    Idempotency-Keys, re-sending the same key and body after a 503 or a network error (plus
-   concurrent twins and late replays).
+   concurrent twins and late replays), and pipelines of tasks that depend on tasks
+   (reliability/pipelines.py: chains, fan-out/fan-in, a wide fan-out past the inline budget).
 3. Chaos while the load continues: kill -9 a worker (back under a new worker_id), a worker
    stopped with SIGSTOP past its lease (its permits recovered, its late results and
    write refused), kill -9 a server (restarted), kill -9 MariaDB and a clean SIGTERM
@@ -33,7 +34,9 @@
    one task per idempotency key, never more permits held on a key than its capacity and
    one holder per (key, slot) (database attempts and the workers' ledgers), tokens strictly
    increasing per key, rated keys' Starts within their GCRA bound, business code only
-   after Start, stale writes only from attempts that lost their lease, attempt counters from the rows.
+   after Start, stale writes only from attempts that lost their lease, attempt counters from the rows;
+   every dependent ran only after its dependencies ended (under CANCEL, after they succeeded;
+   else it was cancelled with DEPENDENCY_FAILED), nothing left BLOCKED or left to settle.
 
 Prints a summary (kept with every log in .local/chaos/last/) and exits 1 on any violation.
 Everything it starts it stops; the private datadir is removed. See reliability/README.md.

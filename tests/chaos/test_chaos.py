@@ -20,7 +20,7 @@ import pytest
 from reliability.mariadb import available
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-TIMEOUT = 240
+TIMEOUT = 300
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(TIMEOUT + 30)]
 
