@@ -434,11 +434,17 @@ class Pipelines:
         cursor = conn.cursor()
         cursor.execute("SELECT id FROM orbit_task WHERE id=%s FOR UPDATE", (held,))
         own_trx = None
-        while own_trx is None:
+        for _ in range(40):
+            if own_trx is not None:
+                break
             # InnoDB refreshes these tables' buffer only when it was last read over 0.1 s ago.
             time.sleep(INNODB_INFO_REFRESH_SECONDS)
             cursor.execute("SELECT trx_id FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id=CONNECTION_ID()")
             own_trx = (cursor.fetchone() or [None])[0]
+        if own_trx is None:
+            self.h.violation(f"{label}: the harness's row lock on {held} shows in no InnoDB transaction")
+            self.release(cut)
+            return None
         began = time.monotonic()
         status, text = None, ""
         for _ in range(5):  # the same key again after a 503 or a lost answer: one cancel
