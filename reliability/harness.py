@@ -1,6 +1,6 @@
 """Orbit reliability harness: servers, workers, one private MariaDB, and chaos under load.
 
-    .venv/bin/python reliability/harness.py            # full run (3.5 minutes of chaos)
+    .venv/bin/python reliability/harness.py            # full run (4.5 minutes of chaos)
     .venv/bin/python reliability/harness.py --short    # CI form (40 s of chaos; tests/chaos runs it)
     .venv/bin/python reliability/harness.py --seconds 600 --rate 30
 
@@ -1814,7 +1814,7 @@ class Harness:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--short", action="store_true", help="CI form: one round of events, lighter load")
-    parser.add_argument("--seconds", type=float, help="chaos duration (default 40 short, 210 full)")
+    parser.add_argument("--seconds", type=float, help="chaos duration (default 40 short, 260 full)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rate", type=float, default=None, help="tasks submitted per second")
@@ -1827,7 +1827,7 @@ def main() -> int:
     if reason is not None:
         print(f"chaos: cannot start a private MariaDB: {reason}", file=sys.stderr)
         return 2
-    seconds = args.seconds if args.seconds is not None else (40.0 if args.short else 210.0)
+    seconds = args.seconds if args.seconds is not None else (40.0 if args.short else 260.0)
     cfg = Config(
         short=args.short,
         seconds=seconds,
