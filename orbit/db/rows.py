@@ -42,7 +42,7 @@ class Add:
 class _Shape:
     table: str
     pk: str
-    columns: str  # the SELECT list, every concrete field in model order
+    columns: str  # the SELECT list: every concrete field in model order, or the ones asked for
     attnames: tuple[str, ...]
     # (field index, its column expression, its converters), for fields that have any
     converters: tuple[tuple[int, Any, tuple[Callable[..., Any], ...]], ...]
@@ -75,11 +75,11 @@ def _made_aware(db: Any) -> Callable[[Any, Any, Any], Any]:
 
 
 @cache
-def _shape_for(model: type[models.Model], vendor: str) -> _Shape:
+def _shape_for(model: type[models.Model], vendor: str, only: tuple[str, ...] = ()) -> _Shape:
     # Keyed by vendor, not by wrapper: every thread has a wrapper of its own.
     db = _db()
     quote = db.ops.quote_name
-    fields = model._meta.concrete_fields
+    fields = [field for field in model._meta.concrete_fields if not only or field.attname in only]
     converters = []
     for index, field in enumerate(fields):
         column = field.cached_col
@@ -394,6 +394,19 @@ def lock_by_pk_together(
         for pk in asked:
             kept[(model, pk)] = rows.get(pk)  # type: ignore[index]
     return locked
+
+
+def lock_fields_by_pk(model: type[M], pks: Iterable[Pk], fields: tuple[str, ...]) -> dict[Any, M]:
+    """lock_by_pk reading only `fields` (the primary key among them): the
+    others load on first access, as with QuerySet.only(). For a transaction
+    that keeps no rows (no holding, no locked_ahead), where a wide lock's
+    unread columns would be most of its cost."""
+    db = _db()
+    shape = _shape_for(model, db.vendor, fields)
+    where, wanted = _pk_in(shape, pks)
+    if not wanted:
+        return {}
+    return {row.pk: row for row in _select(db, model, shape, where, wanted, lock=True, skip_locked=False)}
 
 
 def read_by_pk(model: type[M], pks: Iterable[Pk]) -> dict[Any, M]:

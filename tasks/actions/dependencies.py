@@ -32,7 +32,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from orbit.audit import emit_event
-from orbit.db.rows import Add, insert_rows, lock_by_pk, new_row, update_by_pk
+from orbit.db.rows import Add, insert_rows, lock_by_pk, lock_fields_by_pk, new_row, update_by_pk
 from orbit.errors import InvalidArgument
 from orbit.transactions import outermost
 from queues.locks import lock_queue_states
@@ -146,8 +146,7 @@ def _settle_chunk(parent: Task, limit: int, now: datetime, transition: Transitio
 def _lock_dependents(ids: list[str], narrow: bool) -> dict[str, Task]:
     if not narrow:
         return lock_by_pk(Task, ids)
-    rows = Task.objects.select_for_update().filter(id__in=ids).order_by("id").only(*SETTLING_FIELDS)
-    return {row.id: row for row in rows}
+    return lock_fields_by_pk(Task, ids, SETTLING_FIELDS)
 
 
 def _whole(dependents: list[Task], narrow: bool) -> list[Task]:
