@@ -7,7 +7,8 @@ it, send task.start, then task.result (with --start-next, as the SDK does, each
 result asks for what its answer hands on to arrive started, and a started
 assignment gets its result at once). It counts the frames each way and the
 transactions the database committed (MariaDB's Com_commit: every round, lease,
-start and result is one), per task, for N unkeyed tasks and N tasks over K
+start and result is one) and the row statements it ran (SELECT, INSERT, UPDATE,
+DELETE), per task, for N unkeyed tasks and N tasks over K
 keys. Run it from any checkout against another to compare:
 
     .venv/bin/python -m bench.trips_per_task                       # this checkout
@@ -36,12 +37,17 @@ from reliability.mariadb import PrivateMariaDB
 HERE = Path(__file__).resolve().parent
 
 
-def commits(db: PrivateMariaDB) -> int:
+STATEMENTS = ("Com_select", "Com_insert", "Com_update", "Com_delete")
+
+
+def counters(db: PrivateMariaDB) -> dict[str, int]:
+    """The server's commits and row statements so far (the private server serves this bench only)."""
     connection = db.connect()
     try:
         cursor = connection.cursor()
-        cursor.execute("SHOW GLOBAL STATUS LIKE 'Com_commit'")
-        return int(cursor.fetchone()[1])
+        names = ", ".join(f"'{name}'" for name in ("Com_commit", *STATEMENTS))
+        cursor.execute(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({names})")
+        return {name: int(value) for name, value in cursor.fetchall()}
     finally:
         connection.close()
 
@@ -81,7 +87,7 @@ def measure(args: argparse.Namespace, db: PrivateMariaDB, url: str, token: str, 
                 body["concurrency_key"] = f"trip/{n % keys}"
             answer = client.post("/v1/tasks", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
             assert answer.status_code == 201, answer.text
-    before = commits(db)
+    before = counters(db)
     sent = received = 0
     ws = connect(url.replace("http", "ws") + "/v1/workers/connect", additional_headers=headers)
     ids = iter(range(1, 1 << 30))
@@ -121,13 +127,16 @@ def measure(args: argparse.Namespace, db: PrivateMariaDB, url: str, token: str, 
     seconds = time.monotonic() - began
     ws.close()
     time.sleep(0.5)  # the last rounds' commits land
-    transactions = commits(db) - before
+    after = counters(db)
+    transactions = after["Com_commit"] - before["Com_commit"]
+    statements = sum(after[name] - before[name] for name in STATEMENTS)
     return {
         "tasks": args.tasks,
         "frames_per_task": round((sent + received) / args.tasks, 2),
         "frames_sent_per_task": round(sent / args.tasks, 2),
         "frames_received_per_task": round(received / args.tasks, 2),
         "transactions_per_task": round(transactions / args.tasks, 2),
+        "statements_per_task": round(statements / args.tasks, 2),
         "tasks_per_s": round(args.tasks / seconds, 1),
     }
 
