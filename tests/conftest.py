@@ -46,11 +46,16 @@ def post_json(client: APIClient, path: str, body: Any, key: str | None = None, *
     return client.post(path, data=raw, content_type="application/json", **headers, **extra)
 
 
+def new_tenant(**credential: Any) -> Tenant:
+    """A new application with one credential (make_credential's options) and its client."""
+    namespace = NamespaceFactory()
+    issued = make_credential(namespace, **credential)
+    return Tenant(namespace=namespace, token=issued.token, client=api_client(issued.token))
+
+
 @pytest.fixture
 def tenant(db: None) -> Tenant:
-    namespace = NamespaceFactory()
-    issued = make_credential(namespace)
-    return Tenant(namespace=namespace, token=issued.token, client=api_client(issued.token))
+    return new_tenant()
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from tasks.actions.permits import settle
 from tasks.models import DependencySettlement, Task, TaskDependency
 from tests.conftest import api_client, post_json
 from tests.support.api import make_queue
+from tests.support.dependencies import moves, moves_of, row
 from tests.support.live import LiveServer, WorkerConnection, server_env
 from tests.support.lock_order import assert_lock_order
 from tests.support.tasks import (
@@ -51,25 +52,6 @@ PARENTS = 8
 @pytest.fixture
 def queue(tenant):
     return make_queue(tenant.client, max_concurrency=100, rate_per_second=100_000)
-
-
-def row(task_id: str) -> Task:
-    return Task.objects.get(id=task_id)
-
-
-def moves(task_id: str) -> list[tuple[str, str | None]]:
-    """The task's state changes, as (state, previous), in commit order."""
-    events = Event.objects.filter(subject_id=task_id, type="task.state_changed").order_by("seq")
-    return [(e.data["state"], e.data.get("previous")) for e in events]
-
-
-def moves_of(task_ids: list[str]) -> dict[str, list[tuple[str, str | None]]]:
-    """moves() of many tasks, read at once."""
-    paths: dict[str, list[tuple[str, str | None]]] = {task_id: [] for task_id in task_ids}
-    events = Event.objects.filter(subject_id__in=task_ids, type="task.state_changed").order_by("seq")
-    for event in events:
-        paths[event.subject_id].append((event.data["state"], event.data.get("previous")))
-    return paths
 
 
 def final_seq(task_ids: list[str]) -> dict[str, int]:

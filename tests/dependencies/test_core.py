@@ -10,9 +10,9 @@ from tasks.actions import rounds
 from tasks.actions.dependencies import INLINE_EDGES, run_follow_ups
 from tasks.actions.permits import settle
 from tasks.models import DependencySettlement, Task, TaskDependency
-from tests.conftest import Tenant, api_client, post_json
+from tests.conftest import new_tenant, post_json
 from tests.support.api import assert_error, make_queue
-from tests.support.factories import NamespaceFactory, make_credential
+from tests.support.dependencies import run_one
 from tests.support.tasks import (
     assert_invariants,
     cancel,
@@ -28,21 +28,8 @@ from tests.support.tasks import (
 pytestmark = pytest.mark.django_db
 
 
-def make_tenant() -> Tenant:
-    namespace = NamespaceFactory()
-    issued = make_credential(namespace)
-    return Tenant(namespace=namespace, token=issued.token, client=api_client(issued.token))
-
-
 def state_of(task_id: str) -> str:
     return Task.objects.get(id=task_id).state
-
-
-def run_one(tenant, queue_id: str, outcome: str = "SUCCEEDED", output: object = None) -> dict:
-    lease = lease_one(tenant, queue_id)
-    start(lease)
-    report(lease, outcome, output=output, error=None if outcome == "SUCCEEDED" else {"code": "boom"})
-    return lease
 
 
 @pytest.fixture
@@ -69,7 +56,7 @@ def test_bad_depends_on_is_a_400_naming_the_entry(tenant, queue, depends_on, mes
 
 
 def test_another_namespaces_task_answers_as_an_unknown_one(tenant, queue):
-    other = make_tenant()
+    other = new_tenant()
     theirs = submit_ok(other.client, make_queue(other.client)["id"], "theirs")
     response = submit(tenant.client, queue["id"], "mine", depends_on=["f" * 32, theirs["id"]])
     assert assert_error(response, 400, "INVALID_ARGUMENT") == "depends_on[0]: task not found"

@@ -21,9 +21,9 @@ from tasks.actions.dependencies import INLINE_EDGES, run_follow_ups
 from tasks.actions.permits import settle
 from tasks.invariants import find_violations
 from tasks.models import Attempt, DependencySettlement, Task, TaskDependency
-from tests.conftest import post_json
 from tests.support.api import make_queue
-from tests.support.tasks import cancel, lease_one, report, start, submit_ok, task_body
+from tests.support.dependencies import fan_out, run_one
+from tests.support.tasks import cancel, lease_one, submit_ok
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db]
 
@@ -33,22 +33,6 @@ OLD = timedelta(days=40)
 @pytest.fixture
 def queue(tenant):
     return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
-
-
-def run_one(tenant, queue_id: str, outcome: str = "SUCCEEDED") -> dict:
-    lease = lease_one(tenant, queue_id)
-    start(lease)
-    report(lease, outcome, output={"ok": 1}, error=None if outcome == "SUCCEEDED" else {"code": "boom"})
-    return lease
-
-
-def fan_out(tenant, queue_id: str, parent_id: str, count: int, **fields) -> list[str]:
-    items = [
-        {"idempotency_key": f"fan-{parent_id}-{n}", "task": task_body(queue_id, depends_on=[parent_id], **fields)}
-        for n in range(count)
-    ]
-    results = post_json(tenant.client, "/v1/tasks:batch", {"tasks": items}).json()["data"]["results"]
-    return [result["task"]["id"] for result in results]
 
 
 def check() -> tuple[int, str, str]:

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from orbit.fields import new_id
-from orbit.models import Application, ApplicationState, Event
+from orbit.models import Application, ApplicationState
 from orbit.principal import Actor, authenticate_token, known_credential
 from queues.models import QueueState
 from tasks.actions import dependencies, rounds
@@ -22,8 +22,9 @@ from tasks.actions.permits import settle
 from tasks.actions.rounds import SubmitRequest, run_round
 from tasks.maintenance import run_sweep
 from tasks.models import Attempt, DependencySettlement, Task, TaskDependency
-from tests.conftest import Tenant, post_json
+from tests.conftest import Tenant
 from tests.support.api import make_queue
+from tests.support.dependencies import fan_out, moves, row, run_one
 from tests.support.tasks import (
     QUEUE_FULL_ERROR,
     assert_invariants,
@@ -47,16 +48,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def queue(tenant):
     return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
-
-
-def row(task_id: str) -> Task:
-    return Task.objects.get(id=task_id)
-
-
-def moves(task_id: str) -> list[tuple[str, str | None]]:
-    """The task's state changes, as (state, previous), in event order."""
-    events = Event.objects.filter(subject_id=task_id, type="task.state_changed").order_by("seq")
-    return [(e.data["state"], e.data.get("previous")) for e in events]
 
 
 def submit_request(tenant: Tenant, key: str, body: dict[str, Any]) -> SubmitRequest:
@@ -87,13 +78,6 @@ def test_a_child_submitted_in_the_round_that_ends_its_parent_is_settled(tenant, 
     assert row(child_id).state == "WAITING"
     assert moves(child_id) == [("BLOCKED", None), ("WAITING", "BLOCKED")]
     assert_invariants()
-
-
-def run_one(tenant, queue_id: str, outcome: str = "SUCCEEDED", output: object = None) -> dict:
-    lease = lease_one(tenant, queue_id)
-    start(lease)
-    report(lease, outcome, output=output, error=None if outcome == "SUCCEEDED" else {"code": "boom"})
-    return lease
 
 
 def make_due(task_id: str, **deadlines: Any) -> None:
@@ -312,16 +296,3 @@ def test_a_follow_up_cut_short_by_a_crash_is_finished_by_the_maintenance_sweep(t
     for task_id in dependents[:: width // 7]:
         assert moves(task_id) == [("BLOCKED", None), ("WAITING", "BLOCKED")]
     assert_invariants()
-
-
-def fan_out(tenant, queue_id: str, parent_id: str, width: int, **overrides: Any) -> list[str]:
-    """`width` dependents of the parent, submitted in batches of 500."""
-    ids: list[str] = []
-    for first in range(0, width, 500):
-        items = [
-            {"idempotency_key": f"fan-{n}", "task": task_body(queue_id, depends_on=[parent_id], **overrides)}
-            for n in range(first, min(width, first + 500))
-        ]
-        results = post_json(tenant.client, "/v1/tasks:batch", {"tasks": items}).json()["data"]["results"]
-        ids += [result["task"]["id"] for result in results]
-    return ids

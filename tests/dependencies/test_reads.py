@@ -12,10 +12,11 @@ import pytest
 from orbit.models import SCOPES
 from tasks.actions.blockers import MESSAGES
 from tasks.models import Task
-from tests.conftest import Tenant, api_client, post_json
+from tests.conftest import Tenant, api_client, new_tenant, post_json
 from tests.support.api import assert_error, assert_ok, make_queue
-from tests.support.factories import NamespaceFactory, make_credential
-from tests.support.tasks import cancel, get_task, lease_one, report, start, submit_ok, task_body
+from tests.support.dependencies import run_one
+from tests.support.factories import make_credential
+from tests.support.tasks import cancel, get_task, lease_one, submit_ok, task_body
 
 pytestmark = pytest.mark.django_db
 
@@ -45,23 +46,10 @@ def walk(client: Any, task_id: str, which: str, page_size: int) -> list[list[str
         assert len(pages) < 100, "the walk does not end"
 
 
-def run_one(tenant: Tenant, queue_id: str, outcome: str = "SUCCEEDED") -> dict[str, Any]:
-    lease = lease_one(tenant, queue_id)
-    start(lease)
-    report(lease, outcome, error=None if outcome == "SUCCEEDED" else {"code": "boom"})
-    return lease
-
-
 def batch(client: Any, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     results = assert_ok(post_json(client, "/v1/tasks:batch", {"tasks": items}))["results"]
     assert all(result["status"] == 201 for result in results), results
     return [result["task"] for result in results]
-
-
-def tenant_with(**credential: Any) -> Tenant:
-    namespace = NamespaceFactory()
-    issued = make_credential(namespace, **credential)
-    return Tenant(namespace=namespace, token=issued.token, client=api_client(issued.token))
 
 
 # --- the two lists -------------------------------------------------------
@@ -159,7 +147,7 @@ def test_bad_paging_is_a_400_as_in_every_list(tenant, queue, which, params, mess
 
 @pytest.mark.parametrize("which", ["dependencies", "dependents"])
 def test_an_unknown_or_foreign_task_is_the_task_gets_404(tenant, queue, which):
-    other = tenant_with()
+    other = new_tenant()
     theirs = submit_ok(other.client, make_queue(other.client)["id"], "theirs")
     for task_id in (theirs["id"], "f" * 32, "not-an-id"):
         expected = tenant.client.get(f"/v1/tasks/{task_id}")
@@ -171,7 +159,7 @@ def test_an_unknown_or_foreign_task_is_the_task_gets_404(tenant, queue, which):
 def test_the_lists_need_tasks_read(tenant, queue, which):
     task = submit_ok(tenant.client, queue["id"], "task")
     without = [scope for scope in SCOPES if scope != "tasks:read"]
-    response = tenant_with(scopes=without).client.get(f"/v1/tasks/{task['id']}/{which}")
+    response = new_tenant(scopes=without).client.get(f"/v1/tasks/{task['id']}/{which}")
     assert assert_error(response, 403, "PERMISSION_DENIED")
     # with tasks:read alone, of the same namespace
     reader = make_credential(tenant.namespace, scopes=["tasks:read"])
