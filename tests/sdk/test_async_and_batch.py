@@ -39,6 +39,8 @@ from tests.support.sdk import (
     TASK_ID,
     TASK_SUMMARY,
     TOKEN,
+    Recorder,
+    ok,
 )
 
 PLAN_ID = PLAN["id"]
@@ -140,23 +142,13 @@ def test_both_clients_have_the_same_verbs_with_the_same_signatures():
         assert getattr(Client, name).__doc__ == getattr(AsyncClient, name).__doc__
 
 
-class Recorder:
-    def __init__(self, data: Any) -> None:
-        self.data = data
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        return httpx.Response(200, json={"request_id": REQUEST_ID, "data": self.data})
-
-
 def seen(request: httpx.Request) -> tuple[str, str, str | None, bytes]:
     return request.method, str(request.url), request.headers.get("Idempotency-Key"), request.content
 
 
 @pytest.mark.parametrize(("name", "args", "data"), VERBS, ids=[name for name, _, _ in VERBS])
 def test_each_verb_sends_the_same_request_and_reads_the_same_answer_on_both_clients(name, args, data):
-    sync_recorder, async_recorder = Recorder(data), Recorder(data)
+    sync_recorder, async_recorder = Recorder(ok(data)), Recorder(ok(data))
     sync_result = getattr(Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(sync_recorder)), name)(*args)
 
     async def call() -> Any:
@@ -203,7 +195,7 @@ def test_async_client_from_credentials_file(tmp_path, monkeypatch):
     path = tmp_path / "creds.json"
     path.write_text(json.dumps({"url": "http://orbit.test", "token": TOKEN}))
     monkeypatch.setenv("ORBIT_CREDENTIALS_FILE", str(path))
-    recorder = Recorder(QUEUE)
+    recorder = Recorder(ok(QUEUE))
 
     async def scenario() -> None:
         async with AsyncClient.from_credentials_file(transport=httpx.MockTransport(recorder)) as client:
@@ -215,7 +207,7 @@ def test_async_client_from_credentials_file(tmp_path, monkeypatch):
 
 
 def test_a_verb_read_on_the_class_can_be_called_with_the_client():
-    recorder = Recorder(QUEUE)
+    recorder = Recorder(ok(QUEUE))
     client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
     assert Client.get_queue(client, QUEUE_ID).id == QUEUE_ID
 
@@ -225,13 +217,19 @@ def test_a_verb_read_on_the_class_can_be_called_with_the_client():
 
 def test_submit_tasks_sends_each_item_with_its_key_and_reads_each_result():
     recorder = Recorder(
-        {
-            "results": [
-                {"idempotency_key": "a", "status": 201, "deduplicated": False, "task": TASK_SUMMARY},
-                {"idempotency_key": "b", "status": 200, "deduplicated": True, "task": TASK_SUMMARY},
-                {"idempotency_key": "c", "status": 429, "error": {"code": "QUEUE_FULL", "message": "queue is full"}},
-            ]
-        }
+        ok(
+            {
+                "results": [
+                    {"idempotency_key": "a", "status": 201, "deduplicated": False, "task": TASK_SUMMARY},
+                    {"idempotency_key": "b", "status": 200, "deduplicated": True, "task": TASK_SUMMARY},
+                    {
+                        "idempotency_key": "c",
+                        "status": 429,
+                        "error": {"code": "QUEUE_FULL", "message": "queue is full"},
+                    },
+                ]
+            }
+        )
     )
     client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
     other = SubmitTaskRequest(QUEUE_ID, "object.update", "v1", "v1", None, concurrency_key="object/42")
@@ -266,7 +264,7 @@ def test_submit_tasks_sends_each_item_with_its_key_and_reads_each_result():
 
 def test_submit_tasks_takes_a_mapping_of_keys_to_requests():
     recorder = Recorder(
-        {"results": [{"idempotency_key": "x", "status": 201, "deduplicated": False, "task": TASK_SUMMARY}]}
+        ok({"results": [{"idempotency_key": "x", "status": 201, "deduplicated": False, "task": TASK_SUMMARY}]})
     )
     client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
     (result,) = client.submit_tasks({"x": REQUEST})
@@ -285,7 +283,7 @@ def test_submit_tasks_takes_a_mapping_of_keys_to_requests():
     ],
 )
 def test_submit_tasks_refuses_a_batch_the_server_could_not_take_before_sending(tasks, error, match):
-    recorder = Recorder({"results": []})
+    recorder = Recorder(ok({"results": []}))
     client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
     with pytest.raises(error, match=match):
         client.submit_tasks(tasks)
@@ -302,7 +300,7 @@ def test_submit_tasks_refuses_a_batch_the_server_could_not_take_before_sending(t
     ],
 )
 def test_submit_tasks_answers_that_do_not_match_the_items_are_protocol_errors(data):
-    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(Recorder(data)))
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(Recorder(ok(data))))
     with pytest.raises(ProtocolError):
         client.submit_tasks({"k": REQUEST})
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections.abc import Callable
-from typing import Any
 
 import httpx
 import pytest
@@ -37,36 +35,12 @@ from tests.support.sdk import (
     TASK_ID,
     TASK_SUMMARY,
     TOKEN,
+    Recorder,
+    client_for,
+    ok,
 )
 
 UTC = datetime.UTC
-
-
-class Recorder:
-    """A MockTransport handler that records requests and answers from a script."""
-
-    def __init__(self, respond: Callable[[httpx.Request], httpx.Response]) -> None:
-        self.requests: list[httpx.Request] = []
-        self.respond = respond
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        return self.respond(request)
-
-    @property
-    def last(self) -> httpx.Request:
-        return self.requests[-1]
-
-    def body(self, index: int = -1) -> Any:
-        return json.loads(self.requests[index].content)
-
-
-def ok(data: Any, status: int = 200) -> Callable[[httpx.Request], httpx.Response]:
-    return lambda request: httpx.Response(status, json={"request_id": REQUEST_ID, "data": data})
-
-
-def client_for(recorder: Recorder) -> Client:
-    return Client("http://orbit.test/", TOKEN, transport=httpx.MockTransport(recorder))
 
 
 # --------------------------------------------------------------------------- public surface

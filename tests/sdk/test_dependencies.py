@@ -5,37 +5,18 @@ assignment's dependencies as execution.dependencies."""
 from __future__ import annotations
 
 import datetime
-import json
 from typing import Any
 
-import httpx
 import pytest
 
 import orbit_sdk
-from orbit_sdk import BatchItem, Client, Dependency, ProtocolError, SubmitTaskRequest, Task, TaskLink
+from orbit_sdk import BatchItem, Dependency, ProtocolError, SubmitTaskRequest, Task, TaskLink
 from orbit_sdk._attempts import Execution
 from orbit_sdk._protocol import parse_assignment
-from tests.support.sdk import QUEUE_ID, REQUEST_ID, TASK_ID, TASK_SUMMARY, TOKEN
+from tests.support.sdk import QUEUE_ID, TASK_ID, TASK_SUMMARY, Recorder, client_for, ok
 
 PARENT_A = "a" * 32
 PARENT_B = "b" * 32
-
-
-class Recorder:
-    def __init__(self, data: Any) -> None:
-        self.data = data
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        return httpx.Response(200, json={"request_id": REQUEST_ID, "data": self.data})
-
-    def body(self) -> Any:
-        return json.loads(self.requests[-1].content)
-
-
-def client_for(recorder: Recorder) -> Client:
-    return Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
 
 
 def request(**fields: Any) -> SubmitTaskRequest:
@@ -52,7 +33,7 @@ def accepted(*keys: str) -> dict[str, Any]:
 
 
 def test_depends_on_and_on_dependency_failure_are_sent_as_given():
-    recorder = Recorder({"deduplicated": False, "task": TASK_SUMMARY})
+    recorder = Recorder(ok({"deduplicated": False, "task": TASK_SUMMARY}))
     client_for(recorder).submit_task("k", request(depends_on=(PARENT_A, PARENT_B), on_dependency_failure="RUN"))
     body = recorder.body()
     assert body["depends_on"] == [PARENT_A, PARENT_B]  # a tuple travels as a JSON list, in order
@@ -67,14 +48,14 @@ def test_a_submit_without_dependencies_sends_neither_field():
 
 @pytest.mark.parametrize("depends_on", [PARENT_A, [PARENT_A, 7], b"ab"])
 def test_depends_on_that_is_not_a_list_of_strings_is_refused_before_sending(depends_on: Any):
-    recorder = Recorder({})
+    recorder = Recorder(ok({}))
     with pytest.raises(TypeError, match="depends_on must be a list"):
         client_for(recorder).submit_task("k", request(depends_on=depends_on))
     assert recorder.requests == []
 
 
 def test_batch_items_carry_their_ref_and_later_items_name_it():
-    recorder = Recorder(accepted("split", "part-1", "join"))
+    recorder = Recorder(ok(accepted("split", "part-1", "join")))
     split = BatchItem("split", request(), ref="split")
     part = BatchItem("part-1", request(depends_on=[split.depends_on_ref]), ref="part.1")
     join = BatchItem("join", request(depends_on=[part.depends_on_ref, PARENT_A], on_dependency_failure="CANCEL"))
@@ -101,7 +82,7 @@ def test_batch_items_carry_their_ref_and_later_items_name_it():
 
 
 def test_pairs_and_batch_items_mix_in_one_batch():
-    recorder = Recorder(accepted("a", "b"))
+    recorder = Recorder(ok(accepted("a", "b")))
     client_for(recorder).submit_tasks([("a", request()), BatchItem("b", request(), ref="b")])
     assert [entry.get("ref") for entry in recorder.body()["tasks"]] == [None, "b"]
 
@@ -113,7 +94,7 @@ def test_a_ref_the_server_would_refuse_is_refused_when_the_item_is_made(ref: str
 
 
 def test_a_ref_given_twice_is_refused_before_sending():
-    recorder = Recorder(accepted("a", "b"))
+    recorder = Recorder(ok(accepted("a", "b")))
     with pytest.raises(ValueError, match="ref 'same' given twice"):
         client_for(recorder).submit_tasks(
             [BatchItem("a", request(), ref="same"), BatchItem("b", request(), ref="same")]
@@ -170,7 +151,7 @@ LINKS = {
 
 @pytest.mark.parametrize("verb", ["list_dependencies", "list_dependents"])
 def test_the_relation_reads_page_like_the_other_lists(verb: str):
-    recorder = Recorder(LINKS)
+    recorder = Recorder(ok(LINKS))
     page = getattr(client_for(recorder), verb)(TASK_ID, page_size=3, page_token="tok")
     (sent,) = recorder.requests
     path = verb.removeprefix("list_")
@@ -195,7 +176,7 @@ def test_the_relation_reads_page_like_the_other_lists(verb: str):
 
 
 def test_a_link_without_an_id_is_a_protocol_error():
-    client = client_for(Recorder({"items": [{"state": "SUCCEEDED"}]}))
+    client = client_for(Recorder(ok({"items": [{"state": "SUCCEEDED"}]})))
     with pytest.raises(ProtocolError, match="task link.id"):
         client.list_dependencies(TASK_ID)
 

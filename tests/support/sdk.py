@@ -1,6 +1,15 @@
-"""Canned API objects for the SDK client tests (httpx.MockTransport answers)."""
+"""Canned API objects for the SDK client tests, and the httpx.MockTransport handler that
+answers with them and records what the client sent."""
 
 from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from orbit_sdk import Client
 
 TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
 REQUEST_ID = "44444444444444444444444444444444"
@@ -81,3 +90,30 @@ PLAN = {
     },
     "next_fire_at": "2026-12-01T01:30:00Z",
 }
+
+
+class Recorder:
+    """A MockTransport handler that records requests and answers from a script."""
+
+    def __init__(self, respond: Callable[[httpx.Request], httpx.Response]) -> None:
+        self.requests: list[httpx.Request] = []
+        self.respond = respond
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return self.respond(request)
+
+    @property
+    def last(self) -> httpx.Request:
+        return self.requests[-1]
+
+    def body(self, index: int = -1) -> Any:
+        return json.loads(self.requests[index].content)
+
+
+def ok(data: Any, status: int = 200) -> Callable[[httpx.Request], httpx.Response]:
+    return lambda request: httpx.Response(status, json={"request_id": REQUEST_ID, "data": data})
+
+
+def client_for(recorder: Recorder) -> Client:
+    return Client("http://orbit.test/", TOKEN, transport=httpx.MockTransport(recorder))
