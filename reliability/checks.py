@@ -9,6 +9,7 @@ Timestamps are epoch seconds (floats), None where the row has none.
 from __future__ import annotations
 
 import collections
+import datetime
 import heapq
 import itertools
 import json
@@ -18,6 +19,15 @@ from pathlib import Path
 from typing import Any
 
 Row = dict[str, Any]
+
+
+def utc_ts(value: datetime.datetime | None) -> float | None:
+    """A DATETIME column as the checks' epoch seconds (MariaDB's are naive UTC)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    return value.timestamp()
 
 
 # -- tasks, attempts and idempotency records ------------------------------------

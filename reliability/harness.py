@@ -71,6 +71,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from reliability import checks  # noqa: E402
+from reliability.checks import utc_ts  # noqa: E402
 from reliability.mariadb import PrivateMariaDB, available, free_port  # noqa: E402
 from reliability.pipelines import Pipelines  # noqa: E402
 
@@ -94,14 +95,6 @@ STOP_PREFIX, STOP_CAPACITY = "chaos/stop/", 2
 def log(message: str) -> None:
     stamp = time.strftime("%H:%M:%S")
     print(f"[chaos {stamp}] {message}", flush=True)
-
-
-def utc_ts(value: datetime.datetime | None) -> float | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=datetime.UTC)
-    return value.timestamp()
 
 
 # --------------------------------------------------------------------------- configuration

@@ -51,6 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from reliability.checks import utc_ts
+
 if TYPE_CHECKING:  # the harness runs as a script: no import of it at run time
     from reliability.harness import Harness, Server
 
@@ -76,14 +78,6 @@ REQUEST_TIMEOUT = httpx.Timeout(15.0, connect=2.0)
 # information_schema.INNODB_TRX / INNODB_LOCK_WAITS come from a buffer InnoDB refreshes only
 # when it was last read more than 0.1 s before: polled faster, they never change.
 INNODB_INFO_REFRESH_SECONDS = 0.15
-
-
-def _ts(value: datetime.datetime | None) -> float | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=datetime.UTC)
-    return value.timestamp()
 
 
 def _json(value: Any) -> Any:
@@ -626,7 +620,7 @@ class Pipelines:
                 "depends_on": _json(r[2]),
                 "policy": r[3],
                 "last_error": _json(r[4]),
-                "finished_at": _ts(r[5]),
+                "finished_at": utc_ts(r[5]),
                 "idem": r[6],
             }
             for r in h.query(
@@ -648,9 +642,9 @@ class Pipelines:
                     "id": r[1],
                     "epoch": r[2],
                     "state": r[3],
-                    "leased_at": _ts(r[4]),
-                    "started_at": _ts(r[5]),
-                    "finished_at": _ts(r[6]),
+                    "leased_at": utc_ts(r[4]),
+                    "started_at": utc_ts(r[5]),
+                    "finished_at": utc_ts(r[6]),
                 }
             )
         for own in attempts.values():
@@ -662,7 +656,7 @@ class Pipelines:
             "AND JSON_UNQUOTE(JSON_EXTRACT(data, '$.state'))='WAITING'",
             (h.namespace_id,),
         ):
-            at = _ts(created)
+            at = utc_ts(created)
             assert at is not None
             ready_at[subject] = min(at, ready_at.get(subject, at))
 
