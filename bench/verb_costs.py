@@ -6,6 +6,12 @@ number every other figure is built on: the application_state row lock is held
 for (roughly) one of these transactions at a time.
 
     .venv/bin/python -m bench.verb_costs --tasks 500
+    .venv/bin/python -m bench.verb_costs --tasks 2000 --handoff
+
+`--handoff` times instead the keyed hand-off of W2 at one key: N tasks of one
+key (no policy), each round the result of the running one and the lease that
+hands the key on and starts the next ahead (what one result frame with its
+next Start costs the server), with the CPU time of this process per round.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ def main() -> None:
     parser.add_argument("--submits", action="store_true", help="each round also admits round-size submits")
     parser.add_argument("--profile", help="write a cProfile of the rounds to this file")
     parser.add_argument("--show-sql", action="store_true", help="print the statements of one pipelined round")
+    parser.add_argument("--handoff", action="store_true", help="time the keyed hand-off round instead (W2, one key)")
     args = parser.parse_args()
     import MySQLdb
 
@@ -128,6 +135,10 @@ def main() -> None:
                 error=None,
             )
 
+    if args.handoff:
+        handoff(worker, actor, {**body, "concurrency_key": "object/1"}, args.tasks, args.profile)
+        return
+
     timed("submit", submit_all, args.tasks)
     timed("lease", lease_all, args.tasks)
     timed("start", start_all, args.tasks)
@@ -186,6 +197,53 @@ def main() -> None:
     else:
         timed("round", pipeline, args.tasks)
     print(f"         {args.tasks / max(round_count, 1):7.1f} tasks/round")
+
+
+def handoff(worker, actor, body: dict, tasks: int, profile_to: str | None) -> None:
+    from django.db import connection, transaction
+
+    from tasks.actions import rounds, submit
+    from tasks.actions.endings import ResultReport
+    from tasks.actions.rounds import LeaseRequest, run_round
+    from tasks.serializers import SubmitTaskInput
+
+    serializer = SubmitTaskInput(data=body)
+    serializer.is_valid(raise_exception=True)
+    for _ in range(tasks + 1):
+        with transaction.atomic():
+            submit.admit_one(actor=actor, fields=serializer.validated_data)
+    (running,) = rounds.lease_tasks(worker=worker, limit=1)
+    rounds.approve_start(worker=worker, attempt_id=running["attempt_id"], epoch=running["epoch"])
+    start_ahead = (body["handler"], body["handler_version"])
+    round_trips = 0
+
+    def counter(execute, sql, params, many, context):
+        nonlocal round_trips
+        round_trips += 1
+        return execute(sql, params, many, context)
+
+    def rounds_of_handoff() -> None:
+        nonlocal running
+        for _ in range(tasks):
+            report = ResultReport(worker, running["attempt_id"], running["epoch"], "SUCCEEDED", False, None, None)
+            answers = run_round([report, LeaseRequest(worker, 1, after=report, start_ahead=start_ahead)])
+            (running,) = answers[1].assignments
+
+    with connection.execute_wrapper(counter):
+        cpu, began = time.process_time(), time.perf_counter()
+        if profile_to:
+            import cProfile
+
+            with cProfile.Profile() as profile:
+                rounds_of_handoff()
+            profile.dump_stats(profile_to)
+        else:
+            rounds_of_handoff()
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    print(
+        f"handoff  {seconds / tasks * 1000:7.3f} ms/round  {cpu / tasks * 1000:7.3f} cpu ms/round"
+        f"  {round_trips / tasks:5.1f} round trips/round"
+    )
 
 
 if __name__ == "__main__":

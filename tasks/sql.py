@@ -10,6 +10,8 @@ shape of call, so the database's statement cache keeps working."""
 
 from __future__ import annotations
 
+import functools
+
 from django.db import connection
 
 # The lease order (SPEC §7), as idx_task_dispatch and idx_task_ns_ckey hold
@@ -54,6 +56,12 @@ def candidate_filter(*, keyed: bool, handlers: int, max_key_version: int) -> str
     """The WHERE of the lease's scan of one queue: CANDIDATES, then the keys
     the worker may take (CANDIDATE_KEY_FREE, whose parameter follows
     CANDIDATES'), then `handlers` CANDIDATE_HANDLER pairs (none: any handler)."""
+    return _candidate_filter(connection.vendor, keyed, handlers, max_key_version)
+
+
+@functools.cache
+def _candidate_filter(vendor: str, keyed: bool, handlers: int, max_key_version: int) -> str:
+    """candidate_filter's text, built once per shape (every lease asks for it)."""
     quote = connection.ops.quote_name
     where = [CANDIDATES]
     if keyed:

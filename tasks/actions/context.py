@@ -134,7 +134,7 @@ def candidate_filter(worker: WorkerContext, queue_id: str, now: datetime) -> tup
     )
     params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
     if worker.concurrency_keys:
-        params.append(db_value(ConcurrencyKey, "next_start_at", now))
+        params.append(at)  # next_start_at is a DateTimeField too: the same value
     params += [part for pair in worker.handlers for part in pair]
     return where, params
 

@@ -180,7 +180,7 @@ def _lease_pass(
     if policies.rated and len(taking.chosen) < want:
         rate_reopens_in = _sooner(rate_reopens_in, _next_key_start_in(worker.namespace_id, now))
     if not taking.chosen:
-        permits.write_cached()
+        permits.write()
         return [LeaseOutcome([], rate_reopens_in, more) for _ in requests], False
     taking.write(worker.application_id, permits)
     served += [task for task, _ in taking.chosen if states[task.queue_id].fair_shares]
@@ -271,6 +271,16 @@ class _Turn:
     line: NextInLine | None = None
 
 
+# The key row's columns a lease that took it writes, and those its rule sets
+# (tasks.key_rules.cache_rule, the rate's reservation), written when changed.
+HOLDER_COLUMNS = ("version", "holder_attempt_id", "holder_task_id", "holders", "updated_at")
+RULE_COLUMNS = ("capacity", "rate_tat", "rate_reserved", "next_start_at")
+
+
+def _rule_columns(row: ConcurrencyKey) -> tuple[Any, ...]:
+    return tuple(getattr(row, name) for name in RULE_COLUMNS)
+
+
 @dataclass
 class _KeyPermits:
     """The key rows of the lease's keyed candidates, locked, with the rule
@@ -283,8 +293,10 @@ class _KeyPermits:
     slots: dict[str, dict[int, ConcurrencySlot]]
     lines: dict[str, NextInLine]
     now: datetime
-    # Key rows whose cached capacity or rate state the lease corrected (the scan filters on them).
-    recached: set[str]
+    # Each row's rule columns as locked: a write sends only those that changed
+    # (a key without a policy never changes them).
+    as_locked: dict[str, tuple[Any, ...]]
+    taken: set[str] = field(default_factory=set)  # key rows this lease gave a permit of
     granted: list[ConcurrencySlot] = field(default_factory=list)  # slot rows this lease gave out
 
     @classmethod
@@ -292,7 +304,9 @@ class _KeyPermits:
         namespace_id = worker.namespace_id
         rows = lock_concurrency_keys(namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
         rules = {key: policies.resolve(key) for key in rows}
-        recached = {key for key, row in rows.items() if cache_rule(row, rules[key], now)}
+        as_locked = {key: _rule_columns(row) for key, row in rows.items()}
+        for key, locked in rows.items():
+            cache_rule(locked, rules[key], now)
         free = [
             task
             for task in candidates
@@ -300,7 +314,8 @@ class _KeyPermits:
             and key_refusal(row, rules[task.concurrency_key], now) is None
         ]
         slotted = sorted({task.concurrency_key for task in free if rules[task.concurrency_key].capacity > 1})
-        return cls(namespace_id, rows, rules, lock_slots(namespace_id, slotted), next_in_line(free, now), now, recached)
+        slots = lock_slots(namespace_id, slotted)
+        return cls(namespace_id, rows, rules, slots, next_in_line(free, now), now, as_locked)
 
     def turn(self, task: Task, worker: WorkerContext) -> _Turn | None:
         """Whose turn a candidate is: its own, an overtaking sibling's, or (None)
@@ -360,29 +375,26 @@ class _KeyPermits:
             for key in keys
         )
 
-    def changes(self, key: str) -> dict[str, Any]:
-        """The row's columns a lease that took or recached it writes."""
-        row = self.rows[key]
-        return {
-            "version": row.version,
-            "holder_attempt_id": row.holder_attempt_id,
-            "holder_task_id": row.holder_task_id,
-            "holders": row.holders,
-            "capacity": row.capacity,
-            "rate_tat": row.rate_tat,
-            "rate_reserved": row.rate_reserved,
-            "next_start_at": row.next_start_at,
-            "updated_at": row.updated_at,
-        }
-
-    def write_cached(self, taken: dict[Pk, dict[str, Any]] | None = None) -> None:
-        """The key rows this lease changed (`taken`) or only recached, and the
-        slot rows it granted: one statement for the rows, one per kind of
+    def write(self) -> None:
+        """The key rows this lease took (their token, holders and rule
+        columns) or only recached (the rule columns the scan filters on), and
+        the slot rows it granted: one statement for the rows, one per kind of
         slot write."""
-        changes = dict(taken or {})
-        for key in self.recached:
-            changes.setdefault(self.rows[key].pk, self.changes(key))
-        update_each_by_pk(ConcurrencyKey, changes)
+        names: dict[str, list[str]] = {}
+        for key, row in self.rows.items():
+            rule_changes = [
+                name for name, was in zip(RULE_COLUMNS, self.as_locked[key], strict=True) if getattr(row, name) != was
+            ]
+            if key in self.taken:
+                names[key] = [*HOLDER_COLUMNS, *rule_changes]
+            elif rule_changes:
+                names[key] = rule_changes
+        # One UPDATE names the same columns for every row: the union of theirs.
+        written = list(dict.fromkeys(name for key_names in names.values() for name in key_names))
+        rows: dict[Pk, dict[str, Any]] = {
+            self.rows[key].pk: {name: getattr(self.rows[key], name) for name in written} for key in names
+        }
+        update_each_by_pk(ConcurrencyKey, rows)
         granted = list({id(slot): slot for slot in self.granted}.values())
         insert_rows([slot for slot in granted if slot.pk is None])
         update_each_by_pk(
@@ -418,7 +430,6 @@ class _Taking:
         self.chosen: list[tuple[Task, Attempt]] = []
         self.started: list[tuple[Task, Attempt]] = []  # of those chosen, the ones started ahead
         self.handed_on: list[tuple[Task, NextInLine | None]] = []  # keyed tasks chosen, each with what followed it
-        self.key_changes: dict[Pk, dict[str, Any]] = {}  # each key row taken: its token and holder
         self.per_queue: dict[str, int] = {}
         self.assignments: list[list[dict[str, Any]]] = [[] for _ in requests]
         self.entries: list[tuple[Task, dict[str, Any]]] = []  # every assignment with its task
@@ -463,7 +474,7 @@ class _Taking:
         self.entries.append((task, entry))
         if key_row is not None and rule is not None:
             cache_rule(key_row, rule, now)
-            self.key_changes[key_row.pk] = permits.changes(key_row.key)
+            permits.taken.add(key_row.key)
         self.per_queue[task.queue_id] = self.per_queue.get(task.queue_id, 0) + 1
 
     def write(self, application_id: str, permits: _KeyPermits) -> None:
@@ -471,7 +482,7 @@ class _Taking:
         ready roles it hands on, the counters, events and metrics."""
         chosen, started, now = self.chosen, self.started, self.now
         insert_rows([attempt for _, attempt in chosen])
-        permits.write_cached(self.key_changes)
+        permits.write()
         attach_dependencies(self.entries)
         # Every chosen task was locked WAITING at its epoch: one statement moves
         # those leased, one those also started.
