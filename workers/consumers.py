@@ -120,10 +120,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # Held attempts known to be RUNNING: a result for one of them frees its
         # slot, so its round may lease into that slot (on_result's hand-off).
         self.running: set[str] = set()
-        # Held attempts of keyed tasks, each with its handler and version: their
-        # result releases a key to hand on, and with start_next starts ahead a
-        # task its worker serves for sure (dispatch.lease's `starting`).
-        self.keyed: dict[str, tuple[str, str]] = {}
+        # Each held attempt's handler and version: a result with start_next
+        # starts ahead, into the slot it frees, a task its worker serves for
+        # sure (dispatch.lease's `starting`).
+        self.handlers: dict[str, tuple[str, str]] = {}
+        # Held attempts of keyed tasks: their result releases a key to hand on,
+        # with or without start_next.
+        self.keyed: set[str] = set()
         # Held attempts whose result's hand-off is in flight (on_result).
         self.ending: set[str] = set()
         # Started ahead and sent, not yet acknowledged, by epoch: their handler
@@ -306,7 +309,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
-        self.keyed = {entry["attempt_id"]: handler_of(entry) for entry in held if "concurrency_token" in entry}
+        self.handlers = {entry["attempt_id"]: handler_of(entry) for entry in held}
+        self.keyed = {entry["attempt_id"] for entry in held if "concurrency_token" in entry}
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids, idle=lambda: not self.held)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
@@ -371,23 +375,28 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held.add(ref["attempt_id"])
         if entry["state"] == "RUNNING":
             self.running.add(ref["attempt_id"])
+        self.handlers[ref["attempt_id"]] = handler_of(entry)
         if "concurrency_token" in entry:
-            self.keyed[ref["attempt_id"]] = handler_of(entry)
+            self.keyed.add(ref["attempt_id"])
         return {"assignment": entry}
 
     async def on_result(self, message: dict[str, Any]) -> dict[str, Any] | None:
         ref = self.attempt_ref(message)
         fields = frames.result(message)
-        start_ahead_for = self.keyed.get(ref["attempt_id"]) if frames.start_next(message) else None
+        start_ahead_for = self.handlers.get(ref["attempt_id"]) if frames.start_next(message) else None
         assert self.worker is not None
         report = endings.ResultReport(worker=self.worker, **fields, **ref)
-        # Unkeyed slots refill through the dispatcher, which waits a moment to
-        # lease for several at once; a released key is handed on at once,
-        # into the slot the result frees.
+        # The slot a result frees is filled in its own round when the worker
+        # will run at once what it is given (start_next: the lease starts it
+        # ahead) or when the result releases a key (handed on at once). An
+        # unkeyed result without start_next leaves its slot to the
+        # dispatcher, which waits a moment to lease for several at once: what
+        # it leases would wait for a Start round of its own anyway.
         # A copy of a result already on its way (a replay) frees no second
         # slot: it is only answered, from the record.
         leaving = ref["attempt_id"] in self.running and ref["attempt_id"] not in self.ending
-        if ref["attempt_id"] not in self.keyed or not leaving or self.free_slots(leaving=1) <= 0 or self.draining:
+        hands_off = ref["attempt_id"] in self.keyed or start_ahead_for is not None
+        if not hands_off or not leaving or self.free_slots(leaving=1) <= 0 or self.draining:
             reply = await rounds.record_result_async(report)
             if ref["attempt_id"] not in self.ending:
                 # (the hand-off in flight frees that slot once its lease is in)
@@ -396,9 +405,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.ending.add(ref["attempt_id"])
         # Hand-off: the result's round also leases one task for this
         # connection, so the key the result releases goes on to its next task
-        # in the same transaction, and the assignment leaves right behind the
-        # answer instead of a wake-up and a round later. Several results'
-        # hand-offs run side by side, each into its own result's slot.
+        # in the same transaction (and with start_next the next task starts
+        # there too), and the assignment leaves right behind the answer
+        # instead of a wake-up and a round later. Several results' hand-offs
+        # run side by side, each into its own result's slot.
         self.handoffs += 1
         self.no_handoffs.clear()
         assignments: list[dict[str, Any]] = []
@@ -520,7 +530,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     def forget(self, attempt_id: str, *, wake: bool = True) -> None:
         self.held.discard(attempt_id)
         self.running.discard(attempt_id)
-        self.keyed.pop(attempt_id, None)
+        self.handlers.pop(attempt_id, None)
+        self.keyed.discard(attempt_id)
         if wake:
             self.wake.set()
 
@@ -588,8 +599,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))
             self.unacked_bytes += len(frame)
         self.held.add(entry["attempt_id"])
+        self.handlers[entry["attempt_id"]] = handler_of(entry)
         if "concurrency_token" in entry:
-            self.keyed[entry["attempt_id"]] = handler_of(entry)
+            self.keyed.add(entry["attempt_id"])
         await self.send(text_data=frame)
 
     async def close_if_not_reading(self) -> bool:
@@ -629,7 +641,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert self.worker is not None
         self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
         self.running &= self.held
-        self.keyed = {attempt_id: pair for attempt_id, pair in self.keyed.items() if attempt_id in self.held}
+        self.handlers = {attempt_id: pair for attempt_id, pair in self.handlers.items() if attempt_id in self.held}
+        self.keyed &= self.held
 
     async def heartbeat_loop(self) -> None:
         """Marks the session alive (workers.actions: a live session is not

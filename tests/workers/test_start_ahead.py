@@ -1,7 +1,8 @@
-"""A Start sent ahead with a result (task.result's start_next, issue 25): the
-round that records the result and hands its key on also starts the task it
-hands on, under every check of a Start, and the assignment arrives started.
-Against the live server, on the rows the round leaves."""
+"""A Start sent ahead with a result (task.result's start_next): the round that
+records the result and hands its key on, or leases into the unkeyed slot it
+frees, also starts the task it hands on, under every check of a Start, and the
+assignment arrives started. Against the live server, on the rows the round
+leaves."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tasks.models import Attempt, AttemptState, Task, TaskState
 from tests.support.api import make_queue
 from tests.support.tasks import (
     assert_error_frame,
+    configure_queue,
     connect_fixture,  # noqa: F401 - fixture "connect"
     invariants_fixture,  # noqa: F401 - fixture "invariants"
     submit_ok,
@@ -50,11 +52,14 @@ def result_frames(worker: Any, assign: dict[str, Any], **fields: Any) -> tuple[d
     return answer, following
 
 
-def running_first(tenant: Any, connect: Any, worker_id: str, **hello: Any) -> tuple[Any, dict[str, Any], str]:
-    """A queue with three tasks of one key, and a worker of capacity 1 that started the first."""
-    queue = make_queue(tenant.client, f"ahead-{worker_id}", max_concurrency=10)
+def running_first(
+    tenant: Any, connect: Any, worker_id: str, key: str | None = "object/7", rate: int = 100, **hello: Any
+) -> tuple[Any, dict[str, Any], str]:
+    """A queue with three tasks of one key (`key` None: unkeyed), and a worker of capacity 1
+    that started the first."""
+    queue = make_queue(tenant.client, f"ahead-{worker_id}", max_concurrency=10, rate_per_second=rate)
     for n in range(3):
-        submit_ok(tenant.client, queue["id"], f"{worker_id}-{n}", concurrency_key="object/7")
+        submit_ok(tenant.client, queue["id"], f"{worker_id}-{n}", **({"concurrency_key": key} if key else {}))
     worker = connect()
     worker.hello_as([queue["id"]], capacity=1, worker_id=worker_id, **hello)
     first = worker.assignment()
@@ -174,11 +179,12 @@ def test_a_started_assignment_is_not_waited_on_for_acknowledgement(tenant, conne
     assert worker.result(handed)["task_state"] == "SUCCEEDED"
 
 
-def test_replays_of_a_result_start_nothing_more(tenant, connect):
-    # given a worker of capacity 1 running the first of ten tasks, each of its own key
+@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "unkeyed"])
+def test_replays_of_a_result_start_nothing_more(tenant, connect, keyed):
+    # given a worker of capacity 1 running the first of ten tasks, each of its own key (or unkeyed)
     queue = make_queue(tenant.client, "ahead-replayed", max_concurrency=20)
     for n in range(10):
-        submit_ok(tenant.client, queue["id"], f"replayed-{n}", concurrency_key=f"object/{n}")
+        submit_ok(tenant.client, queue["id"], f"replayed-{n}", **({"concurrency_key": f"object/{n}"} if keyed else {}))
     worker = connect()
     worker.hello_as([queue["id"]], capacity=1, worker_id="w-replayed")
     first = worker.assignment()
@@ -209,9 +215,10 @@ def drop_connection(worker: Any) -> None:
     worker.ws.socket.close()
 
 
-def test_a_start_ahead_never_acknowledged_is_taken_back_when_the_worker_dies(tenant, connect):
-    # given a worker of capacity 1 running the first of three tasks of one key
-    worker, first, queue_id = running_first(tenant, connect, "w-killed")
+@pytest.mark.parametrize("key", ["object/7", None], ids=["keyed", "unkeyed"])
+def test_a_start_ahead_never_acknowledged_is_taken_back_when_the_worker_dies(tenant, connect, key):
+    # given a worker of capacity 1 running the first of three tasks (of one key, or unkeyed)
+    worker, first, queue_id = running_first(tenant, connect, "w-killed", key=key)
     second = Task.objects.filter(queue_id=queue_id).exclude(id=first["task"]["id"]).order_by("created_at").first()
     # when it sends its result asking to start what comes next, and dies right after
     send_result(worker, first, start_next=True)
@@ -235,12 +242,13 @@ def test_a_start_ahead_never_acknowledged_is_taken_back_when_the_worker_dies(ten
     assert second is not None and task.id == second.id
     state = QueueState.objects.get(queue_id=queue_id)
     assert state.active_permits == 0 and state.reserved_starts == 0
-    # and the next worker runs it as attempt 1, with a newer token than the one taken back
+    # and the next worker runs it as attempt 1 (keyed: with a newer token than the one taken back)
     again = connect()
     again.hello_as([queue_id], capacity=1, worker_id="w-next")
     assign = again.assignment()
     assert assign["task"]["id"] == task.id
-    assert int(assign["concurrency_token"]) > int(taken_back.concurrency_token)
+    if key is not None:
+        assert int(assign["concurrency_token"]) > int(taken_back.concurrency_token)
     assert again.start_ok(assign)["attempt_number"] == 1
 
 
@@ -267,3 +275,62 @@ def test_a_start_ahead_not_yet_acknowledged_can_be_handed_back(tenant, connect):
     attempt = Attempt.objects.get(id=handed["attempt_id"])
     assert attempt.state == AttemptState.RELEASED and attempt.number is None
     assert Task.objects.get(id=handed["task"]["id"]).attempts == 0
+
+
+# --- unkeyed work: the slot a result frees ------------------------------------
+
+
+def test_an_unkeyed_result_with_start_next_starts_the_next_task_in_its_slot(tenant, connect):
+    worker, first, queue_id = running_first(tenant, connect, "w-slot", key=None)
+    answer, handed = result_frames(worker, first, start_next=True)
+    assert answer["task_state"] == "SUCCEEDED", answer
+    # the queue's next task, right behind the answer, already started
+    assert handed is not None and handed["state"] == "RUNNING" and handed["attempt_number"] == 1, handed
+    assert "concurrency_token" not in handed and "concurrency_key" not in handed["task"]
+    attempt = Attempt.objects.get(id=handed["attempt_id"])
+    task = Task.objects.get(id=handed["task"]["id"])
+    assert attempt.state == AttemptState.RUNNING and attempt.started_at == attempt.leased_at
+    assert (task.state, task.attempts) == (TaskState.RUNNING, 1)
+    state = QueueState.objects.get(queue_id=queue_id)
+    assert state.active_permits == 1 and state.reserved_starts == 0 and state.window_count == 2
+    moves = [
+        (event.data.get("previous"), event.data["state"])
+        for event in Event.objects.filter(subject_id=task.id, type="task.state_changed").order_by("seq")
+    ]
+    assert moves == [(None, "WAITING"), ("WAITING", "LEASED"), ("LEASED", "RUNNING")]
+    # and its own result hands on the last one, started too
+    _, last = result_frames(worker, handed, start_next=True)
+    assert last is not None and last["state"] == "RUNNING", last
+    assert worker.result(last)["task_state"] == "SUCCEEDED"
+
+
+def test_an_unkeyed_result_without_start_next_leaves_its_slot_to_the_dispatcher(tenant, connect):
+    worker, first, _ = running_first(tenant, connect, "w-slot-plain", key=None)
+    assert worker.result(first)["task_state"] == "SUCCEEDED"
+    # the dispatcher leases the next one, unstarted, for the worker's own task.start
+    following = worker.assignment()
+    assert "state" not in following and "attempt_number" not in following, following
+    assert Task.objects.get(id=following["task"]["id"]).state == TaskState.LEASED
+    assert worker.start_ok(following)["attempt_number"] == 1
+
+
+def test_an_unkeyed_hand_off_waits_for_room_in_the_start_window(tenant, connect):
+    # given a queue that starts one task a second, its first started this second
+    worker, first, queue_id = running_first(tenant, connect, "w-slot-rate", key=None, rate=1)
+    # when its result asks to start what comes next
+    answer, handed = result_frames(worker, first, start_next=True)
+    # then nothing is leased into the slot while the window is full
+    assert answer["task_state"] == "SUCCEEDED" and handed is None, (answer, handed)
+    assert QueueState.objects.get(queue_id=queue_id).window_count == 1
+    # and once it reopens, the dispatcher leases the next one for the worker's own Start
+    following = worker.assignment()
+    assert "state" not in following, following
+    assert worker.start_ok(following)["attempt_number"] == 1
+
+
+def test_a_paused_queue_starts_nothing_ahead(tenant, connect):
+    worker, first, queue_id = running_first(tenant, connect, "w-slot-paused", key=None)
+    configure_queue(tenant.client, queue_id, paused=True)
+    answer, handed = result_frames(worker, first, start_next=True)
+    assert answer["task_state"] == "SUCCEEDED" and handed is None, (answer, handed)
+    assert not Task.objects.filter(queue_id=queue_id, state__in=[TaskState.LEASED, TaskState.RUNNING]).exists()
