@@ -1,11 +1,11 @@
 """Workers killed with -9 while results hand Starts ahead: what is left started and never run.
 
 Starts a private MariaDB (reliability/mariadb.py) and an Orbit server of the
-checkout given (default: this one) on it, submits keyed tasks with a short
-lease, then runs SDK workers of that same checkout (`orbit_sdk` imported from
-<repo>/sdk, checked at start-up) one after another, each with a fresh
-worker_id, and kills each with SIGKILL after a random moment. The SDK's
-results ask for the key's next task started ahead (`start_next`), so a kill
+checkout given (default: this one) on it, submits keyed tasks (`--keys 0`:
+unkeyed ones) with a short lease, then runs SDK workers of that same checkout
+(`orbit_sdk` imported from <repo>/sdk, checked at start-up) one after another,
+each with a fresh worker_id, and kills each with SIGKILL after a random moment.
+The SDK's results ask for the next task started ahead (`start_next`), so a kill
 can land between the round that started a task and its handler. Every handler
 first appends its attempt id to a ledger (flush + fsync), so the ledger says
 which attempts a handler really ran. A last worker finishes what it can and is
@@ -235,7 +235,7 @@ def create_queue_and_tasks(args: argparse.Namespace, url: str, token: str) -> st
                     "handler_version": "v1",
                     "payload_version": "v1",
                     "payload": {"n": n},
-                    "concurrency_key": f"kill/{n % args.keys}",
+                    **({"concurrency_key": f"kill/{n % args.keys}"} if args.keys else {}),
                     "lease_seconds": args.lease_seconds,
                 },
             }
@@ -366,7 +366,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", default=str(HERE.parent), help="the Orbit checkout whose server and SDK to run")
     parser.add_argument("--tasks", type=int, default=2000, help="keyed tasks (400 run out in ~10 rounds)")
-    parser.add_argument("--keys", type=int, default=8)
+    parser.add_argument("--keys", type=int, default=8, help="keys the tasks spread over (0: unkeyed tasks)")
     parser.add_argument("--capacity", type=int, default=4)
     parser.add_argument("--lease-seconds", type=int, default=5, help="each task's lease_seconds (5-3600)")
     parser.add_argument("--kills", type=int, default=20, help="workers started and killed with SIGKILL")
