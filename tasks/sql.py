@@ -61,7 +61,8 @@ def candidate_filter(*, keyed: bool, handlers: int, max_key_version: int) -> str
 
 @functools.cache
 def _candidate_filter(vendor: str, keyed: bool, handlers: int, max_key_version: int) -> str:
-    """candidate_filter's text, built once per shape (every lease asks for it)."""
+    """candidate_filter's text, built once per shape and vendor (its quoting):
+    every lease asks for it."""
     quote = connection.ops.quote_name
     where = [CANDIDATES]
     if keyed:
