@@ -477,7 +477,8 @@ def _update(model: type[models.Model], pks: list[Any], values: dict[str, Any]) -
 
 def update_each_by_pk(model: type[models.Model], changes: Mapping[Pk, dict[str, Any]]) -> None:
     """One UPDATE giving each row its own values (pk → field name → value;
-    every row names the same fields): SET column = CASE pk WHEN … THEN … END.
+    every row names the same fields): SET column = CASE pk WHEN … THEN … END,
+    or SET column = value for a column every row gives the same value.
     A lease gives each key row it takes its own token and holder."""
     pks = list(changes)
     if len(pks) <= 1 or _holding(model) is not None:
@@ -491,9 +492,16 @@ def update_each_by_pk(model: type[models.Model], changes: Mapping[Pk, dict[str, 
     sets, params = [], []
     for name in names:
         field = _concrete_field(model, name)
+        values = [changes[pk][name] for pk in pks]
+        first = values[0]
+        if all(value == first and type(value) is type(first) for value in values):
+            # The same for every row (a lease's time, a holder count): one value, no CASE.
+            sets.append(f"{quote(field.column)} = %s")
+            params.append(field.get_db_prep_save(first, db))
+            continue
         sets.append(f"{quote(field.column)} = CASE {shape.pk}{' WHEN %s THEN %s' * len(pks)} END")
-        for pk in pks:
-            params += [pk, field.get_db_prep_save(changes[pk][name], db)]
+        for pk, value in zip(pks, values, strict=True):
+            params += [pk, field.get_db_prep_save(value, db)]
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
     _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
 

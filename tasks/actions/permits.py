@@ -7,7 +7,6 @@ makes each release happen exactly once."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -16,7 +15,7 @@ from typing import Any
 from django.db.models import Model
 
 from orbit.audit import emit_event
-from orbit.db.rows import add_to_row, lock_by_pk_together, read_by_pk, update_by_pk
+from orbit.db.rows import Pk, add_to_row, lock_by_pk_together, read_by_pk, update_each_by_pk
 from orbit.metrics import count_finished_attempt
 from orbit.models import ApplicationState
 from queues.locks import lock_queue_states
@@ -168,7 +167,7 @@ class CounterDeltas:
 class WriteBook:
     """The writes of a group of transitions in one transaction (a round),
     made once at `write()`: counter changes summed per row, and row updates
-    merged into one UPDATE per table and set of equal values. Every row in it
+    merged into one UPDATE per table and set of fields. Every row in it
     is locked already; the caller writes the book before anything reads
     those rows again."""
 
@@ -183,13 +182,14 @@ class WriteBook:
         self.rows.setdefault(id(row), (row, set()))[1].update(fields)
 
     def write(self) -> None:
-        alike: dict[tuple[type[Model], str], tuple[dict[str, Any], list[Any]]] = {}
+        # One UPDATE per table and set of fields: each row its own values where
+        # they differ (a released key's version), one value where they agree.
+        alike: dict[tuple[type[Model], tuple[str, ...]], dict[Pk, dict[str, Any]]] = {}
         for row, fields in self.rows.values():
-            values = {name: getattr(row, name) for name in sorted(fields)}
-            signature = json.dumps(values, sort_keys=True, default=str)
-            alike.setdefault((type(row), signature), (values, []))[1].append(row.pk)
-        for (model, _), (values, pks) in alike.items():
-            update_by_pk(model, pks, values)
+            names = tuple(sorted(fields))
+            alike.setdefault((type(row), names), {})[row.pk] = {name: getattr(row, name) for name in names}
+        for (model, _), rows in alike.items():
+            update_each_by_pk(model, rows)
         for (application_id, queue_id), deltas in sorted(self.deltas.items()):
             deltas.write(application_id=application_id, queue_id=queue_id)
         self.rows.clear()

@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 from django.db import IntegrityError, connection, models, transaction
+from django.test.utils import CaptureQueriesContext
 
 from orbit.db.rows import (
     Add,
@@ -95,6 +96,39 @@ def test_each_row_gets_its_own_values_in_one_update(tenant, django_assert_num_qu
     for n in (0, 2):
         assert (rows[ids[n]].epoch, rows[ids[n]].updated_at, rows[ids[n]].output) == (10 + n, moments[n], {"n": n})
     assert (rows[ids[1]].epoch, rows[ids[1]].output) == (0, None)
+
+
+@pytest.mark.django_db
+def test_a_value_every_row_shares_is_set_once_and_the_others_per_row(tenant):
+    # given three tasks
+    queue = make_queue(tenant.client, "rows")
+    ids = [submit_ok(tenant.client, queue["id"], f"rows-shared-{n}")["id"] for n in range(3)]
+    moment = datetime.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC)
+
+    # when each gets its own epoch and all of them the same time and output
+    changes = {
+        task_id: {"epoch": 20 + n, "updated_at": moment, "output": {"same": True}} for n, task_id in enumerate(ids)
+    }
+    with CaptureQueriesContext(connection) as captured:
+        update_each_by_pk(Task, changes)
+
+    # then one statement sets the shared values plainly and the epochs by row
+    (statement,) = [query["sql"] for query in captured.captured_queries if query["sql"].startswith("UPDATE")]
+    assert statement.count("CASE") == 1, statement
+    rows = Task.objects.in_bulk(ids)
+    for n, task_id in enumerate(ids):
+        assert (rows[task_id].epoch, rows[task_id].updated_at, rows[task_id].output) == (20 + n, moment, {"same": True})
+
+
+@pytest.mark.django_db
+def test_values_equal_but_of_other_types_are_not_taken_as_shared(tenant):
+    # 1 == True in Python; a JSON output of 1 and one of true are not the same value
+    queue = make_queue(tenant.client, "rows")
+    ids = [submit_ok(tenant.client, queue["id"], f"rows-typed-{n}")["id"] for n in range(2)]
+    update_each_by_pk(Task, {ids[0]: {"output": 1}, ids[1]: {"output": True}})
+    rows = Task.objects.in_bulk(ids)
+    assert rows[ids[0]].output == 1 and type(rows[ids[0]].output) is int
+    assert rows[ids[1]].output is True
 
 
 @pytest.mark.django_db
