@@ -309,8 +309,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
-        self.handlers = {entry["attempt_id"]: handler_of(entry) for entry in held}
-        self.keyed = {entry["attempt_id"] for entry in held if "concurrency_token" in entry}
+        self.handlers, self.keyed = {}, set()
+        for entry in held:
+            self.track(entry["attempt_id"], entry)
         registry.register(self.wake, asyncio.get_running_loop(), queue_ids, idle=lambda: not self.held)
         self.dispatcher = asyncio.create_task(self.dispatch_loop())
         self.heartbeat = asyncio.create_task(self.heartbeat_loop())
@@ -375,9 +376,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.held.add(ref["attempt_id"])
         if entry["state"] == "RUNNING":
             self.running.add(ref["attempt_id"])
-        self.handlers[ref["attempt_id"]] = handler_of(entry)
-        if "concurrency_token" in entry:
-            self.keyed.add(ref["attempt_id"])
+        self.track(ref["attempt_id"], entry)
         return {"assignment": entry}
 
     async def on_result(self, message: dict[str, Any]) -> dict[str, Any] | None:
@@ -527,6 +526,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
 
     # --- dispatch -------------------------------------------------------
 
+    def track(self, attempt_id: str, entry: dict[str, Any]) -> None:
+        """Notes a held attempt's handler and version, and whether its task is keyed."""
+        self.handlers[attempt_id] = handler_of(entry)
+        if "concurrency_token" in entry:
+            self.keyed.add(attempt_id)
+
     def forget(self, attempt_id: str, *, wake: bool = True) -> None:
         self.held.discard(attempt_id)
         self.running.discard(attempt_id)
@@ -599,9 +604,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             self.unacked[entry["attempt_id"]] = Unacknowledged(entry["epoch"], time.monotonic() + bound, len(frame))
             self.unacked_bytes += len(frame)
         self.held.add(entry["attempt_id"])
-        self.handlers[entry["attempt_id"]] = handler_of(entry)
-        if "concurrency_token" in entry:
-            self.keyed.add(entry["attempt_id"])
+        self.track(entry["attempt_id"], entry)
         await self.send(text_data=frame)
 
     async def close_if_not_reading(self) -> bool:
