@@ -365,7 +365,7 @@ def table_row(summary: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", default=str(HERE.parent), help="the Orbit checkout whose server and SDK to run")
-    parser.add_argument("--tasks", type=int, default=2000, help="keyed tasks (400 run out in ~10 rounds)")
+    parser.add_argument("--tasks", type=int, default=2000, help="tasks (400 run out in ~10 rounds)")
     parser.add_argument("--keys", type=int, default=8, help="keys the tasks spread over (0: unkeyed tasks)")
     parser.add_argument("--capacity", type=int, default=4)
     parser.add_argument("--lease-seconds", type=int, default=5, help="each task's lease_seconds (5-3600)")
