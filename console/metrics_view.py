@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.db.models import Count
 from django.http import HttpResponse
 from django.utils import timezone
@@ -26,7 +27,7 @@ from prometheus_client.registry import Collector
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from orbit import metrics  # its counters register in REGISTRY on import; a scrape answers them
+from orbit import cells, metrics  # its counters register in REGISTRY on import; a scrape answers them
 from orbit.errors import NotFound, PermissionDenied, Unauthenticated
 from orbit.models import Application, Namespace
 from orbit.principal import TOKEN_PATTERN, authenticate_token, token_from_header
@@ -191,6 +192,20 @@ class KeyPermitCollector(Collector):
         yield family
 
 
+class CellCollector(Collector):
+    """orbit_cell_up: with cells, whether each cell answered this scrape (a
+    cell that did not has no queue gauges in it)."""
+
+    def __init__(self, up: dict[str, bool]) -> None:
+        self.up = up
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("orbit_cell_up", "1 if the cell's database answered this scrape", labels=["cell"])
+        for cell, answered in self.up.items():
+            family.add_metric([cell], 1.0 if answered else 0.0)
+        yield family
+
+
 class QueueCollector(Collector):
     """The per-queue gauges of one scrape."""
 
@@ -267,8 +282,26 @@ class MetricsView(APIView):
         authorize_scrape(request.META.get("HTTP_AUTHORIZATION"))
         scrape = CollectorRegistry(auto_describe=False)
         scrape.register(metrics.AnsweringProcess())
-        scrape.register(QueueCollector(queue_gauges()))
-        scrape.register(KeyPermitCollector(key_permit_gauges()))
+        queues: list[QueueGauges] = []
+        permits: dict[tuple[str, str, str, str], int] = {}
+        up: dict[str, bool] = {}
+        for cell in cells.each():  # with cells, every cell's queues (labels name one queue installation-wide)
+            with cells.in_cell(cell):
+                try:
+                    queues += queue_gauges()
+                    permits.update(key_permit_gauges())
+                except DatabaseError:
+                    if cell is None:
+                        raise
+                    connection.close()
+                    up[cell] = False
+                else:
+                    if cell is not None:
+                        up[cell] = True
+        scrape.register(QueueCollector(queues))
+        scrape.register(KeyPermitCollector(permits))
+        if up:
+            scrape.register(CellCollector(up))
         return HttpResponse(generate_latest(counters()) + generate_latest(scrape), content_type=CONTENT_TYPE_LATEST)
 
 

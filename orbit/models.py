@@ -37,6 +37,9 @@ class Application(models.Model):
     key_policy_generation = uint64(
         "应用内各命名空间资源键策略的变更代数：每次策略变更加一，进程内策略缓存据此失效", default=0
     )
+    moving = models.BooleanField(
+        default=False, db_comment="正在迁往另一单元：停止接收提交与领取，只完成已在运行的尝试（orbit_move_application）"
+    )
     created_at = models.DateTimeField(auto_now_add=True, db_comment="创建时间（UTC）")
     updated_at = models.DateTimeField(auto_now=True, db_comment="最后修改时间（UTC）")
 
@@ -171,3 +174,44 @@ class EventSequence(models.Model):
     class Meta:
         db_table = "orbit_event_sequence"
         db_table_comment = "事件游标序列：写事件的事务最后锁定本行并递增，持锁至提交，游标因此按提交顺序连续"
+
+
+class CellPlacement(models.Model):
+    """The directory (with ORBIT_CELLS): the cell that holds an application.
+    Written before the application's own rows, so a crash between the two
+    leaves a placement that the next creation of that name completes."""
+
+    application_id = IdField(primary_key=True, db_comment="应用ID")
+    name = BinaryCharField(max_length=128, unique=True, db_comment="应用名称，全部单元内唯一，按字节精确比较")
+    cell = models.CharField(max_length=32, db_comment="应用所在单元名称（ORBIT_CELLS 中的键）")
+    moving_to = models.CharField(
+        max_length=32, blank=True, default="", db_comment="迁移中的目标单元；空表示没有进行中的迁移"
+    )
+    moving_from = models.CharField(
+        max_length=32, blank=True, default="", db_comment="迁移已切换后待清理的源单元；空表示没有"
+    )
+    move_phase = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        db_comment="迁移阶段：draining（停止接收，等待运行中的尝试结束）、copied（已切换到目标单元，待删除源行）；空表示无迁移",
+    )
+    created_at = models.DateTimeField(auto_now_add=True, db_comment="放置时间（UTC）")
+    updated_at = models.DateTimeField(auto_now=True, db_comment="最后一次迁移单元的时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_cell_placement"
+        db_table_comment = "单元目录：应用到其所在单元的映射，仅在默认数据库（目录）中使用"
+
+
+class CredentialPlacement(models.Model):
+    """The directory (with ORBIT_CELLS): a credential's application, so a
+    token is authenticated in its application's cell."""
+
+    credential_id = IdField(primary_key=True, db_comment="凭据ID，令牌 orb_<id>_<secret> 中的 id 部分")
+    application_id = IdField(db_comment="凭据所属应用ID")
+    created_at = models.DateTimeField(auto_now_add=True, db_comment="登记时间（UTC）")
+
+    class Meta:
+        db_table = "orbit_credential_placement"
+        db_table_comment = "单元目录：凭据到其应用的映射，鉴权时据此找到单元，仅在默认数据库（目录）中使用"

@@ -13,9 +13,10 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from orbit import cells
 from orbit.db.rows import read_by_pk
-from orbit.errors import NotFound, PermissionDenied, Unauthenticated
-from orbit.models import Credential
+from orbit.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
+from orbit.models import Application, Credential
 
 TOKEN_PATTERN = re.compile(r"^orb_([0-9a-f]{32})_([A-Za-z0-9_-]{20,128})$")
 
@@ -105,12 +106,47 @@ def _token_parts(token: str) -> tuple[str, str] | None:
     return None if match is None else (match[1], match[2])
 
 
+def enter_cell_of_header(authorization: str | None) -> None:
+    """On the event loop, with cells: enters the cell of the bearer token's
+    credential if this process knows it already, so the request's call goes
+    to that cell's pool (orbit.db.pool.run_db); otherwise nothing."""
+    if authorization and cells.configured():
+        parts = _token_parts(authorization.partition(" ")[2].strip())
+        if parts is not None:
+            cells.enter_if_known(parts[0])
+
+
+def _in_current_cell(credential_id: str, credential: Credential | None) -> Credential | None:
+    """With cells: the credential as its application's cell has it now. Not
+    in the cell entered, the application may have moved since this process
+    cached its cell: the directory is read again, once. An application
+    being moved answers 503 until it is served from its new cell."""
+    if credential is None:
+        application_id = cells.application_of_credential(credential_id)
+        if application_id is None:
+            return None
+        cells.forget(application_id)
+        cells.enter_application(application_id)
+        credential = read_by_pk(Credential, [credential_id]).get(credential_id)
+        if credential is None:
+            return None
+    if Application.objects.filter(id=credential.application_id, moving=True).exists():
+        cells.forget(credential.application_id)
+        raise Unavailable(cells.MOVING, retry_after=1)
+    return credential
+
+
 def authenticate_token(token: str) -> Principal:
     parts = _token_parts(token)
     if parts is None:
         raise Unauthenticated("invalid bearer token")
     credential_id, secret = parts
+    # With cells, the directory names the credential's cell, entered for the rest of the call.
+    if not cells.enter_credential(credential_id):
+        raise Unauthenticated("invalid bearer token")
     credential = read_by_pk(Credential, [credential_id]).get(credential_id)
+    if cells.configured():
+        credential = _in_current_cell(credential_id, credential)
     if credential is not None and credential.revoked_at is not None:
         credential = None
     if credential is None or not hmac.compare_digest(credential.secret_hash, hash_secret(secret)):

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from orbit import cells
 from orbit.errors import InvalidArgument, NotFound
-from orbit.models import SCOPES, Application, ApplicationState, Credential, Namespace
+from orbit.fields import new_id
+from orbit.models import SCOPES, Application, ApplicationState, CellPlacement, Credential, Namespace
 from orbit.principal import format_token, hash_secret, new_secret
 
 
@@ -18,8 +20,26 @@ class IssuedCredential:
     token: str
 
 
-def ensure_application(name: str) -> Application:
-    """Returns the application of that name, creating it and its counter row."""
+def ensure_application(name: str, *, cell: str | None = None) -> Application:
+    """Returns the application of that name, creating it and its counter row.
+    With cells, it is placed in `cell` (or the cell with the fewest
+    applications) and that cell is entered for the rest of the call; an
+    existing application stays where it is."""
+    if cells.configured():
+        application_id, placed_in = _placed(name, cell)
+        cells.enter(placed_in)
+        existing = Application.objects.filter(id=application_id).first()
+        if existing is not None:
+            return existing
+        # The placement was written before its cell's rows: created here,
+        # also after a crash left the placement alone.
+        try:
+            with transaction.atomic():
+                application = Application.objects.create(id=application_id, name=name)
+                ApplicationState.objects.create(application_id=application.id)
+                return application
+        except IntegrityError:
+            return Application.objects.get(id=application_id)
     existing = Application.objects.filter(name=name).first()
     if existing is not None:
         return existing
@@ -30,6 +50,18 @@ def ensure_application(name: str) -> Application:
             return application
     except IntegrityError:
         return Application.objects.get(name=name)
+
+
+def _placed(name: str, cell: str | None) -> tuple[str, str]:
+    """The directory's id and cell for the application `name`, placing it first if new."""
+    placement = CellPlacement.objects.filter(name=name).first()
+    if placement is None:
+        try:
+            cells.place_application(new_id(), name, cells.choose_cell(cell))
+        except IntegrityError:
+            pass  # placed concurrently under another id: that placement stands
+        placement = CellPlacement.objects.get(name=name)
+    return placement.application_id, placement.cell
 
 
 def ensure_namespace(application: Application, environment: str, name: str) -> Namespace:
@@ -49,7 +81,12 @@ def issue_credential(
 ) -> IssuedCredential:
     """Mints a credential; the token is returned once and only its hash is stored."""
     secret = new_secret()
+    credential_id = new_id()
+    if cells.configured():
+        # In the directory first: a token is only ever looked up in its application's cell.
+        cells.place_credential(credential_id, namespace.application_id)
     credential = Credential.objects.create(
+        id=credential_id,
         application_id=namespace.application_id,
         namespace=namespace,
         name=name,

@@ -37,6 +37,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
 from django.http import HttpRequest, JsonResponse
 
+from orbit import cells
 from orbit.api.errors import COMPACT_JSON, error_body
 from orbit.api.middleware import request_id_of
 
@@ -253,6 +254,25 @@ class Readiness:
 
 
 READINESS = Readiness()
+# With cells: one check per cell, each on its own thread and connection.
+_CELL_READINESS: dict[str, Readiness] = {}
+
+
+def _cell_readiness(cell: str) -> Readiness:
+    if cell not in _CELL_READINESS:
+        _CELL_READINESS[cell] = Readiness(database_settings(cells.alias_of(cell)))
+    return _CELL_READINESS[cell]
+
+
+async def _cell_states() -> dict[str, str]:
+    """Each cell's state for /readyz: "ready", or its public reason."""
+    names = cells.names()
+    found = await asyncio.gather(*(_cell_readiness(cell).reason() for cell in names))
+    states = {}
+    for cell, reason in zip(names, found, strict=True):
+        _cell_readiness(cell).log(reason)
+        states[cell] = "ready" if reason is None else reason.public
+    return states
 
 
 def _no_store(response: JsonResponse) -> JsonResponse:
@@ -269,11 +289,18 @@ async def healthz(request: HttpRequest) -> JsonResponse:
 async def readyz(request: HttpRequest) -> JsonResponse:
     """GET /readyz: 200 when the database answers within 1 s with every
     migration applied; else 503 UNAVAILABLE with the public reason (the
-    detail in the server log). No credential."""
-    found = await READINESS.reason()
+    detail in the server log). No credential. With cells the database is
+    the directory, and the 200's `cells` gives each cell's state ("ready",
+    or its reason): a cell that is down confines its outage to its
+    applications, so it does not make the node unready."""
+    if cells.configured():
+        found, states = await asyncio.gather(READINESS.reason(), _cell_states())
+    else:
+        found, states = await READINESS.reason(), None
     READINESS.log(found)
     if found is None:
-        body: dict[str, Any] = {"request_id": request_id_of(request), "data": {"status": "ready"}}
+        data: dict[str, Any] = {"status": "ready"} if states is None else {"status": "ready", "cells": states}
+        body: dict[str, Any] = {"request_id": request_id_of(request), "data": data}
         return _no_store(JsonResponse(body, json_dumps_params=COMPACT_JSON))
     body = error_body(request_id_of(request), "UNAVAILABLE", f"not ready: {found.public}")
     return _no_store(JsonResponse(body, status=503, json_dumps_params=COMPACT_JSON))

@@ -8,6 +8,9 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from orbit.cells import DIRECTORY, parse_cells
+from orbit.cells import alias_of as cell_alias
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 # In the repo, local state (the SQLite file) lives under the checkout's .local/;
 # installed (`pip install .`), BASE_DIR is site-packages, so it lives under the
@@ -56,6 +59,9 @@ MIDDLEWARE = [
     # The console may not be framed (a click-through delete); server/asgi.py
     # adds the same refusal, and frame-ancestors, to every answer (server/security.py).
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # With ORBIT_CELLS: the cell a console page shows (before the statement
+    # timeout, which is set on that cell's connection).
+    "console.cells.ConsoleCell",
     "console.admin_base.AdminStatementTimeout",
 ]
 X_FRAME_OPTIONS = "DENY"
@@ -76,6 +82,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "console.cells.picker",
             ],
         },
     },
@@ -101,9 +108,13 @@ def database_from_env() -> dict:
             # A file, not :memory:, so a live server process can share the test database.
             "TEST": {"NAME": str(LOCAL_DIR / "test.sqlite3")},
         }
+    return database_from_dsn(dsn, "ORBIT_MYSQL_DSN")
+
+
+def database_from_dsn(dsn: str, named: str) -> dict:
     url = urlparse(dsn)
     if url.scheme != "mysql":
-        raise ValueError("ORBIT_MYSQL_DSN must look like mysql://user:pass@host:port/db")
+        raise ValueError(f"{named} must look like mysql://user:pass@host:port/db")
     return {
         "ENGINE": "orbit.db.mysql",
         "NAME": url.path.lstrip("/"),
@@ -133,6 +144,23 @@ def database_from_env() -> dict:
 
 
 DATABASES = {"default": database_from_env()}
+
+# Cells (orbit/cells.py): the default database is then the directory, and
+# each cell is one more alias; unset, nothing changes.
+ORBIT_CELLS = parse_cells(os.environ.get("ORBIT_CELLS"))
+if ORBIT_CELLS:
+    if DATABASES["default"]["ENGINE"] != "orbit.db.mysql":
+        raise ValueError("ORBIT_CELLS needs ORBIT_MYSQL_DSN: the directory is a MySQL/MariaDB database")
+    DATABASES[DIRECTORY] = {**DATABASES["default"], "TEST": {**DATABASES["default"]["TEST"], "MIRROR": "default"}}
+    seen = {(DATABASES["default"]["HOST"], DATABASES["default"]["PORT"], DATABASES["default"]["NAME"]): "the directory"}
+    for cell_name, cell_dsn in ORBIT_CELLS.items():
+        cell_database = database_from_dsn(cell_dsn, f"ORBIT_CELLS[{cell_name!r}]")
+        where = (cell_database["HOST"], cell_database["PORT"], cell_database["NAME"])
+        if where in seen:
+            raise ValueError(f"ORBIT_CELLS: cell {cell_name!r} is the same database as {seen[where]}")
+        seen[where] = f"cell {cell_name!r}"
+        DATABASES[cell_alias(cell_name)] = cell_database
+    DATABASE_ROUTERS = ["orbit.cells.CellRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from django.db import close_old_connections, connection
 
+from orbit import cells
 from orbit.api.errors import translate
 from orbit.errors import Unavailable
 from plans.actions import fire_due_plans
@@ -85,7 +86,10 @@ class SweepOutage:
         self.started, self.failed_sweeps = None, 0
 
 
-def maintenance_loop(stop: threading.Event) -> None:
+def maintenance_loop(stop: threading.Event, cell: str | None = None) -> None:
+    """Sweeps until `stop`; with cells, the one cell `cell` (each cell has a
+    thread of its own, so a stalled cell delays no other's sweeps)."""
+    cells.enter(cell)
     outage = SweepOutage()
     while not stop.is_set():
         try:
@@ -107,5 +111,6 @@ def start_background_maintenance() -> None:
     if _started.is_set() or os.environ.get("ORBIT_MAINTENANCE", "1") == "0":
         return
     _started.set()
-    thread = threading.Thread(target=maintenance_loop, args=(threading.Event(),), name="orbit-maintenance", daemon=True)
-    thread.start()
+    for cell in cells.each():
+        name = "orbit-maintenance" if cell is None else f"orbit-maintenance-{cell}"
+        threading.Thread(target=maintenance_loop, args=(threading.Event(), cell), name=name, daemon=True).start()

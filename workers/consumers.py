@@ -21,6 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from django.db import DatabaseError
 
+from orbit import cells
 from orbit.api.errors import translate
 from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, run_db
 from orbit.errors import (
@@ -71,6 +72,12 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
 CLOSE_CONFLICT = 4409
 CLOSE_TIMEOUT = 4408  # assignments not acknowledged, or no hello, in time
+CLOSE_MOVED = 4503  # the application moved to another cell: reconnect (to the new one)
+
+
+def _authenticated_in_cell(token: str) -> tuple[Principal, str | None]:
+    """The token's principal and the cell its authentication entered (None without cells)."""
+    return authenticate_token(token), cells.entered()
 
 
 @dataclass
@@ -154,9 +161,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         raw = headers.get(b"authorization")
         try:
             self.token = token_from_header(raw.decode("latin-1") if raw else None)
-            self.principal = await run_db(authenticate_token, self.token)
+            principal, cell = await run_db(_authenticated_in_cell, self.token)
+            self.principal = principal
+            # Every later call of this connection (its task's context) runs in the application's cell.
+            cells.enter(cell)
             self.credential = known_credential(self.token)
-            self.principal.require("workers:connect")
+            principal.require("workers:connect")
             self.hello_deadline = asyncio.create_task(self.close_without_hello())
         except Unavailable as error:  # the database did not answer in time: try again, nothing is wrong
             await self.send_error(None, error)
@@ -304,6 +314,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             identity_id=identity_id,
             consumable=principal.queue_ids,
             credential=self.credential,
+            cell=cells.entered(),
         )
         self.capacity = hello["capacity"]
         held = await run_db(dispatch.held_assignments, worker=self.worker)
@@ -566,6 +577,18 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                                 except Unauthenticated as revoked:
                                     await self.send_error(None, revoked)
                                     await self.close(code=CLOSE_UNAUTHENTICATED)
+                                    return
+                                except Unavailable as unavailable:
+                                    if unavailable.message == cells.MOVING:
+                                        # Intake stopped while the application moves: its running
+                                        # attempts still report here; leases wait for the move.
+                                        await asyncio.sleep(unavailable.retry_after or 1)
+                                        continue
+                                    if unavailable.message != cells.MOVED_AWAY:
+                                        raise
+                                    # This connection entered the old cell: the worker's reconnect enters the new one.
+                                    await self.send_error(None, unavailable)
+                                    await self.close(code=CLOSE_MOVED)
                                     return
                                 assignments = outcome.assignments
                                 if outcome.rate_reopens_in is not None:

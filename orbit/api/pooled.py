@@ -21,6 +21,7 @@ from orbit.api.errors import COMPACT_JSON, error_response_for
 from orbit.db import inline
 from orbit.db.pool import run_db
 from orbit.errors import Unavailable
+from orbit.principal import enter_cell_of_header
 
 
 def _render(view: Callable[..., Any], request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -49,6 +50,7 @@ def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
         if inline():
             # Tests that share the test case's transaction must stay on its connection.
             return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)
+        enter_cell_of_header(request.headers.get("Authorization"))
         try:
             return await run_db(_render, view, request, *args, **kwargs)
         except Unavailable as exc:  # the request deadline passed waiting for the pool

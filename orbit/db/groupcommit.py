@@ -231,6 +231,7 @@ class _Lane(Generic[I, R]):
 
     def _decide(self, group: list[_Request[I, R]]) -> list[R | BaseException]:
         try:
+            self.owner.enter_lane(self.lane_id)
             return call_guarded(self.owner.run_group, [request.item for request in group])
         except (OperationalError, InterfaceError) as exc:
             # The database failed, not an item: each alone would wait on it again.
@@ -268,7 +269,9 @@ class GroupCommit(Generic[I, R]):
     """Applies items through `run_group`, gathering concurrent items of one lane.
     A lane's thread (and its database connection) ends after `idle_seconds`
     without work and is started again by the next item. The callers of the
-    items `answer_first` picks get their outcomes ahead of the group's others."""
+    items `answer_first` picks get their outcomes ahead of the group's others.
+    `enter_lane(lane_id)` runs on the lane's thread before each group (the
+    rounds enter their application's cell there)."""
 
     def __init__(
         self,
@@ -279,8 +282,10 @@ class GroupCommit(Generic[I, R]):
         idle_seconds: float = 60,
         answer_first: Callable[[I], bool] = lambda item: False,
         phase: Callable[[list[I]], Phase] = lambda items: None,
+        enter_lane: Callable[[str], None] = lambda lane_id: None,
     ) -> None:
         self.name = name
+        self.enter_lane = enter_lane
         self.run_group = run_group
         self.answer_first = answer_first
         self.phase = phase

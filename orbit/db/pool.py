@@ -8,14 +8,17 @@ that thread reconnects (e.g. after a MariaDB restart)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
 
+from orbit import cells
 from orbit.errors import Unavailable
 
 T = TypeVar("T")
@@ -29,6 +32,22 @@ DB_THREADS = int(os.environ.get("ORBIT_DB_THREADS", "8"))
 REQUEST_DEADLINE_SECONDS = 4.5
 DATABASE_TOO_SLOW = f"database did not answer within {REQUEST_DEADLINE_SECONDS:g} s; retry later"
 _executor = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="orbit-db")
+# With cells, each cell has a pool of its own: a stalled cell's calls hold
+# only its own threads, never those another cell's requests wait for.
+_cell_executors: dict[str, ThreadPoolExecutor] = {}
+_cell_executors_lock = threading.Lock()
+
+
+def _executor_of(cell: str | None) -> ThreadPoolExecutor:
+    if cell is None:
+        return _executor
+    executor = _cell_executors.get(cell)
+    if executor is None:
+        with _cell_executors_lock:
+            executor = _cell_executors.setdefault(
+                cell, ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix=f"orbit-db-{cell}")
+            )
+    return executor
 
 
 def call_guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -58,9 +77,13 @@ def _discard_if_broken() -> None:
 
 async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """`fn` on a pool thread, awaited within the request deadline (UNAVAILABLE
-    past it; a call not started yet is then skipped)."""
+    past it; a call not started yet is then skipped). It runs on the pool of
+    the cell the caller entered (orbit.cells), in a copy of the caller's
+    context: that cell is entered there too, and a cell `fn` enters stays
+    with this call, not the thread."""
     loop = asyncio.get_running_loop()
-    return await within_deadline(loop.run_in_executor(_executor, functools.partial(call_guarded, fn, *args, **kwargs)))
+    call = functools.partial(contextvars.copy_context().run, call_guarded, fn, *args, **kwargs)
+    return await within_deadline(loop.run_in_executor(_executor_of(cells.entered()), call))
 
 
 async def within_deadline(waiter: asyncio.Future[T]) -> T:

@@ -35,6 +35,7 @@ FATAL_HTTP_STATUSES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "N
 CLOSE_MEANINGS = {
     1009: "a frame over the server's message size limit",
     4408: "assignments not acknowledged in time",
+    4503: "the application moved to another cell",
 }
 
 

@@ -54,6 +54,10 @@ class WorkerContext:
     # that grants or records for this worker reads its row again (locked) and
     # refuses if it no longer grants; None for in-process callers.
     credential: Minted | None = None
+    # With cells: the cell the connection entered at its hello. After its
+    # application moved, rounds refuse the connection (its other calls would
+    # still reach the old cell) and the worker reconnects to the new one.
+    cell: str | None = None
 
     def owns(self, *, namespace_id: str, worker_id: str, queue_id: str) -> bool:
         """Whether an attempt with these columns is this connection's to act on."""

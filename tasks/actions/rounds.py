@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 from django.db import IntegrityError
 
+from orbit import cells
 from orbit.audit import gathered_events
 from orbit.db.groupcommit import HAND_ON, NEXT, GroupCommit, Phase
 from orbit.db.pool import within_deadline
@@ -53,7 +54,7 @@ from orbit.db.rows import (
     pk_in,
     select_together,
 )
-from orbit.errors import LeaseLost, OrbitError, StateConflict, Unauthenticated
+from orbit.errors import LeaseLost, OrbitError, StateConflict, Unauthenticated, Unavailable
 from orbit.idempotency import Receipt, validate_key
 from orbit.models import Application, ApplicationState, Credential, IdempotencyRecord
 from orbit.principal import Actor, Minted, Principal
@@ -237,9 +238,49 @@ def _take_submits(
     return _Submits(indexes=indexes, actor=actor, items=submissions, digests=digests, pending=pending)
 
 
+def _application_of(item: RoundItem) -> str:
+    return item.actor.principal.application_id if isinstance(item, SubmitRequest) else item.worker.application_id
+
+
+def _refuse_while_moving(items: list[RoundItem], answers: list[Answer | BaseException | None]) -> None:
+    """With cells: an application being moved (orbit_move_application) takes
+    no submit and no lease, while its running attempts still report and
+    finish; one no longer in this cell (moved away, this process's
+    directory cache stale) takes nothing here, and its cell is looked up
+    again for the retry; and a worker connection made to another cell (the
+    application's cell before a move) takes nothing."""
+    moving = dict(
+        Application.objects.filter(id__in={_application_of(item) for item in items}).values_list("id", "moving")
+    )
+    here = cells.entered()
+    for index, item in enumerate(items):
+        application_id = _application_of(item)
+        if not isinstance(item, SubmitRequest) and item.worker.cell not in (None, here):
+            answers[index] = Unavailable(cells.MOVED_AWAY, retry_after=1)  # a connection to the old cell
+        elif application_id not in moving:
+            cells.forget(application_id)
+            answers[index] = Unavailable(cells.MOVED_AWAY, retry_after=1)
+        elif moving[application_id]:
+            cells.forget(application_id)  # the next round reads the directory: it names the new cell once switched
+            if isinstance(item, SubmitRequest | LeaseRequest):
+                answers[index] = Unavailable(cells.MOVING, retry_after=1)
+
+
 def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     """One outcome per item, in order: the reply body (a LeaseOutcome for a
     lease, a Receipt for a submit) or the error that refused it."""
+    if not cells.configured():
+        return _run_round(items)
+    answers: list[Answer | BaseException | None] = [None] * len(items)
+    _refuse_while_moving(items, answers)
+    left = [index for index, answer in enumerate(answers) if answer is None]
+    if left:
+        for index, answer in zip(left, _run_round([items[i] for i in left]), strict=True):
+            answers[index] = answer
+    return [answer for answer in answers if answer is not None]
+
+
+def _run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     answers: list[Answer | BaseException | None] = [None] * len(items)
     mine, later = _split_submits(items)
     first = _FirstReads.read(items, mine)
@@ -586,7 +627,11 @@ def _phase(items: list[RoundItem]) -> Phase:
 # sends nothing more until it hears back, while a worker keeps its other
 # slots busy meanwhile.
 ROUNDS: GroupCommit[RoundItem, Answer] = GroupCommit(
-    "round", run_round, answer_first=lambda item: isinstance(item, SubmitRequest), phase=_phase
+    "round",
+    run_round,
+    answer_first=lambda item: isinstance(item, SubmitRequest),
+    phase=_phase,
+    enter_lane=cells.enter_application,
 )
 
 

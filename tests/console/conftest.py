@@ -43,11 +43,7 @@ def browser(orbit_server: LiveServer) -> Iterator[Any]:
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
         with playwright_api.sync_playwright() as playwright:
-            launched = playwright.chromium.launch(
-                executable_path=str(CHROMIUM if CHROMIUM.exists() else shutil.which("chromium")),
-                args=CHROMIUM_ARGS,
-                headless=True,
-            )
+            launched = launch_chromium(playwright)
             yield launched
             launched.close()
     finally:
@@ -66,13 +62,26 @@ def operator_page(browser: Any, orbit_server: LiveServer, transactional_db: None
     context = browser.new_context(base_url=orbit_server.url, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(15_000)
-    page.goto("/admin/login/?next=/admin/")
-    page.fill("#id_username", OPERATOR[0])
-    page.fill("#id_password", OPERATOR[1])
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/")
+    log_in(page, OPERATOR)
     yield page
     context.close()
+
+
+def log_in(page: Any, operator: tuple[str, str]) -> None:
+    """Through the console's login form, to the dashboard."""
+    page.goto("/admin/login/?next=/admin/")
+    page.fill("#id_username", operator[0])
+    page.fill("#id_password", operator[1])
+    page.click("input[type=submit]")
+    page.wait_for_url("**/admin/")
+
+
+def launch_chromium(playwright: Any) -> Any:
+    return playwright.chromium.launch(
+        executable_path=str(CHROMIUM if CHROMIUM.exists() else shutil.which("chromium")),
+        args=CHROMIUM_ARGS,
+        headless=True,
+    )
 
 
 def screenshot(page: Any, name: str) -> Path:

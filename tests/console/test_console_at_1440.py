@@ -18,7 +18,7 @@ from django.contrib import admin
 from queues.models import Queue
 from tasks.models import Attempt, ConcurrencyKey
 from tests.conftest import api_client, post_json
-from tests.console.conftest import OPERATOR, screenshot
+from tests.console.conftest import OPERATOR, log_in, screenshot
 from tests.support.api import make_queue
 from tests.support.console import make_world
 from tests.support.factories import make_credential
@@ -55,11 +55,7 @@ def wide_page(browser: Any, orbit_server: Any, transactional_db: None) -> Iterat
     page.failures = []  # type: ignore[attr-defined]
     page.on("response", lambda r: r.status >= 400 and page.failures.append(f"{r.status} {r.url}"))
     page.on("console", lambda m: m.type == "error" and page.failures.append(f"console: {m.text}"))
-    page.goto("/admin/login/?next=/admin/")
-    page.fill("#id_username", OPERATOR[0])
-    page.fill("#id_password", OPERATOR[1])
-    page.click("input[type=submit]")
-    page.wait_for_url("**/admin/")
+    log_in(page, OPERATOR)
     yield page
     context.close()
 

@@ -179,7 +179,14 @@ def test_help_lists_serve_among_the_commands_and_explains_it(env):
     listing = orbit(env, "help")
     assert listing.returncode == 0, listing.stderr
     server = listing.stdout.split("[server]\n", 1)[1].split("\n\n", 1)[0].split()
-    assert server == ["orbit_bootstrap", "orbit_credential", "serve"], listing.stdout
+    assert server == [
+        "migrate",
+        "orbit_bootstrap",
+        "orbit_cells",
+        "orbit_credential",
+        "orbit_move_application",
+        "serve",
+    ], listing.stdout
     assert listing.stdout.count("[server]") == 1
     serve_help = orbit(env, "help", "serve")
     assert serve_help.returncode == 0 and "--processes N" in serve_help.stdout, serve_help.stderr

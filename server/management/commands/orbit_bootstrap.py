@@ -5,6 +5,7 @@ from typing import Any, cast
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rest_framework.exceptions import ValidationError
 
+from orbit import cells
 from orbit.api.errors import translate
 from orbit.models import Application, Namespace
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
@@ -53,6 +54,9 @@ class Command(BaseCommand):
         parser.add_argument("--output", required=True, help="credentials file to write (mode 0600)")
         parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
         parser.add_argument("--url", help=URL_HELP)
+        parser.add_argument(
+            "--cell", help="with ORBIT_CELLS: the cell of a new application (default: the one with the fewest)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         with one_line_errors():
@@ -69,6 +73,20 @@ class Command(BaseCommand):
         check_name("--namespace", options["namespace"], cast(int, Namespace._meta.get_field("name").max_length))
         check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
+        if options["cell"] is not None and not cells.configured():
+            raise CommandError("--cell: ORBIT_CELLS is not set; there is one cell, the default database")
+        if cells.configured():
+            try:
+                # Placed (and its cell entered) before the transaction that mints in that cell.
+                ensure_application(options["application"], cell=options["cell"])
+            except LookupError as exc:
+                raise CommandError(f"--cell: {exc.args[0]}") from None
+            placed_in = cells.entered()
+            if options["cell"] is not None and placed_in != options["cell"]:
+                raise CommandError(
+                    f"--cell: application {options['application']!r} is in cell {placed_in!r};"
+                    " move it with orbit_move_application"
+                )
 
         def mint() -> tuple[dict[str, Any], str]:
             application = ensure_application(options["application"])

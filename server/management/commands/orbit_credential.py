@@ -4,6 +4,7 @@ from typing import Any, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from orbit import cells
 from orbit.errors import OrbitError
 from orbit.models import Application, Credential, Namespace
 from orbit.tenancy import issue_credential, revoke_credential
@@ -50,7 +51,11 @@ class Command(BaseCommand):
         longest = cast(int, Credential._meta.get_field("name").max_length)  # a CharField's
         if len(options["name"]) > longest:
             raise CommandError(f"--name: must be at most {longest} characters")
-        application = Application.objects.filter(name=options["application"]).first()
+        application = (
+            Application.objects.filter(name=options["application"]).first()
+            if cells.enter_application_named(options["application"])
+            else None
+        )
         namespace = (
             Namespace.objects.filter(
                 application_id=application.id, environment=options["environment"], name=options["namespace"]
@@ -80,11 +85,17 @@ class Command(BaseCommand):
         self.stdout.write(f"wrote {options['output']} (credential {credential_id})")
 
     def handle_revoke(self, options: dict[str, Any]) -> None:
+        if not cells.enter_credential(options["credential_id"]):
+            raise CommandError("credential not found")
         credential = revoke_credential(options["credential_id"])
         self.stdout.write(f"revoked {credential.id}")
 
     def handle_list(self, options: dict[str, Any]) -> None:
-        for credential in Credential.objects.order_by("created_at"):
+        listed = []
+        for cell in cells.each():
+            with cells.in_cell(cell):
+                listed += list(Credential.objects.order_by("created_at"))
+        for credential in sorted(listed, key=lambda credential: credential.created_at):
             state = "revoked" if credential.revoked_at else "active"
             queues = "all" if credential.queue_ids is None else ",".join(credential.queue_ids)
             self.stdout.write(

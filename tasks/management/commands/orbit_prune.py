@@ -46,6 +46,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
+from orbit import cells
 from orbit.db.rows import lock_by_pk
 from orbit.models import ApplicationState, Event, EventSequence, IdempotencyRecord
 from orbit.transactions import outermost
@@ -128,9 +129,13 @@ class Command(BaseCommand):
         started = time.monotonic()
         mode = "dry run: nothing is removed" if self.dry_run else "removing"
         self.stdout.write(f"orbit_prune: tasks finished before {bound.isoformat()}; {mode}")
-        self.prune_tasks(bound, size, tally)
-        self.prune_events(bound, size, tally)
-        self.prune_records(record_bound, size, tally)
+        for cell in cells.each():  # with cells, one after another, each in its own rows
+            with cells.in_cell(cell):
+                if cell is not None:
+                    self.stdout.write(f"orbit_prune: cell {cell}")
+                self.prune_tasks(bound, size, tally)
+                self.prune_events(bound, size, tally)
+                self.prune_records(record_bound, size, tally)
         verb = "would remove" if self.dry_run else "removed"
         kept = ", ".join(f"{count} {reason}" for reason, count in sorted(tally.kept.items())) or "nothing"
         self.stdout.write(

@@ -1,0 +1,299 @@
+"""Cells (SPEC §14) end to end: placement, routing, a frozen cell confined to
+its tenants, a move under load, and the commands an operator runs, on the
+two-cell installation of tests/support/cells.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orbit import cells
+from orbit_sdk import APIError, SubmitTaskRequest, Worker
+from tests.support.cells import (
+    CELL_A_DB,
+    CELL_B_DB,
+    DIRECTORY_DB,
+    DIRECTORY_TABLES,
+    MARKS,
+    Installation,
+    column_values,
+    shared_connection,
+    shared_dsn,
+    table_names,
+)
+
+pytestmark = MARKS
+
+
+def test_migrate_gives_each_database_only_its_own_tables(installation: Installation) -> None:
+    shared = shared_connection()
+    cell_b = installation.private.connect()
+    try:
+        directory, cell_a, cell_b_tables = (
+            table_names(shared, DIRECTORY_DB),
+            table_names(shared, CELL_A_DB),
+            table_names(cell_b, CELL_B_DB),
+        )
+    finally:
+        shared.close()
+        cell_b.close()
+    assert DIRECTORY_TABLES <= directory
+    assert "orbit_task" not in directory and "orbit_application" not in directory
+    for cell in (cell_a, cell_b_tables):
+        assert {"orbit_task", "orbit_attempt", "orbit_application", "orbit_credential", "orbit_event"} <= cell
+        assert not cell & DIRECTORY_TABLES
+        assert "auth_user" not in cell
+    assert cell_a == cell_b_tables
+
+
+def test_bootstrap_places_by_cell_or_by_fewest_applications(installation: Installation) -> None:
+    shared = shared_connection()
+    try:
+        cursor = shared.cursor()
+        cursor.execute(f"SELECT name, cell FROM `{DIRECTORY_DB}`.orbit_cell_placement")  # noqa: S608
+        placed = dict(cursor.fetchall())
+    finally:
+        shared.close()
+    assert placed["alpha"] == "a" and placed["beta"] == "b"
+    # a and b hold one application each: a tie goes to the first cell, then b has the fewest
+    assert installation.bootstrap("gamma")["application_id"]
+    assert installation.bootstrap("delta")["application_id"]
+    listing = installation.manage("orbit_cells").stdout
+    assert "cell a (" in listing and "cell b (" in listing, listing
+    cell_a, cell_b = listing.split("cell b (")
+    assert "gamma" in cell_a and "alpha" in cell_a and "delta" in cell_b and "beta" in cell_b, listing
+    assert listing.count("  reachable;") == 2, listing
+
+
+def test_bootstrap_refuses_an_unknown_cell_and_a_second_cell_for_one_application(installation: Installation) -> None:
+    unknown = installation.manage(
+        "orbit_bootstrap", "--application", "epsilon", "--namespace", "n", "--environment", "e", "--queue", "q",
+        "--output", str(installation.tmp / "epsilon.json"), "--cell", "c", check=False,
+    )  # fmt: skip
+    assert unknown.returncode == 1 and "--cell: unknown cell 'c'; cells: a, b" in unknown.stderr, unknown.stderr
+    elsewhere = installation.manage(
+        "orbit_bootstrap", "--application", "alpha", "--namespace", "n", "--environment", "e", "--queue", "q",
+        "--output", str(installation.tmp / "alpha-again.json"), "--cell", "b", check=False,
+    )  # fmt: skip
+    assert elsewhere.returncode == 1 and "application 'alpha' is in cell 'a'" in elsewhere.stderr, elsewhere.stderr
+
+
+def test_each_application_runs_in_its_cell_and_leaves_rows_only_there(installation: Installation) -> None:
+    done: dict[str, list[str]] = {"alpha": [], "beta": []}
+    workers = []
+    for name in done:
+        credential = installation.credentials[name]
+
+        def handle(execution: Any, name: str = name) -> dict[str, str]:
+            done[name].append(execution.task.id)
+            return {"ran_for": name}
+
+        worker = Worker(installation.server.url, credential["token"], [credential["queue_id"]], {"h": handle}, 4)  # type: ignore[union-attr]
+        threading.Thread(target=worker.run, kwargs={"handle_signals": False}, daemon=True).start()
+        workers.append(worker)
+    submitted: dict[str, list[str]] = {}
+    try:
+        for name in done:
+            with installation.client(name) as client:
+                request = SubmitTaskRequest(
+                    queue_id=installation.credentials[name]["queue_id"], handler="h", handler_version="v1",
+                    payload_version="v1", payload={},
+                )  # fmt: skip
+                submitted[name] = [client.submit_task(f"{name}-run-{n}", request).task.id for n in range(20)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(len(done[name]) < 20 for name in done):
+            time.sleep(0.05)
+    finally:
+        for worker in workers:
+            worker.stop()
+    assert {name: sorted(ids) for name, ids in done.items()} == {name: sorted(ids) for name, ids in submitted.items()}
+    with installation.client("alpha") as client:
+        assert client.get_task(submitted["alpha"][0]).state == "SUCCEEDED"
+        queues = client.list_queues().items
+        assert [queue.id for queue in queues] == [installation.credentials["alpha"]["queue_id"]]
+
+    shared = shared_connection()
+    cell_b = installation.private.connect()
+    try:
+        rows = {
+            "a": {table: column_values(shared, CELL_A_DB, table, "id") for table in ("orbit_task", "orbit_attempt")},
+            "b": {table: column_values(cell_b, CELL_B_DB, table, "id") for table in ("orbit_task", "orbit_attempt")},
+        }
+        namespaces = {
+            "a": column_values(shared, CELL_A_DB, "orbit_event", "namespace_id")
+            | column_values(shared, CELL_A_DB, "orbit_idempotency_record", "namespace_id"),
+            "b": column_values(cell_b, CELL_B_DB, "orbit_event", "namespace_id")
+            | column_values(cell_b, CELL_B_DB, "orbit_idempotency_record", "namespace_id"),
+        }
+    finally:
+        shared.close()
+        cell_b.close()
+    assert set(submitted["alpha"]) <= rows["a"]["orbit_task"] and not set(submitted["alpha"]) & rows["b"]["orbit_task"]
+    assert set(submitted["beta"]) <= rows["b"]["orbit_task"] and not set(submitted["beta"]) & rows["a"]["orbit_task"]
+    assert len(rows["a"]["orbit_attempt"]) >= 20 and len(rows["b"]["orbit_attempt"]) >= 20
+    alpha_ns, beta_ns = (installation.credentials[name]["namespace_id"] for name in ("alpha", "beta"))
+    assert alpha_ns in namespaces["a"] and beta_ns not in namespaces["a"]
+    assert beta_ns in namespaces["b"] and alpha_ns not in namespaces["b"]
+
+
+def test_readyz_lists_each_cell(installation: Installation) -> None:
+    answer = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
+    assert answer.status_code == 200
+    assert answer.json()["data"] == {"status": "ready", "cells": {"a": "ready", "b": "ready"}}
+
+
+def test_a_frozen_cell_answers_503_for_its_tenants_only_and_recovers(installation: Installation) -> None:
+    # Both credentials known to the server before the freeze, as for any busy tenant.
+    assert installation.submit("alpha", "warm-alpha").status_code == 201
+    assert installation.submit("beta", "warm-beta").status_code == 201
+    installation.private.freeze()
+    frozen_at = time.monotonic()
+    beta_answers: list[tuple[int, float]] = []
+    alpha_answers: list[tuple[int, float]] = []
+
+    def beta_submits() -> None:
+        for n in range(2):
+            began = time.monotonic()
+            status = installation.submit("beta", f"frozen-beta-{n}").status_code
+            beta_answers.append((status, time.monotonic() - began))
+
+    try:
+        beta = threading.Thread(target=beta_submits)
+        beta.start()
+        n = 0
+        while time.monotonic() - frozen_at < 10:
+            began = time.monotonic()
+            status = installation.submit("alpha", f"frozen-alpha-{n}").status_code
+            alpha_answers.append((status, time.monotonic() - began))
+            n += 1
+        ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
+        beta.join(timeout=30)
+        time.sleep(max(0.0, 12 - (time.monotonic() - frozen_at)))
+    finally:
+        installation.private.thaw()
+    assert len(alpha_answers) >= 20
+    assert all(status == 201 for status, _ in alpha_answers), alpha_answers
+    assert max(seconds for _, seconds in alpha_answers) < 1.5, alpha_answers
+    assert [status for status, _ in beta_answers] == [503, 503], beta_answers
+    assert max(seconds for _, seconds in beta_answers) < 5.5, beta_answers
+    assert ready.status_code == 200 and ready.json()["data"]["cells"] == {"a": "ready", "b": "database unreachable"}
+    # After the thaw beta is served again: a new submit, and a retried one (its key was never accepted).
+    deadline = time.monotonic() + 30
+    while installation.submit("beta", "thawed-beta").status_code != 201:
+        assert time.monotonic() < deadline, "beta not served after the thaw"
+        time.sleep(0.5)
+    assert installation.submit("beta", "frozen-beta-0").status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("cells", "message"),
+    [
+        ("{not json", "ORBIT_CELLS must be a JSON object of cell names to mysql:// DSNs"),
+        ("[]", "ORBIT_CELLS must be a non-empty JSON object of cell names to mysql:// DSNs"),
+        ('{"A": "mysql://root:@127.0.0.1:3306/x"}', "ORBIT_CELLS: cell name 'A' must be 1-32 of a-z"),
+        ('{"a": "sqlite:///x"}', "ORBIT_CELLS: cell 'a' must be a mysql://user:pass@host:port/db DSN"),
+    ],
+)
+def test_a_bad_orbit_cells_is_refused_by_name(installation: Installation, cells: str, message: str) -> None:
+    result = installation.manage("check", check=False, ORBIT_CELLS=cells)
+    assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+
+
+def test_two_cells_on_one_database_are_refused(installation: Installation) -> None:
+    same = json.dumps({"a": shared_dsn(CELL_A_DB), "b": shared_dsn(CELL_A_DB)})
+    result = installation.manage("check", check=False, ORBIT_CELLS=same)
+    assert result.returncode != 0 and "ORBIT_CELLS: cell 'b' is the same database as cell 'a'" in result.stderr
+
+
+def test_without_orbit_cells_there_is_no_cell_to_choose(installation: Installation, tmp_path: Path) -> None:
+    env = {"ORBIT_CELLS": "", "ORBIT_MYSQL_DSN": shared_dsn(CELL_A_DB)}
+    result = installation.manage(
+        "orbit_bootstrap", "--application", "zeta", "--namespace", "n", "--environment", "e", "--queue", "q",
+        "--output", str(tmp_path / "z.json"), "--cell", "a", check=False, **env,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "--cell: ORBIT_CELLS is not set; there is one cell, the default database" in result.stderr
+
+
+def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: Installation) -> None:
+    credential = installation.bootstrap("mover", "b")
+    tokens: list[int] = []
+    ran: list[str] = []
+
+    def handle(execution: Any) -> None:
+        assert execution.concurrency_token is not None
+        tokens.append(execution.concurrency_token)
+        ran.append(execution.task.id)
+        time.sleep(0.01)
+
+    worker = Worker(installation.server.url, credential["token"], [credential["queue_id"]], {"h": handle}, 4)  # type: ignore[union-attr]
+    threading.Thread(target=worker.run, kwargs={"handle_signals": False}, daemon=True).start()
+    accepted: dict[str, str] = {}
+    refusals: list[tuple[str, float]] = []
+    stop = threading.Event()
+
+    def submitter() -> None:
+        request = SubmitTaskRequest(
+            queue_id=credential["queue_id"], handler="h", handler_version="v1", payload_version="v1", payload={},
+            concurrency_key="account/1",
+        )  # fmt: skip
+        with installation.client("mover") as client:
+            n = 0
+            while not stop.is_set() or n < 10:
+                key = f"mover-{n}"
+                while True:  # as the SDK's caller does: the same key again after Retry-After
+                    try:
+                        accepted[key] = client.submit_task(key, request).task.id
+                        break
+                    except APIError as refused:
+                        assert refused.code == "UNAVAILABLE" and refused.status_code == 503, refused
+                        refusals.append((refused.message, refused.retry_after.total_seconds()))
+                        time.sleep(max(refused.retry_after.total_seconds(), 0.2))
+                n += 1
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=submitter)
+    thread.start()
+    try:
+        time.sleep(1.5)
+        moved = installation.manage("orbit_move_application", "mover", "--to", "a", "--timeout", "30")
+        time.sleep(1.5)
+        stop.set()
+        thread.join(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and len(set(ran)) < len(accepted):
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        worker.stop()
+    assert "now served from cell a" in moved.stdout, moved.stdout
+    assert refusals and {message for message, _ in refusals} <= {cells.MOVING, cells.MOVED_AWAY}, refusals
+    assert all(seconds == 1 for _, seconds in refusals), refusals
+    before = [token for token, task_id in zip(tokens, ran, strict=True) if task_id in accepted.values()]
+    assert sorted(set(ran)) == sorted(accepted.values()), "every accepted task ran, once"
+    assert len(ran) == len(set(ran))
+    assert before == sorted(before) and len(set(before)) == len(before), "one key: tokens strictly increase"
+    listing = installation.manage("orbit_cells").stdout
+    assert "mover" in listing.split("cell b (")[0], listing
+    shared = shared_connection()
+    cell_b = installation.private.connect()
+    try:
+        in_a = column_values(shared, CELL_A_DB, "orbit_task", "id")
+        in_b = column_values(cell_b, CELL_B_DB, "orbit_task", "id")
+        names_b = column_values(cell_b, CELL_B_DB, "orbit_application", "name")
+    finally:
+        shared.close()
+        cell_b.close()
+    assert set(accepted.values()) <= in_a and not set(accepted.values()) & in_b
+    assert "mover" not in names_b
+    check = installation.manage("orbit_check")
+    assert "orbit_check: ok" in check.stdout and "in cells a, b" in check.stdout
+    # Run again: the move finished, nothing more to do.
+    again = installation.manage("orbit_move_application", "mover", "--to", "a")
+    assert "mover is in cell a already; nothing to move" in again.stdout
