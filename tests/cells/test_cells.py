@@ -297,3 +297,86 @@ def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: I
     # Run again: the move finished, nothing more to do.
     again = installation.manage("orbit_move_application", "mover", "--to", "a")
     assert "mover is in cell a already; nothing to move" in again.stdout
+
+
+CRASH_AT_SWITCH = """
+from orbit.models import CellPlacement
+from server import moves
+
+real_save = CellPlacement.save
+
+def save(self, *args, **kwargs):
+    if self.move_phase == moves.COPIED:
+        raise SystemExit("crash: the copy is committed, the directory not switched")
+    real_save(self, *args, **kwargs)
+
+CellPlacement.save = save
+moves.move_application("crashy", "a", timeout=30, say=print)
+"""
+
+CRASH_AT_CLEANUP = """
+from server import moves
+
+real_remove = moves._remove
+
+def remove(model, owned, alias):
+    if alias == "cell_a":  # the source's rows, after the switch (the target's leftovers go first)
+        raise SystemExit("crash: switched, the old rows not removed")
+    return real_remove(model, owned, alias)
+
+moves._remove = remove
+moves.move_application("crashy", "b", timeout=30, say=print)
+"""
+
+
+def test_an_interrupted_move_is_finished_by_running_it_again(installation: Installation) -> None:
+    credential = installation.bootstrap("crashy", "b")
+    with installation.client("crashy") as client:
+        request = SubmitTaskRequest(
+            queue_id=credential["queue_id"], handler="h", handler_version="v1", payload_version="v1", payload={},
+            concurrency_key="account/9",
+        )  # fmt: skip
+        submitted = [client.submit_task(f"crashy-{n}", request).task.id for n in range(5)]
+
+    def tasks_in(connection: Any, database: str) -> list[str]:
+        cursor = connection.cursor()
+        cursor.execute(f"SELECT id FROM `{database}`.orbit_task WHERE namespace_id = %s", (credential["namespace_id"],))  # noqa: S608
+        return sorted(row[0] for row in cursor.fetchall())
+
+    def where_tasks_are() -> tuple[list[str], list[str]]:
+        shared, cell_b = shared_connection(), installation.private.connect()
+        try:
+            return tasks_in(shared, CELL_A_DB), tasks_in(cell_b, CELL_B_DB)
+        finally:
+            shared.close()
+            cell_b.close()
+
+    # Crashed between the target's commit and the directory's switch: both cells hold the rows.
+    crashed = installation.manage("shell", "-c", CRASH_AT_SWITCH, check=False)
+    assert crashed.returncode != 0 and "crash: the copy is committed" in crashed.stderr, crashed.stderr[-2000:]
+    in_a, in_b = where_tasks_are()
+    assert in_a == in_b == sorted(submitted)
+    assert installation.submit("crashy", "during-the-crashed-move").status_code == 503
+    # Run again: the leftover copy is replaced, not doubled, and the move completes.
+    finished = installation.manage("orbit_move_application", "crashy", "--to", "a")
+    assert "now served from cell a" in finished.stdout, finished.stdout
+    in_a, in_b = where_tasks_are()
+    assert in_a == sorted(submitted) and in_b == []
+    after = [installation.submit("crashy", "after-the-move") for _ in range(2)]
+    assert [answer.status_code for answer in after] in ([201, 200], [503, 201]), after
+
+    # Back to b, crashed after the switch, before the old rows were removed.
+    crashed = installation.manage("shell", "-c", CRASH_AT_CLEANUP, check=False)
+    assert crashed.returncode != 0 and "crash: switched" in crashed.stderr, crashed.stderr[-2000:]
+    in_a, in_b = where_tasks_are()
+    assert len(in_a) == len(in_b) == 6
+    # The directory names b: served there, after one 503 from a node that still had a cached.
+    answers = [installation.submit("crashy", "served-from-b") for _ in range(2)]
+    assert [answer.status_code for answer in answers] in ([201, 200], [503, 201]), answers
+    if answers[0].status_code == 503:
+        assert answers[0].json()["error"]["message"] == cells.MOVING and answers[0].headers["Retry-After"] == "1"
+    again = installation.manage("orbit_move_application", "crashy", "--to", "b")
+    assert "rows removed from cell a; now served from cell b" in again.stdout, again.stdout
+    in_a, in_b = where_tasks_are()
+    assert in_a == [] and len(in_b) == 7
+    assert "orbit_check: ok" in installation.manage("orbit_check").stdout
