@@ -68,7 +68,13 @@ class ConsoleCell:
 
 
 def picker(request: HttpRequest) -> dict[str, Any]:
-    """Template context: the cells and the one this page shows (empty without cells)."""
+    """Template context: each cell with the link that shows this page in it
+    (its own query kept), and the cell this page shows; empty without cells."""
     if not cells.configured() or not request.path.startswith("/admin/"):
         return {}
-    return {"orbit_cells": cells.names(), "orbit_cell": cells.entered()}
+    links = []
+    for cell in cells.names():
+        query = request.GET.copy()
+        query[PICK] = cell
+        links.append((cell, f"{request.path}?{query.urlencode()}"))
+    return {"orbit_cells": links, "orbit_cell": cells.entered()}
