@@ -52,10 +52,11 @@ def database_unreachable(exc: BaseException) -> bool:
 class SweepOutage:
     """How the sweeps fare while the database is unreachable, told in two lines."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, cell: str | None = None) -> None:
         self.clock = clock
         self.started: float | None = None
         self.failed_sweeps = 0
+        self.sweeps = "maintenance sweeps" if cell is None else f"maintenance sweeps of cell {cell}"
 
     def sweep_failed(self, exc: Exception) -> None:
         if self.started is not None:
@@ -67,7 +68,8 @@ class SweepOutage:
             self.started, self.failed_sweeps = self.clock(), 1
             # One line: the cause is the database's, a traceback says nothing more.
             logger.warning(
-                "maintenance sweeps failing: the database is unreachable (%s: %s); retrying every %g s",
+                "%s failing: the database is unreachable (%s: %s); retrying every %g s",
+                self.sweeps,
                 type(exc).__name__,
                 exc,
                 SWEEP_INTERVAL_SECONDS,
@@ -78,7 +80,8 @@ class SweepOutage:
             return
         lasted = self.clock() - self.started
         logger.warning(
-            "maintenance sweeps work again: the database was unreachable for %.1f s, %d %s failed",
+            "%s work again: the database was unreachable for %.1f s, %d %s failed",
+            self.sweeps,
             lasted,
             self.failed_sweeps,
             "sweep" if self.failed_sweeps == 1 else "sweeps",
@@ -90,7 +93,7 @@ def maintenance_loop(stop: threading.Event, cell: str | None = None) -> None:
     """Sweeps until `stop`; with cells, the one cell `cell` (each cell has a
     thread of its own, so a stalled cell delays no other's sweeps)."""
     cells.enter(cell)
-    outage = SweepOutage()
+    outage = SweepOutage(cell=cell)
     while not stop.is_set():
         try:
             run_sweep()

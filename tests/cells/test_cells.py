@@ -84,6 +84,22 @@ def test_bootstrap_refuses_an_unknown_cell_and_a_second_cell_for_one_application
     assert elsewhere.returncode == 1 and "application 'alpha' is in cell 'a'" in elsewhere.stderr, elsewhere.stderr
 
 
+def test_orbit_application_creates_and_lists_by_cell(installation: Installation) -> None:
+    created = installation.manage("orbit_application", "create", "epsilon", "--cell", "b").stdout
+    assert created.startswith("application epsilon created (id ") and created.strip().endswith(", cell b)"), created
+    again = installation.manage("orbit_application", "create", "epsilon").stdout
+    assert again.startswith("application epsilon exists (id ") and ", cell b)" in again, again
+    elsewhere = installation.manage("orbit_application", "create", "epsilon", "--cell", "a", check=False)
+    assert elsewhere.returncode == 1 and "application 'epsilon' is in cell 'b'" in elsewhere.stderr
+    listed = dict(line.split("\t")[1:] for line in installation.manage("orbit_application", "list").stdout.splitlines())
+    assert listed["epsilon"] == "b" and listed["alpha"] == "a" and listed["beta"] == "b", listed
+    cell_b = installation.private.connect()
+    try:
+        assert "epsilon" in column_values(cell_b, CELL_B_DB, "orbit_application", "name")
+    finally:
+        cell_b.close()
+
+
 def test_each_application_runs_in_its_cell_and_leaves_rows_only_there(installation: Installation) -> None:
     done: dict[str, list[str]] = {"alpha": [], "beta": []}
     workers = []
@@ -191,6 +207,31 @@ def test_a_frozen_cell_answers_503_for_its_tenants_only_and_recovers(installatio
     assert installation.submit("beta", "frozen-beta-0").status_code == 201
 
 
+def test_a_killed_cell_answers_503_for_its_tenants_only_and_recovers(installation: Installation) -> None:
+    assert installation.submit("alpha", "before-kill-alpha").status_code == 201
+    assert installation.submit("beta", "before-kill-beta").status_code == 201
+    installation.private.stop(kill=True)  # kill -9: InnoDB recovers on the next start
+    try:
+        alpha: list[tuple[int, float]] = []
+        for n in range(20):
+            began = time.monotonic()
+            alpha.append((installation.submit("alpha", f"killed-alpha-{n}").status_code, time.monotonic() - began))
+        began = time.monotonic()
+        beta = installation.submit("beta", "killed-beta")
+        beta_seconds = time.monotonic() - began
+        ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
+    finally:
+        installation.private.start()
+    assert all(status == 201 for status, _ in alpha) and max(seconds for _, seconds in alpha) < 1.5, alpha
+    assert beta.status_code == 503 and beta.json()["error"]["code"] == "UNAVAILABLE" and beta_seconds < 5.5
+    assert ready.status_code == 200 and ready.json()["data"]["cells"] == {"a": "ready", "b": "database unreachable"}
+    deadline = time.monotonic() + 30
+    while installation.submit("beta", "restarted-beta").status_code != 201:
+        assert time.monotonic() < deadline, "beta not served after its cell restarted"
+        time.sleep(0.5)
+    assert installation.submit("beta", "killed-beta").status_code == 201  # refused, so never accepted: new now
+
+
 @pytest.mark.parametrize(
     ("cells", "message"),
     [
@@ -219,6 +260,8 @@ def test_without_orbit_cells_there_is_no_cell_to_choose(installation: Installati
     )  # fmt: skip
     assert result.returncode == 1
     assert "--cell: ORBIT_CELLS is not set; there is one cell, the default database" in result.stderr
+    plain = installation.manage("orbit_application", "create", "zeta", **env).stdout
+    assert plain.startswith("application zeta created (id ") and "cell" not in plain, plain
 
 
 def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: Installation) -> None:

@@ -181,6 +181,7 @@ def test_help_lists_serve_among_the_commands_and_explains_it(env):
     server = listing.stdout.split("[server]\n", 1)[1].split("\n\n", 1)[0].split()
     assert server == [
         "migrate",
+        "orbit_application",
         "orbit_bootstrap",
         "orbit_cells",
         "orbit_credential",

@@ -16,6 +16,9 @@ from django.conf import settings
 from django.core.management.base import CommandError
 from django.db import DatabaseError, transaction
 
+from orbit import cells
+from orbit.models import Application
+from orbit.tenancy import ensure_application
 from server import cli
 
 URL_HELP = (
@@ -109,3 +112,21 @@ def _write(path: str, content: dict[str, Any], *, overwrite: bool) -> None:
         json.dump(content, handle, indent=2)
         handle.write("\n")
     os.chmod(target, 0o600)
+
+
+def placed_application(name: str, cell: str | None) -> Application:
+    """ensure_application under `--cell`'s rules: refused without ORBIT_CELLS,
+    an unknown cell refused by name, an existing application in another cell
+    refused (a move is a move). Its cell is entered for the rest of the command."""
+    if cell is not None and not cells.configured():
+        raise CommandError("--cell: ORBIT_CELLS is not set; there is one cell, the default database")
+    try:
+        application = ensure_application(name, cell=cell)
+    except LookupError as exc:
+        raise CommandError(f"--cell: {exc.args[0]}") from None
+    placed_in = cells.entered()
+    if cell is not None and placed_in != cell:
+        raise CommandError(
+            f"--cell: application {name!r} is in cell {placed_in!r}; move it with orbit_move_application"
+        )
+    return application

@@ -18,6 +18,7 @@ from server.management.commands._credentials_file import (
     file_content,
     mint_and_write,
     one_line_errors,
+    placed_application,
     refuse_existing,
 )
 
@@ -73,20 +74,9 @@ class Command(BaseCommand):
         check_name("--namespace", options["namespace"], cast(int, Namespace._meta.get_field("name").max_length))
         check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
-        if options["cell"] is not None and not cells.configured():
-            raise CommandError("--cell: ORBIT_CELLS is not set; there is one cell, the default database")
-        if cells.configured():
-            try:
-                # Placed (and its cell entered) before the transaction that mints in that cell.
-                ensure_application(options["application"], cell=options["cell"])
-            except LookupError as exc:
-                raise CommandError(f"--cell: {exc.args[0]}") from None
-            placed_in = cells.entered()
-            if options["cell"] is not None and placed_in != options["cell"]:
-                raise CommandError(
-                    f"--cell: application {options['application']!r} is in cell {placed_in!r};"
-                    " move it with orbit_move_application"
-                )
+        if options["cell"] is not None or cells.configured():
+            # Placed (and its cell entered) before the transaction that mints in that cell.
+            placed_application(options["application"], options["cell"])
 
         def mint() -> tuple[dict[str, Any], str]:
             application = ensure_application(options["application"])
