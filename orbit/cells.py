@@ -190,6 +190,12 @@ def application_of_credential(credential_id: str) -> str | None:
     return row
 
 
+def cell_of_credential(credential_id: str) -> str | None:
+    """The cell of the credential's application, from the directory (cached); None when unknown."""
+    application_id = application_of_credential(credential_id)
+    return None if application_id is None else cell_of_application(application_id)
+
+
 def forget(application_id: str) -> None:
     """Drops the cached cell of an application that moved."""
     with _cache_lock:

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 from orbit import cells
+from orbit.db.pool import run_db
 from orbit.db.rows import read_by_pk
 from orbit.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
 from orbit.models import Application, Credential
@@ -106,14 +107,23 @@ def _token_parts(token: str) -> tuple[str, str] | None:
     return None if match is None else (match[1], match[2])
 
 
-def enter_cell_of_header(authorization: str | None) -> None:
+async def enter_cell_of_header(authorization: str | None) -> None:
     """On the event loop, with cells: enters the cell of the bearer token's
-    credential if this process knows it already, so the request's call goes
-    to that cell's pool (orbit.db.pool.run_db); otherwise nothing."""
-    if authorization and cells.configured():
-        parts = _token_parts(authorization.partition(" ")[2].strip())
-        if parts is not None:
-            cells.enter_if_known(parts[0])
+    credential, so the request's call goes to that cell's pool
+    (orbit.db.pool.run_db). A credential this process has not seen yet is
+    looked up in the directory first, on the directory's pool: that pool
+    never waits on a cell. A token naming no credential enters nothing (its
+    call refuses it)."""
+    if not authorization or not cells.configured():
+        return
+    parts = _token_parts(authorization.partition(" ")[2].strip())
+    if parts is None:
+        return
+    cells.enter_if_known(parts[0])
+    if cells.entered() is None:
+        cell = await run_db(cells.cell_of_credential, parts[0])
+        if cell is not None:
+            cells.enter(cell)
 
 
 def _in_current_cell(credential_id: str, credential: Credential | None) -> Credential | None:

@@ -36,7 +36,14 @@ from orbit.db import inline
 from orbit.db.pool import run_db
 from orbit.errors import Unavailable
 from orbit.fields import new_id
-from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
+from orbit.principal import (
+    Minted,
+    Principal,
+    authenticate_token,
+    enter_cell_of_header,
+    known_credential,
+    token_from_header,
+)
 from tasks.actions.rounds import Answer, CredentialNotConfirmed, join_round, receipt_of, submit_request
 
 PATH = "/v1/tasks"
@@ -141,6 +148,7 @@ async def answer(scope: dict[str, Any], raw: bytes) -> HttpAnswer | None:
     try:
         joined = _joined_by_known_credential(loop, meta, body, request_id)
         if joined is None:
+            await enter_cell_of_header(meta.get("HTTP_AUTHORIZATION"))
             joined = await run_db(_read_and_joined, loop, meta, body, request_id)
     except Unavailable as exc:  # the deadline passed reading the credential: the full path would wait again
         status, envelope, extra = error_answer(request_id, exc)

@@ -35,7 +35,14 @@ from orbit.errors import (
 )
 from orbit.fields import new_id
 from orbit.metrics import FRAMES_RECEIVED, FRAMES_SENT
-from orbit.principal import Minted, Principal, authenticate_token, known_credential, token_from_header
+from orbit.principal import (
+    Minted,
+    Principal,
+    authenticate_token,
+    enter_cell_of_header,
+    known_credential,
+    token_from_header,
+)
 from tasks.actions import dispatch, endings, rounds
 from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
 from tasks.actions.dispatch import LeaseOutcome
@@ -161,6 +168,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         raw = headers.get(b"authorization")
         try:
             self.token = token_from_header(raw.decode("latin-1") if raw else None)
+            await enter_cell_of_header(f"Bearer {self.token}")  # its cell's pool, not the directory's
             principal, cell = await run_db(_authenticated_in_cell, self.token)
             self.principal = principal
             # Every later call of this connection (its task's context) runs in the application's cell.

@@ -50,8 +50,8 @@ def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
         if inline():
             # Tests that share the test case's transaction must stay on its connection.
             return await sync_to_async(_render, thread_sensitive=True)(view, request, *args, **kwargs)
-        enter_cell_of_header(request.headers.get("Authorization"))
         try:
+            await enter_cell_of_header(request.headers.get("Authorization"))
             return await run_db(_render, view, request, *args, **kwargs)
         except Unavailable as exc:  # the request deadline passed waiting for the pool
             status, body, headers = error_response_for(request, exc)
