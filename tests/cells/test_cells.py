@@ -27,6 +27,7 @@ from tests.support.cells import (
     shared_dsn,
     table_names,
 )
+from tests.support.live import LIVE_METRICS_TOKEN
 
 pytestmark = MARKS
 
@@ -189,6 +190,13 @@ def test_a_frozen_cell_answers_503_for_its_tenants_only_and_recovers(installatio
             alpha_answers.append((status, time.monotonic() - began))
             n += 1
         ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
+        began = time.monotonic()
+        scrape = httpx.get(
+            f"{installation.server.url}/metrics",  # type: ignore[union-attr]
+            headers={"Authorization": f"Bearer {LIVE_METRICS_TOKEN}"},
+            timeout=30,
+        )
+        scrape_seconds = time.monotonic() - began
         beta.join(timeout=30)
         time.sleep(max(0.0, 12 - (time.monotonic() - frozen_at)))
     finally:
@@ -199,6 +207,9 @@ def test_a_frozen_cell_answers_503_for_its_tenants_only_and_recovers(installatio
     assert [status for status, _ in beta_answers] == [503, 503], beta_answers
     assert max(seconds for _, seconds in beta_answers) < 5.5, beta_answers
     assert ready.status_code == 200 and ready.json()["data"]["cells"] == {"a": "ready", "b": "database unreachable"}
+    # /metrics leaves the frozen cell out (its connection's timeouts bound the wait) and says so.
+    assert scrape.status_code == 200 and scrape_seconds < 5.5, (scrape.status_code, scrape_seconds)
+    assert 'orbit_cell_up{cell="b"} 0.0' in scrape.text and 'application="alpha"' in scrape.text
     # After the thaw beta is served again: a new submit, and a retried one (its key was never accepted).
     deadline = time.monotonic() + 30
     while installation.submit("beta", "thawed-beta").status_code != 201:
@@ -220,8 +231,19 @@ def test_a_killed_cell_answers_503_for_its_tenants_only_and_recovers(installatio
         beta = installation.submit("beta", "killed-beta")
         beta_seconds = time.monotonic() - began
         ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
+        began = time.monotonic()
+        scrape = httpx.get(
+            f"{installation.server.url}/metrics",  # type: ignore[union-attr]
+            headers={"Authorization": f"Bearer {LIVE_METRICS_TOKEN}"},
+            timeout=10,
+        )
+        scrape_seconds = time.monotonic() - began
     finally:
         installation.private.start()
+    # The scrape answers without the dead cell: its queues are missing and orbit_cell_up says so.
+    assert scrape.status_code == 200 and scrape_seconds < 5.5, (scrape.status_code, scrape_seconds)
+    assert 'orbit_cell_up{cell="a"} 1.0' in scrape.text and 'orbit_cell_up{cell="b"} 0.0' in scrape.text
+    assert 'application="alpha"' in scrape.text and 'application="beta"' not in scrape.text
     assert all(status == 201 for status, _ in alpha) and max(seconds for _, seconds in alpha) < 1.5, alpha
     assert beta.status_code == 503 and beta.json()["error"]["code"] == "UNAVAILABLE" and beta_seconds < 5.5
     assert ready.status_code == 200 and ready.json()["data"]["cells"] == {"a": "ready", "b": "database unreachable"}
