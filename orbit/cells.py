@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -160,34 +160,40 @@ _credentials: dict[str, str] = {}
 _cache_lock = threading.Lock()
 
 
+def _read_through(cache: dict[str, str], key: str, read: Callable[[], str | None]) -> str | None:
+    found = cache.get(key)
+    if found is None:
+        found = read()
+        if found is not None:
+            with _cache_lock:
+                cache[key] = found
+    return found
+
+
 def cell_of_application(application_id: str) -> str | None:
     """The application's cell (cached: it changes only by a move, which
     forgets it here); None when unknown."""
-    cell = _placements.get(application_id)
-    if cell is not None:
-        return cell
     from orbit.models import CellPlacement
 
-    row = CellPlacement.objects.filter(application_id=application_id).values_list("cell", flat=True).first()
-    if row is not None:
-        with _cache_lock:
-            _placements[application_id] = row
-    return row
+    return _read_through(
+        _placements,
+        application_id,
+        lambda: CellPlacement.objects.filter(application_id=application_id).values_list("cell", flat=True).first(),
+    )
 
 
 def application_of_credential(credential_id: str) -> str | None:
-    application_id = _credentials.get(credential_id)
-    if application_id is not None:
-        return application_id
     from orbit.models import CredentialPlacement
 
-    row = (
-        CredentialPlacement.objects.filter(credential_id=credential_id).values_list("application_id", flat=True).first()
+    return _read_through(
+        _credentials,
+        credential_id,
+        lambda: (
+            CredentialPlacement.objects.filter(credential_id=credential_id)
+            .values_list("application_id", flat=True)
+            .first()
+        ),
     )
-    if row is not None:
-        with _cache_lock:
-            _credentials[credential_id] = row
-    return row
 
 
 def cell_of_credential(credential_id: str) -> str | None:
@@ -223,14 +229,11 @@ def enter_credential(credential_id: str) -> bool:
     return True
 
 
-def enter_if_known(credential_id: str) -> None:
-    """On the event loop, before a call goes to the pool: enters the cell of
-    a credential this process has looked up before (its calls then use that
-    cell's pool); nothing for one it has not, whose call authenticates it."""
+def known_cell_of_credential(credential_id: str) -> str | None:
+    """On the event loop: the cell of a credential this process has looked
+    up before, from memory alone; None for one it has not."""
     application_id = _credentials.get(credential_id)
-    cell = _placements.get(application_id) if application_id is not None else None
-    if cell is not None:
-        _entered.set(cell)
+    return None if application_id is None else _placements.get(application_id)
 
 
 def enter_application_named(name: str) -> bool:

@@ -119,11 +119,9 @@ async def enter_cell_of_header(authorization: str | None) -> None:
     parts = _token_parts(authorization.partition(" ")[2].strip())
     if parts is None:
         return
-    cells.enter_if_known(parts[0])
-    if cells.entered() is None:
-        cell = await run_db(cells.cell_of_credential, parts[0])
-        if cell is not None:
-            cells.enter(cell)
+    cell = cells.known_cell_of_credential(parts[0]) or await run_db(cells.cell_of_credential, parts[0])
+    if cell is not None:
+        cells.enter(cell)
 
 
 def _in_current_cell(credential_id: str, credential: Credential | None) -> Credential | None:

@@ -28,28 +28,21 @@ def ensure_application(name: str, *, cell: str | None = None) -> Application:
     if cells.configured():
         application_id, placed_in = _placed(name, cell)
         cells.enter(placed_in)
-        existing = Application.objects.filter(id=application_id).first()
-        if existing is not None:
-            return existing
-        # The placement was written before its cell's rows: created here,
-        # also after a crash left the placement alone.
-        try:
-            with transaction.atomic():
-                application = Application.objects.create(id=application_id, name=name)
-                ApplicationState.objects.create(application_id=application.id)
-                return application
-        except IntegrityError:
-            return Application.objects.get(id=application_id)
-    existing = Application.objects.filter(name=name).first()
+        # The placement was written before its cell's rows: created here, also
+        # after a crash left the placement alone, under the placement's id.
+        identity = {"id": application_id}
+    else:
+        identity = {"name": name}
+    existing = Application.objects.filter(**identity).first()
     if existing is not None:
         return existing
     try:
         with transaction.atomic():
-            application = Application.objects.create(name=name)
+            application = Application.objects.create(**{"name": name, **identity})
             ApplicationState.objects.create(application_id=application.id)
             return application
     except IntegrityError:
-        return Application.objects.get(name=name)
+        return Application.objects.get(**identity)
 
 
 def _placed(name: str, cell: str | None) -> tuple[str, str]:

@@ -166,9 +166,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.handoff_sending = asyncio.Lock()
         headers = dict(self.scope.get("headers") or [])
         raw = headers.get(b"authorization")
+        authorization = raw.decode("latin-1") if raw else None
         try:
-            self.token = token_from_header(raw.decode("latin-1") if raw else None)
-            await enter_cell_of_header(f"Bearer {self.token}")  # its cell's pool, not the directory's
+            self.token = token_from_header(authorization)
+            await enter_cell_of_header(authorization)  # its cell's pool, not the directory's
             principal, cell = await run_db(_authenticated_in_cell, self.token)
             self.principal = principal
             # Every later call of this connection (its task's context) runs in the application's cell.

@@ -27,7 +27,6 @@ from tests.support.cells import (
     shared_dsn,
     table_names,
 )
-from tests.support.live import LIVE_METRICS_TOKEN
 
 pytestmark = MARKS
 
@@ -190,13 +189,7 @@ def test_a_frozen_cell_answers_503_for_its_tenants_only_and_recovers(installatio
             alpha_answers.append((status, time.monotonic() - began))
             n += 1
         ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
-        began = time.monotonic()
-        scrape = httpx.get(
-            f"{installation.server.url}/metrics",  # type: ignore[union-attr]
-            headers={"Authorization": f"Bearer {LIVE_METRICS_TOKEN}"},
-            timeout=30,
-        )
-        scrape_seconds = time.monotonic() - began
+        scrape, scrape_seconds = installation.scrape()
         beta.join(timeout=30)
         time.sleep(max(0.0, 12 - (time.monotonic() - frozen_at)))
     finally:
@@ -231,13 +224,7 @@ def test_a_killed_cell_answers_503_for_its_tenants_only_and_recovers(installatio
         beta = installation.submit("beta", "killed-beta")
         beta_seconds = time.monotonic() - began
         ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
-        began = time.monotonic()
-        scrape = httpx.get(
-            f"{installation.server.url}/metrics",  # type: ignore[union-attr]
-            headers={"Authorization": f"Bearer {LIVE_METRICS_TOKEN}"},
-            timeout=10,
-        )
-        scrape_seconds = time.monotonic() - began
+        scrape, scrape_seconds = installation.scrape()
     finally:
         installation.private.start()
     # The scrape answers without the dead cell: its queues are missing and orbit_cell_up says so.

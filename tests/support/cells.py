@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,15 @@ class Installation:
     def client(self, application: str) -> Client:
         assert self.server is not None
         return Client(self.server.url, self.credentials[application]["token"], timeout=30)
+
+    def scrape(self) -> tuple[httpx.Response, float]:
+        """GET /metrics as the platform operator, and how long it took."""
+        assert self.server is not None
+        began = time.monotonic()
+        answer = httpx.get(
+            f"{self.server.url}/metrics", headers={"Authorization": f"Bearer {LIVE_METRICS_TOKEN}"}, timeout=30
+        )
+        return answer, time.monotonic() - began
 
     def submit(self, application: str, key: str) -> httpx.Response:
         assert self.server is not None
