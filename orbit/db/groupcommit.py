@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from queue import Empty, SimpleQueue
 from typing import Any, Generic, Literal, TypeVar
 
@@ -75,20 +75,31 @@ def unwrap(outcome: R | BaseException) -> R:
 @dataclass
 class _Request(Generic[I, R]):
     """An item and where its outcome goes: a concurrent Future (a caller on a
-    thread), or an asyncio Future (a caller on that future's event loop)."""
+    thread), or an asyncio Future (a caller on that future's event loop).
+    `deadline`: when its caller stops waiting (time.monotonic())."""
 
     item: I
     future: Future[R] | asyncio.Future[R]
+    deadline: float = field(default_factory=lambda: time.monotonic() + REQUEST_DEADLINE_SECONDS)
 
     def claim(self) -> bool:
-        """False if the caller went away (cancelled) before its item ran; once
-        claimed, a thread caller can no longer cancel."""
+        """False if the caller went away (cancelled) before its item ran, or
+        its deadline has passed: its caller is answered UNAVAILABLE, if not
+        yet then at once (a process that was stopped wakes with both the
+        lane and the caller's timer due; the item must not run then, or it
+        would commit what its caller was told failed). Once claimed, a
+        thread caller can no longer cancel."""
+        if time.monotonic() >= self.deadline:
+            return False
         if isinstance(self.future, asyncio.Future):
             return not self.future.cancelled()  # a read: the future belongs to its loop
         return self.future.set_running_or_notify_cancel()
 
     def abandoned(self) -> bool:
-        """The caller stopped waiting (its deadline passed) after the item was claimed."""
+        """The caller stopped waiting (its deadline passed) after the item was
+        claimed: by the clock, as its timer may not have fired yet."""
+        if time.monotonic() >= self.deadline:
+            return True
         if isinstance(self.future, asyncio.Future):
             return self.future.cancelled()
         return getattr(self.future, "abandoned", False)

@@ -43,6 +43,25 @@ def test_a_cancelled_request_is_skipped_and_its_neighbours_are_answered(settings
     assert seen == [["first"], ["kept"]]
 
 
+def test_an_item_past_its_callers_deadline_is_not_run(settings, monkeypatch):
+    # A process stopped while items waited (SIGSTOP, a frozen VM) wakes with the lane and the
+    # callers' timers due at once: what a caller was told failed must not run (and commit) then.
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    first = commit.enqueue("lane", "first")
+    time.sleep(0.1)  # the lane is inside the first group now
+    monkeypatch.setattr(groupcommit, "REQUEST_DEADLINE_SECONDS", 0.2)
+    late = commit.enqueue("lane", "late")
+    monkeypatch.undo()
+    time.sleep(0.3)  # its caller's deadline passes while the lane is held
+    kept = commit.enqueue("lane", "kept")
+    gate.set()
+    assert first.result(5) == "done first" and kept.result(5) == "done kept"
+    assert seen == [["first"], ["kept"]]
+    assert not late.done()  # never run: its caller's own timeout answers it UNAVAILABLE
+
+
 def test_one_refused_item_does_not_refuse_its_group(settings):
     seen: list[list[str]] = []
     gate = threading.Event()
