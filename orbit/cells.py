@@ -74,6 +74,11 @@ def alias_of(cell: str) -> str:
     return f"cell_{cell}"
 
 
+def named_by_alias(alias: str) -> str | None:
+    """The cell whose database alias this is; None for the directory's."""
+    return next((cell for cell in names() if alias_of(cell) == alias), None)
+
+
 def configured() -> bool:
     return bool(getattr(settings, "ORBIT_CELLS", None))
 
@@ -107,13 +112,18 @@ def in_cell(cell: str | None) -> Iterator[None]:
 
 class CellConnections(ConnectionHandler):
     """Django's connection handler, with the default alias rerouted to the
-    entered cell's connection."""
+    entered cell's connection. The directory's alias is the default
+    database's own connection, whatever is entered: one connection to the
+    directory per thread, and the directory's writes inside a transaction
+    opened on it (a test's, say) stay in that transaction."""
 
     def __getitem__(self, alias: str) -> Any:
         if alias == DEFAULT_DB_ALIAS:
             cell = _entered.get()
             if cell is not None:
                 alias = alias_of(cell)
+        elif alias == DIRECTORY:
+            alias = DEFAULT_DB_ALIAS
         return super().__getitem__(alias)
 
 
