@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from orbit import cells
 from orbit.db.pool import run_db
-from orbit.db.rows import read_by_pk
+from orbit.db.rows import pk_in, read_by_pk, select_together
 from orbit.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
 from orbit.models import Application, Credential
 
@@ -124,22 +124,33 @@ async def enter_cell_of_header(authorization: str | None) -> None:
         cells.enter(cell)
 
 
-def _in_current_cell(credential_id: str, credential: Credential | None) -> Credential | None:
-    """With cells: the credential as its application's cell has it now. Not
-    in the cell entered, the application may have moved since this process
-    cached its cell: the directory is read again, once. An application
-    being moved answers 503 until it is served from its new cell."""
+def _credential_and_application(credential_id: str, application_id: str) -> tuple[Credential | None, bool]:
+    """The credential row in the cell entered, and whether its application
+    is being moved (one round trip)."""
+    credentials, applications = select_together(
+        [(Credential, *pk_in(Credential, [credential_id])), (Application, *pk_in(Application, [application_id]))]
+    )
+    return (credentials[0] if credentials else None), any(row.moving for row in applications)
+
+
+def _in_current_cell(credential_id: str) -> Credential | None:
+    """With cells: the credential as its application's cell has it now (the
+    cell entered: the directory names it). Not there, the application may
+    have moved since this process cached its cell: the directory is read
+    again, once. An application being moved answers 503 until it is served
+    from its new cell."""
+    application_id = cells.application_of_credential(credential_id)
+    if application_id is None:
+        return None
+    credential, moving = _credential_and_application(credential_id, application_id)
     if credential is None:
-        application_id = cells.application_of_credential(credential_id)
-        if application_id is None:
-            return None
         cells.forget(application_id)
         cells.enter_application(application_id)
-        credential = read_by_pk(Credential, [credential_id]).get(credential_id)
+        credential, moving = _credential_and_application(credential_id, application_id)
         if credential is None:
             return None
-    if Application.objects.filter(id=credential.application_id, moving=True).exists():
-        cells.forget(credential.application_id)
+    if moving:
+        cells.forget(application_id)
         raise Unavailable(cells.MOVING, retry_after=1)
     return credential
 
@@ -152,9 +163,10 @@ def authenticate_token(token: str) -> Principal:
     # With cells, the directory names the credential's cell, entered for the rest of the call.
     if not cells.enter_credential(credential_id):
         raise Unauthenticated("invalid bearer token")
-    credential = read_by_pk(Credential, [credential_id]).get(credential_id)
     if cells.configured():
-        credential = _in_current_cell(credential_id, credential)
+        credential = _in_current_cell(credential_id)
+    else:
+        credential = read_by_pk(Credential, [credential_id]).get(credential_id)
     if credential is not None and credential.revoked_at is not None:
         credential = None
     if credential is None or not hmac.compare_digest(credential.secret_hash, hash_secret(secret)):

@@ -242,25 +242,27 @@ def _application_of(item: RoundItem) -> str:
     return item.actor.principal.application_id if isinstance(item, SubmitRequest) else item.worker.application_id
 
 
-def _refuse_while_moving(items: list[RoundItem], answers: list[Answer | BaseException | None]) -> None:
+def _refuse_while_moving(
+    items: list[RoundItem], answers: list[Answer | BaseException | None], applications: dict[str, Application]
+) -> None:
     """With cells: an application being moved (orbit_move_application) takes
     no submit and no lease, while its running attempts still report and
     finish; one no longer in this cell (moved away, this process's
     directory cache stale) takes nothing here, and its cell is looked up
     again for the retry; and a worker connection made to another cell (the
-    application's cell before a move) takes nothing."""
-    moving = dict(
-        Application.objects.filter(id__in={_application_of(item) for item in items}).values_list("id", "moving")
-    )
+    application's cell before a move) takes nothing. `applications`: the
+    rows of the items' applications as the round's first reads found them
+    in this cell."""
     here = cells.entered()
     for index, item in enumerate(items):
         application_id = _application_of(item)
+        application = applications.get(application_id)
         if not isinstance(item, SubmitRequest) and item.worker.cell not in (None, here):
             answers[index] = Unavailable(cells.MOVED_AWAY, retry_after=1)  # a connection to the old cell
-        elif application_id not in moving:
+        elif application is None:
             cells.forget(application_id)
             answers[index] = Unavailable(cells.MOVED_AWAY, retry_after=1)
-        elif moving[application_id]:
+        elif application.moving:
             cells.forget(application_id)  # the next round reads the directory: it names the new cell once switched
             if isinstance(item, SubmitRequest | LeaseRequest):
                 answers[index] = Unavailable(cells.MOVING, retry_after=1)
@@ -269,21 +271,16 @@ def _refuse_while_moving(items: list[RoundItem], answers: list[Answer | BaseExce
 def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     """One outcome per item, in order: the reply body (a LeaseOutcome for a
     lease, a Receipt for a submit) or the error that refused it."""
-    if not cells.configured():
-        return _run_round(items)
-    answers: list[Answer | BaseException | None] = [None] * len(items)
-    _refuse_while_moving(items, answers)
-    left = [index for index, answer in enumerate(answers) if answer is None]
-    if left:
-        for index, answer in zip(left, _run_round([items[i] for i in left]), strict=True):
-            answers[index] = answer
-    return [answer for answer in answers if answer is not None]
-
-
-def _run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
     answers: list[Answer | BaseException | None] = [None] * len(items)
     mine, later = _split_submits(items)
     first = _FirstReads.read(items, mine)
+    if cells.configured():
+        _refuse_while_moving(items, answers, first.configuration.applications)
+        if any(answer is not None for answer in answers):  # a move: the rest is a round of its own
+            left = [index for index, answer in enumerate(answers) if answer is None]
+            for index, answer in zip(left, run_round([items[i] for i in left]) if left else [], strict=True):
+                answers[index] = answer
+            return [answer for answer in answers if answer is not None]
     for index, item in enumerate(items):
         if isinstance(item, SubmitRequest) and not first.confirms(item):
             answers[index] = CredentialNotConfirmed()
