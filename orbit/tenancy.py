@@ -26,11 +26,9 @@ def ensure_application(name: str, *, cell: str | None = None) -> Application:
     applications) and that cell is entered for the rest of the call; an
     existing application stays where it is."""
     if cells.configured():
-        application_id, placed_in = _placed(name, cell)
-        cells.enter(placed_in)
         # The placement was written before its cell's rows: created here, also
         # after a crash left the placement alone, under the placement's id.
-        identity = {"id": application_id}
+        identity = {"id": enter_placed(name, cell)}
     else:
         identity = {"name": name}
     existing = Application.objects.filter(**identity).first()
@@ -43,6 +41,16 @@ def ensure_application(name: str, *, cell: str | None = None) -> Application:
             return application
     except IntegrityError:
         return Application.objects.get(**identity)
+
+
+def enter_placed(name: str, cell: str | None = None) -> str:
+    """With cells: the directory's id of the application `name`, placed first
+    if new (in `cell`, or the cell with the fewest applications), and its
+    cell entered for the rest of the call. Its own rows are not made here:
+    the caller makes them in a transaction of that cell."""
+    application_id, placed_in = _placed(name, cell)
+    cells.enter(placed_in)
+    return application_id
 
 
 def _placed(name: str, cell: str | None) -> tuple[str, str]:

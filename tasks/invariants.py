@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
-from orbit.models import Application, ApplicationState, Event, EventSequence
+from orbit.models import Application, ApplicationState, CellPlacement, Event, EventSequence
 from plans.models import Plan, PlanTrigger, TriggerOutcome
 from queues.models import Queue, QueueState
 from tasks.key_rules import PolicySet, Rate, read_policy_set
@@ -411,6 +411,28 @@ def _token_sequence_violations(holders: Mapping[tuple[str, str], ConcurrencyKey]
         elif highest is not None and highest > row.version:
             problems.append(f"key {(namespace_id, key)}: token {highest} issued beyond row version {row.version}")
     return problems
+
+
+def placement_violations(cell: str) -> list[str]:
+    """With cells, in the cell entered (`cell`): the directory places every
+    application this cell holds here, or is moving it from or to here (a
+    move copies before it switches and removes after). A placement here
+    whose application has no rows yet is a creation cut short, which the
+    next creation of that name completes: not drift."""
+    placed_here = CellPlacement.objects.filter(Q(cell=cell) | Q(moving_to=cell) | Q(moving_from=cell))
+    here = set(placed_here.values_list("application_id", flat=True))
+    held = sorted(Application.objects.values_list("id", flat=True))
+    elsewhere = {
+        placement.application_id: placement.cell
+        for placement in CellPlacement.objects.filter(application_id__in=[i for i in held if i not in here])
+    }
+    return [
+        f"application {application_id}: in cell {cell} but the directory places it in {elsewhere[application_id]}"
+        if application_id in elsewhere
+        else f"application {application_id}: in cell {cell} but not in the directory"
+        for application_id in held
+        if application_id not in here
+    ]
 
 
 def event_cursor_violations() -> list[str]:

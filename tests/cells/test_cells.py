@@ -21,6 +21,7 @@ from tests.support.cells import (
     DIRECTORY_DB,
     DIRECTORY_TABLES,
     MARKS,
+    SUFFIX,
     Installation,
     column_values,
     shared_connection,
@@ -158,6 +159,50 @@ def test_each_application_runs_in_its_cell_and_leaves_rows_only_there(installati
     assert beta_ns in namespaces["b"] and alpha_ns not in namespaces["b"]
 
 
+def test_a_bootstrap_that_cannot_write_its_file_makes_no_row_in_the_cell(installation: Installation) -> None:
+    (installation.tmp / "a-directory").mkdir()
+    failed = installation.manage(
+        "orbit_bootstrap", "--application", "eta", "--namespace", "n", "--environment", "e", "--queue", "q",
+        "--output", str(installation.tmp / "a-directory"), "--overwrite", "--cell", "b", check=False,
+    )  # fmt: skip
+    assert failed.returncode == 1 and "Is a directory" in failed.stderr, failed.stderr
+    cell_b = installation.private.connect()
+    try:
+        # The application, namespace, queue and credential are made in one transaction of its cell.
+        assert "eta" not in column_values(cell_b, CELL_B_DB, "orbit_application", "name")
+    finally:
+        cell_b.close()
+    # The placement stays (placements are written first): bootstrap again completes it there.
+    assert installation.bootstrap("eta")["application_id"]
+    assert installation.manage("orbit_check").returncode == 0
+
+
+def test_orbit_check_finds_an_application_in_a_cell_the_directory_does_not_name(installation: Installation) -> None:
+    application_id = installation.bootstrap("theta", "a")["application_id"]
+    shared = shared_connection()
+    placements = f"`{DIRECTORY_DB}`.orbit_cell_placement"
+    try:
+        shared.cursor().execute(f"UPDATE {placements} SET cell = 'b' WHERE application_id = %s", (application_id,))  # noqa: S608
+        shared.commit()
+        drifted = installation.manage("orbit_check", check=False)
+        shared.cursor().execute(f"DELETE FROM {placements} WHERE application_id = %s", (application_id,))  # noqa: S608
+        shared.commit()
+        unknown = installation.manage("orbit_check", check=False)
+    finally:
+        shared.cursor().execute(
+            f"REPLACE INTO {placements} (application_id, name, cell, moving_to, moving_from, move_phase, created_at, "  # noqa: S608
+            "updated_at) VALUES (%s, 'theta', 'a', '', '', '', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+            (application_id,),
+        )
+        shared.commit()
+        shared.close()
+    assert drifted.returncode == 1, drifted.stdout
+    assert f"cell a: application {application_id}: in cell a but the directory places it in b" in drifted.stderr
+    assert unknown.returncode == 1, unknown.stdout
+    assert f"cell a: application {application_id}: in cell a but not in the directory" in unknown.stderr
+    assert installation.manage("orbit_check").returncode == 0
+
+
 def test_readyz_lists_each_cell(installation: Installation) -> None:
     answer = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
     assert answer.status_code == 200
@@ -262,15 +307,24 @@ def test_two_cells_on_one_database_are_refused(installation: Installation) -> No
 
 
 def test_without_orbit_cells_there_is_no_cell_to_choose(installation: Installation, tmp_path: Path) -> None:
-    env = {"ORBIT_CELLS": "", "ORBIT_MYSQL_DSN": shared_dsn(CELL_A_DB)}
-    result = installation.manage(
-        "orbit_bootstrap", "--application", "zeta", "--namespace", "n", "--environment", "e", "--queue", "q",
-        "--output", str(tmp_path / "z.json"), "--cell", "a", check=False, **env,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert "--cell: ORBIT_CELLS is not set; there is one cell, the default database" in result.stderr
-    plain = installation.manage("orbit_application", "create", "zeta", **env).stdout
-    assert plain.startswith("application zeta created (id ") and "cell" not in plain, plain
+    # An installation of its own, on one database (not a cell's: its rows would be no directory's).
+    plain_db = f"orbit_cells_plain_{SUFFIX}"
+    shared = shared_connection()
+    shared.cursor().execute(f"CREATE DATABASE `{plain_db}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+    try:
+        env = {"ORBIT_CELLS": "", "ORBIT_MYSQL_DSN": shared_dsn(plain_db)}
+        installation.manage("migrate", "-v0", **env)
+        result = installation.manage(
+            "orbit_bootstrap", "--application", "zeta", "--namespace", "n", "--environment", "e", "--queue", "q",
+            "--output", str(tmp_path / "z.json"), "--cell", "a", check=False, **env,
+        )  # fmt: skip
+        assert result.returncode == 1
+        assert "--cell: ORBIT_CELLS is not set; there is one cell, the default database" in result.stderr
+        plain = installation.manage("orbit_application", "create", "zeta", **env).stdout
+        assert plain.startswith("application zeta created (id ") and "cell" not in plain, plain
+    finally:
+        shared.cursor().execute(f"DROP DATABASE IF EXISTS `{plain_db}`")
+        shared.close()
 
 
 def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: Installation) -> None:

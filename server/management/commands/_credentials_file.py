@@ -17,8 +17,7 @@ from django.core.management.base import CommandError
 from django.db import DatabaseError, transaction
 
 from orbit import cells
-from orbit.models import Application
-from orbit.tenancy import ensure_application
+from orbit.tenancy import enter_placed
 from server import cli
 
 URL_HELP = (
@@ -114,14 +113,18 @@ def _write(path: str, content: dict[str, Any], *, overwrite: bool) -> None:
     os.chmod(target, 0o600)
 
 
-def placed_application(name: str, cell: str | None) -> Application:
-    """ensure_application under `--cell`'s rules: refused without ORBIT_CELLS,
-    an unknown cell refused by name, an existing application in another cell
-    refused (a move is a move). Its cell is entered for the rest of the command."""
-    if cell is not None and not cells.configured():
-        raise CommandError("--cell: ORBIT_CELLS is not set; there is one cell, the default database")
+def enter_placed_application(name: str, cell: str | None) -> None:
+    """With ORBIT_CELLS, the application's placement under `--cell`'s rules
+    (an unknown cell refused by name, an existing application in another
+    cell refused: a move is a move), and its cell entered for the rest of
+    the command, before the transaction that makes its rows there. Without
+    ORBIT_CELLS, `--cell` is refused and nothing else happens."""
+    if not cells.configured():
+        if cell is not None:
+            raise CommandError("--cell: ORBIT_CELLS is not set; there is one cell, the default database")
+        return
     try:
-        application = ensure_application(name, cell=cell)
+        enter_placed(name, cell)
     except LookupError as exc:
         raise CommandError(f"--cell: {exc.args[0]}") from None
     placed_in = cells.entered()
@@ -129,4 +132,3 @@ def placed_application(name: str, cell: str | None) -> Application:
         raise CommandError(
             f"--cell: application {name!r} is in cell {placed_in!r}; move it with orbit_move_application"
         )
-    return application

@@ -10,7 +10,8 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from orbit import cells
 from orbit.models import Application, CellPlacement
-from server.management.commands._credentials_file import check_name, one_line_errors, placed_application
+from orbit.tenancy import ensure_application
+from server.management.commands._credentials_file import check_name, enter_placed_application, one_line_errors
 
 
 class Command(BaseCommand):
@@ -37,7 +38,8 @@ class Command(BaseCommand):
             if cells.configured()
             else Application.objects.filter(name=name).exists()
         )
-        application = placed_application(name, options["cell"])
+        enter_placed_application(name, options["cell"])
+        application = ensure_application(name)
         placed_in = cells.entered()
         where = f", cell {placed_in}" if placed_in is not None else ""
         verb = "exists" if existed else "created"

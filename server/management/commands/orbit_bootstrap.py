@@ -5,7 +5,6 @@ from typing import Any, cast
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rest_framework.exceptions import ValidationError
 
-from orbit import cells
 from orbit.api.errors import translate
 from orbit.models import Application, Namespace
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
@@ -15,10 +14,10 @@ from server.management.commands._credentials_file import (
     URL_HELP,
     check_name,
     check_url,
+    enter_placed_application,
     file_content,
     mint_and_write,
     one_line_errors,
-    placed_application,
     refuse_existing,
 )
 
@@ -74,9 +73,8 @@ class Command(BaseCommand):
         check_name("--namespace", options["namespace"], cast(int, Namespace._meta.get_field("name").max_length))
         check_queue_settings(options)
         scopes = MANAGE_SCOPES + (WORKER_SCOPES if options["worker_access"] else [])
-        if options["cell"] is not None or cells.configured():
-            # Placed (and its cell entered) before the transaction that mints in that cell.
-            placed_application(options["application"], options["cell"])
+        # Placed (and its cell entered) before the transaction that mints in that cell.
+        enter_placed_application(options["application"], options["cell"])
 
         def mint() -> tuple[dict[str, Any], str]:
             application = ensure_application(options["application"])

@@ -5,19 +5,24 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from orbit import cells
-from tasks.invariants import find_violations_in_snapshot
+from tasks.invariants import find_violations_in_snapshot, placement_violations
 
 
 class Command(BaseCommand):
-    help = "Recompute every counter and permit from the rows (of every cell); exit 1 on any drift."
+    help = (
+        "Recompute every counter and permit from the rows (of every cell, each checked against the directory); "
+        "exit 1 on any drift."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
         problems = []
-        for cell in cells.each():  # with cells, each cell's own rows (nothing spans two)
+        for cell in cells.each():  # with cells, each cell's own rows (nothing spans two), and its placements
             with cells.in_cell(cell):
-                problems += [
-                    problem if cell is None else f"cell {cell}: {problem}" for problem in find_violations_in_snapshot()
-                ]
+                if cell is None:
+                    problems += find_violations_in_snapshot()
+                else:
+                    found = find_violations_in_snapshot() + placement_violations(cell)
+                    problems += [f"cell {cell}: {problem}" for problem in found]
         for problem in problems:
             self.stderr.write(problem)
         if problems:
