@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 from django.db.models import Count
 from django.http import HttpResponse
 from django.utils import timezone
@@ -28,7 +28,8 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from orbit import cells, metrics  # its counters register in REGISTRY on import; a scrape answers them
-from orbit.errors import NotFound, PermissionDenied, Unauthenticated
+from orbit.db.pool import in_every_cell
+from orbit.errors import NotFound, PermissionDenied, Unauthenticated, Unavailable
 from orbit.models import Application, Namespace
 from orbit.principal import TOKEN_PATTERN, authenticate_token, token_from_header
 from queues.models import Queue, QueueState
@@ -45,6 +46,10 @@ KEY_POLICY_LABELS = ["application", "environment", "namespace", "policy"]
 DEFAULT_POLICY_LABEL = "default"
 # IN lists of at most this many queue ids per counted state.
 _ID_CHUNK = 1000
+# With cells, how long a scrape waits for each cell (all at once): a cell not
+# answered by then is left out (orbit_cell_up 0), so a stalled cell delays a
+# scrape by this much at most, well inside the request deadline.
+CELL_SCRAPE_SECONDS = 2.0
 # The unfinished states queue_state keeps no counter of.
 COUNTED_STATES = (TaskState.BLOCKED, TaskState.NEEDS_REVIEW)
 
@@ -285,24 +290,29 @@ class MetricsView(APIView):
         queues: list[QueueGauges] = []
         permits: dict[tuple[str, str, str, str], int] = {}
         up: dict[str, bool] = {}
-        for cell in cells.each():  # with cells, every cell's queues (labels name one queue installation-wide)
-            with cells.in_cell(cell):
-                try:
-                    queues += queue_gauges()
-                    permits.update(key_permit_gauges())
-                except DatabaseError:
-                    if cell is None:
-                        raise
-                    connection.close()
+        if not cells.configured():
+            queues, permits = queue_gauges(), key_permit_gauges()
+        else:
+            # Every cell's queues (labels name one queue installation-wide), read
+            # at once; a cell that does not answer in time is left out, and said so.
+            for cell, outcome in in_every_cell(gauges_of_cell, CELL_SCRAPE_SECONDS).items():
+                if isinstance(outcome, DatabaseError | Unavailable):
                     up[cell] = False
+                elif isinstance(outcome, BaseException):
+                    raise outcome
                 else:
-                    if cell is not None:
-                        up[cell] = True
+                    up[cell] = True
+                    queues += outcome[0]
+                    permits.update(outcome[1])
         scrape.register(QueueCollector(queues))
         scrape.register(KeyPermitCollector(permits))
         if up:
             scrape.register(CellCollector(up))
         return HttpResponse(generate_latest(counters()) + generate_latest(scrape), content_type=CONTENT_TYPE_LATEST)
+
+
+def gauges_of_cell() -> tuple[list[QueueGauges], dict[tuple[str, str, str, str], int]]:
+    return queue_gauges(), key_permit_gauges()
 
 
 def counters() -> CollectorRegistry:

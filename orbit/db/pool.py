@@ -13,7 +13,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connection
@@ -84,6 +84,45 @@ async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, call_guarded, fn, *args, **kwargs)
     return await within_deadline(loop.run_in_executor(_executor_of(cells.entered()), call))
+
+
+def in_every_cell(fn: Callable[[], T], seconds: float) -> dict[str, T | BaseException]:
+    """With cells: `fn` in each cell at once, each on its cell's pool, for a
+    caller that reads every cell (a /metrics scrape): each cell's outcome (a
+    value or what it raised), UNAVAILABLE for a cell that did not answer
+    within `seconds` (its call is skipped if not started yet, else left to
+    its connection's timeouts), so a stalled cell delays the caller by
+    `seconds` at most. Inline (tests sharing their transaction), one after
+    another on the caller's connection."""
+    from orbit.db import inline
+
+    if inline():
+        outcomes: dict[str, T | BaseException] = {}
+        for cell in cells.names():
+            with cells.in_cell(cell):
+                try:
+                    outcomes[cell] = fn()
+                except Exception as exc:  # noqa: BLE001 - the cell's outcome, for the caller to judge
+                    outcomes[cell] = exc
+        return outcomes
+
+    def in_cell(cell: str) -> T:
+        cells.enter(cell)
+        return call_guarded(fn)
+
+    calls: dict[str, Future[T]] = {
+        cell: _executor_of(cell).submit(contextvars.copy_context().run, in_cell, cell) for cell in cells.names()
+    }
+    wait(calls.values(), timeout=seconds)
+    answered: dict[str, T | BaseException] = {}
+    for cell, call in calls.items():
+        if not call.done():
+            call.cancel()
+            answered[cell] = Unavailable(DATABASE_TOO_SLOW)
+        else:
+            failure = call.exception()
+            answered[cell] = call.result() if failure is None else failure
+    return answered
 
 
 async def within_deadline(waiter: asyncio.Future[T]) -> T:
