@@ -15,6 +15,7 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from orbit.api.errors import COMPACT_JSON, error_response_for
@@ -53,7 +54,10 @@ def pooled(view: Callable[..., Any]) -> Callable[..., Any]:
         try:
             await enter_cell_of_header(request.headers.get("Authorization"))
             return await run_db(_render, view, request, *args, **kwargs)
-        except Unavailable as exc:  # the request deadline passed waiting for the pool
+        # The request deadline passed waiting for the pool, or, with cells, the
+        # directory could not be read for an unseen credential's cell (the
+        # database down: 503 UNAVAILABLE, as from the view itself).
+        except (Unavailable, DatabaseError) as exc:
             status, body, headers = error_response_for(request, exc)
             return JsonResponse(body, status=status, headers=headers, json_dumps_params=COMPACT_JSON)
 
