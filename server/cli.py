@@ -98,9 +98,18 @@ def reporting_database_errors() -> bool:
 def database_problem(exc: BaseException, *, migrating: bool = False) -> str | None:
     """The one line for a command's database error when the cause is the
     database itself (missing, unreachable, credentials refused, or never
-    migrated), or None for any other error (a bug, a lock wait, bad data)."""
-    from server.probes import check_database, database_settings, explain
+    migrated), or None for any other error (a bug, a lock wait, bad data).
+    With cells, the first database of the installation found at fault (the
+    directory, then each cell), named by its setting."""
+    from orbit import cells
+    from server.probes import check_database, database_settings, explain, installation_databases
 
+    if cells.configured():
+        for setting, database in installation_databases():
+            found = check_database(database, timeout=STARTUP_DB_SECONDS, migrations=not migrating)
+            if found is not None and not found.startswith(UNNAMED_DATABASE_ERROR):
+                return with_advice(found, database, setting)
+        return None
     database = database_settings()
     line = explain(exc, database)
     if not line.startswith(UNNAMED_DATABASE_ERROR):
@@ -114,15 +123,16 @@ def database_problem(exc: BaseException, *, migrating: bool = False) -> str | No
     return with_advice(found, database)
 
 
-def with_advice(problem: str, database: dict[str, Any]) -> str:
-    """server.probes' one-line reason, with what the operator can do about it."""
+def with_advice(problem: str, database: dict[str, Any], setting: str = "ORBIT_MYSQL_DSN") -> str:
+    """server.probes' one-line reason, with what the operator can do about it
+    (`setting`: what names that database)."""
     name = database["NAME"]
     if "does not exist on " in problem:
-        return f"{problem}; create it ({create_database_sql(database)}) or set ORBIT_MYSQL_DSN to another"
+        return f"{problem}; create it ({create_database_sql(database)}) or set {setting} to another"
     if "refused the credentials" in problem:
-        return f"{problem}; check the user and password in ORBIT_MYSQL_DSN and the user's GRANT on `{name}`.*"
+        return f"{problem}; check the user and password in {setting} and the user's GRANT on `{name}`.*"
     if "cannot reach the database server" in problem:
-        return f"{problem}; start it, or set ORBIT_MYSQL_DSN to a server that runs"
+        return f"{problem}; start it, or set {setting} to a server that runs"
     return problem  # the others say what to do already (`orbit migrate`)
 
 
@@ -208,7 +218,7 @@ def serve(args: list[str]) -> int:
     django.setup()
     from django.conf import settings
 
-    from server.probes import check_database, database_settings, describe_database
+    from server.probes import check_database, describe_installation, installation_databases
 
     if settings.ORBIT_DEVELOPMENT_SECRET_KEY:
         print(
@@ -217,13 +227,14 @@ def serve(args: list[str]) -> int:
             file=sys.stderr,
             flush=True,
         )
-    database = database_settings()
-    problem = check_database(database, timeout=STARTUP_DB_SECONDS)
-    if problem is not None:
-        return fail(with_advice(problem, database))
+    for setting, database in installation_databases():  # with cells: the directory, then each cell
+        problem = check_database(database, timeout=STARTUP_DB_SECONDS)
+        if problem is not None:
+            return fail(with_advice(problem, database, setting))
+    described = describe_installation()
 
     def announce(addresses: list[tuple[str, int]]) -> None:
-        print(supervisor.announce_line(addresses, options.processes, describe_database(database)), flush=True)
+        print(supervisor.announce_line(addresses, options.processes, described), flush=True)
 
     if options.processes == 1:
         return server.run(["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce)

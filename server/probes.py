@@ -55,8 +55,33 @@ _UNREACHABLE = frozenset({2002, 2003, 2005, 2006, 2013, 2055})
 
 def database_settings(alias: str = "default") -> dict[str, Any]:
     """The alias's current settings (pytest-django renames NAME to the test
-    database on this very dict), copied so a probe's changes stay its own."""
-    return copy.deepcopy(connections[alias].settings_dict)
+    database on this very dict), copied so a probe's changes stay its own;
+    the default alias's are the default database's (with cells, the
+    directory's) whatever cell is entered."""
+    with cells.in_cell(None):
+        return copy.deepcopy(connections[alias].settings_dict)
+
+
+def installation_databases() -> list[tuple[str, dict[str, Any]]]:
+    """Every database of the installation, each with the setting that names
+    it: the default database (ORBIT_MYSQL_DSN; with cells, the directory),
+    then each cell's (ORBIT_CELLS["a"], …)."""
+    return [
+        ("ORBIT_MYSQL_DSN", database_settings()),
+        *((f'ORBIT_CELLS["{cell}"]', database_settings(cells.alias_of(cell))) for cell in cells.names()),
+    ]
+
+
+def describe_installation() -> str:
+    """describe_database of the default database, and with cells each cell's."""
+    (_, directory), *in_cells = installation_databases()
+    described = describe_database(directory)
+    if not in_cells:
+        return described
+    listed = ", ".join(
+        f"{cell}: {describe_database(settings)}" for cell, (_, settings) in zip(cells.names(), in_cells, strict=True)
+    )
+    return f"{described}, cells {listed}"
 
 
 def describe_database(settings_dict: dict[str, Any]) -> str:
@@ -172,12 +197,15 @@ def diagnose(connection: BaseDatabaseWrapper, *, migrations: bool = True) -> str
     return None if found is None else found.detail
 
 
-def check_database(settings_dict: dict[str, Any] | None = None, timeout: float = 5.0) -> str | None:
-    """Start-up check of `orbit serve`, on a connection it closes again."""
+def check_database(
+    settings_dict: dict[str, Any] | None = None, timeout: float = 5.0, *, migrations: bool = True
+) -> str | None:
+    """Start-up check of `orbit serve`, on a connection it closes again
+    (`migrations`: pending ones count as a problem)."""
     settings_dict = database_settings() if settings_dict is None else settings_dict
     connection = open_connection(settings_dict, timeout)
     try:
-        return diagnose(connection)
+        return diagnose(connection, migrations=migrations)
     finally:
         try:
             connection.close()
