@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from django.db import transaction
 from django.utils import timezone
 
+from orbit import cells
 from orbit.audit import emit_event
 from orbit.db.rows import Add, insert_rows, lock_by_pk, lock_fields_by_pk, new_row, update_by_pk
 from orbit.errors import InvalidArgument
@@ -424,22 +425,29 @@ def _dependency_view(task_id: str, parent: Task | None) -> dict[str, Any]:
 
 # --- the follow-up --------------------------------------------------------
 
-_nudged = threading.Event()
-
-
-def nudge_follow_up() -> None:
-    """Wakes this process's maintenance loop for a settlement left to do."""
-    _nudged.set()
+# One per cell (None: no cell), as each cell has a maintenance loop of its own:
+# a loop woken for another cell's settlement would clear this one's nudge.
+_nudges: dict[str | None, threading.Event] = {}
 
 
 def nudged() -> threading.Event:
-    return _nudged
+    """The event that wakes the maintenance loop of the cell entered."""
+    cell = cells.entered()
+    event = _nudges.get(cell)
+    if event is None:
+        event = _nudges.setdefault(cell, threading.Event())
+    return event
+
+
+def nudge_follow_up() -> None:
+    """Wakes this process's maintenance loop of the cell entered for a settlement left to do."""
+    nudged().set()
 
 
 def run_follow_ups(transition: Transition, *, limit: int = 100) -> int:
     """Settles what the endings left (DependencySettlement rows, oldest
     first), a chunk a transaction, until none is left; returns the chunks."""
-    _nudged.clear()
+    nudged().clear()
     chunks = 0
     for settlement in DependencySettlement.objects.order_by("created_at")[:limit]:
         while _follow_up_chunk(settlement.task_id, settlement.application_id, transition):
