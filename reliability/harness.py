@@ -3,6 +3,7 @@
     .venv/bin/python reliability/harness.py            # full run (4.5 minutes of chaos)
     .venv/bin/python reliability/harness.py --short    # CI form (40 s of chaos; tests/chaos runs it)
     .venv/bin/python reliability/harness.py --seconds 600 --rate 30
+    .venv/bin/python reliability/harness.py --short --cells   # on a directory and two cells
 
 1. Starts a private MariaDB (reliability/mariadb.py: own datadir, port and socket; the
    shared server on 127.0.0.1:3306 is never touched), migrates a database, bootstraps a
@@ -37,6 +38,14 @@
    after Start, stale writes only from attempts that lost their lease, attempt counters from the rows;
    every dependent ran only after its dependencies ended (under CANCEL, after they succeeded;
    else it was cancelled with DEPENDENCY_FAILED), nothing left BLOCKED or left to settle.
+
+--cells (SPEC §14): the private MariaDB holds a directory (the default database) and two
+cells, a and b, given to every server and command as ORBIT_MYSQL_DSN and ORBIT_CELLS. The
+chaos application above is placed in cell b, and every read the harness makes of its rows
+reads cell b; a neighbour application in cell a has a steady load of its own through A and B
+(a submitter, two SDK workers) under the same chaos. At the end, also: every neighbour task
+accepted is there once and SUCCEEDED, its rows pass the same end checks, and each
+application's rows are in its own cell only, none of a cell's tables in the directory.
 
 Prints a summary (kept with every log in .local/chaos/last/) and exits 1 on any violation.
 Everything it starts it stops; the private datadir is removed. See reliability/README.md.
@@ -78,7 +87,22 @@ from reliability.pipelines import Pipelines  # noqa: E402
 PYTHON = sys.executable
 HERE = Path(__file__).resolve().parent
 LOG_KEEP = ROOT / ".local" / "chaos" / "last"
-DB_NAME = "orbit_chaos"
+DB_NAME = "orbit_chaos"  # the one database; with --cells, the directory
+# --cells (SPEC §14): two cells beside the directory, each a database of the private MariaDB.
+# The chaos application is placed in the second, not the first, so that none of its
+# requests or rounds can work by falling back on the first cell; the neighbour application,
+# with a load of its own, lives in the first.
+CELLS = ("a", "b")
+CHAOS_CELL, NEIGHBOUR_CELL = "b", "a"
+# Tables of an application's own rows named in the placement figures (every table with an
+# application_id column is checked).
+PLACED_TABLES = ("orbit_task", "orbit_attempt", "orbit_queue")
+# The neighbour's leases outlast every event that can stall its workers' connections
+# (MariaDB frozen 10 s or held down 13 s, a server process frozen 10 s), and its workers are
+# never killed: none of its attempts can lose its lease, so each of its tasks must succeed.
+NEIGHBOUR_LEASE_SECONDS = 30
+NEIGHBOUR_KEY_PREFIX = "neighbour/resource-"
+NEIGHBOUR_SEED_INDEX = 700  # its submitter's random stream, apart from the chaos submitters'
 UNSETTLED = ("WAITING", "LEASED", "RUNNING")
 PROBE_TIMEOUT = 5.0  # a request while the database is down must be answered within this
 # A server process frozen inside a transaction: the other node may refuse submits only
@@ -90,6 +114,10 @@ RATED_PREFIX, RATED_CAPACITY = "chaos/rated/", 2
 RATED_RATE = {"starts": 5, "per_seconds": 1, "burst": 2}
 # The keys of the stopped-worker event: two permits, one held by the stopped worker.
 STOP_PREFIX, STOP_CAPACITY = "chaos/stop/", 2
+
+
+def cell_database(cell: str) -> str:
+    return f"{DB_NAME}_{cell}"
 
 
 def log(message: str) -> None:
@@ -137,6 +165,14 @@ class Config:
     # A pipeline (SPEC §13: chain, fan-out/fan-in, wide fan-out; reliability/pipelines.py)
     # submitted this often, besides the load.
     pipeline_every: float = 3.0
+    # --cells: the directory and two cells; the chaos application in cell b, and a neighbour
+    # application in cell a with its own steady load and workers, through servers A and B.
+    cells: bool = False
+    neighbour_rate: float = 3.0  # tasks per second
+    neighbour_workers: int = 2
+    neighbour_capacity: int = 2
+    neighbour_keys: int = 4  # capacity-1 keys `neighbour/resource-<n>`
+    neighbour_keyed_share: float = 0.5
 
 
 # --------------------------------------------------------------------------- processes
@@ -270,12 +306,22 @@ class Server:
 
 
 class WorkerSlot:
-    """One worker position; each (re)start is a new process under a new worker_id."""
+    """One worker position; each (re)start is a new process under a new worker_id. `work`
+    holds its ledgers, fenced resources and logs; `application` names it in its worker_id."""
 
     def __init__(
-        self, index: int, server: Server, queues: list[str], run_id: str, procs: Processes, env: dict, work: Path
+        self,
+        index: int,
+        server: Server,
+        queues: list[str],
+        run_id: str,
+        procs: Processes,
+        env: dict,
+        work: Path,
+        application: str = "chaos",
     ) -> None:
         self.index = index
+        self.application = application
         self.server = server
         self.queues = queues
         self.run_id = run_id
@@ -292,7 +338,7 @@ class WorkerSlot:
         """A new process; under a new worker_id unless `same_id` (a restart that keeps its identity)."""
         self.incarnation += 1
         if not same_id or not self.worker_id:
-            self.worker_id = f"chaos-{self.run_id}-w{self.index}-{self.incarnation}"
+            self.worker_id = f"{self.application}-{self.run_id}-w{self.index}-{self.incarnation}"
         self.process = self.procs.popen(
             [
                 PYTHON,
@@ -508,9 +554,13 @@ class Submitter:
             stats.accepted[key] = got[0]["task"]["id"]
             stats.deduplicated += sum(1 for a in got if a.get("deduplicated"))
 
+    def interval(self) -> float:
+        """Seconds between one thread's submits: the rate shared by every submitter thread."""
+        return self.cfg.submitters / self.cfg.rate
+
     def loop(self, index: int) -> None:
         rng = random.Random(self.cfg.seed * 1000 + index)
-        interval = self.cfg.submitters / self.cfg.rate
+        interval = self.interval()
         timeout = httpx.Timeout(PROBE_TIMEOUT + 3, connect=2.0)
         with httpx.Client(timeout=timeout) as client:
             next_at = time.monotonic()
@@ -572,6 +622,53 @@ class Submitter:
                 thread.join(10)
 
 
+class NeighbourSubmitter(Submitter):
+    """--cells: the neighbour application's load, one thread sending to A and B in turn, a
+    task every 1 / neighbour_rate s: unkeyed, or on a capacity-1 key, each Idempotency-Key
+    re-sent with the same body after a 503 or a network error as the chaos submitters do
+    (twins and late replays too). No bursts and no failing handlers: every task it sees
+    accepted must end SUCCEEDED."""
+
+    def body_for(self, n: int, rng: random.Random) -> tuple[str, dict]:
+        cfg = self.cfg
+        key = f"neighbour-{self.run_id}-{n:06d}"
+        body: dict[str, Any] = {
+            "queue_id": self.queues[0],
+            "handler": "chaos.work",
+            "handler_version": "v1",
+            "payload_version": "v1",
+            "payload": {"idem": key, "n": n, "sleep_ms": rng.randint(20, 150)},
+            "priority": rng.randint(3, 7),
+            "lease_seconds": NEIGHBOUR_LEASE_SECONDS,
+            "max_attempts": 3,
+            "retry": {"initial_seconds": 0.2, "multiplier": 2, "max_seconds": 2},
+        }
+        if rng.random() < cfg.neighbour_keyed_share:
+            body["concurrency_key"] = f"{NEIGHBOUR_KEY_PREFIX}{rng.randrange(cfg.neighbour_keys)}"
+        return key, body
+
+    def interval(self) -> float:
+        return 1.0 / self.cfg.neighbour_rate
+
+    def start(self) -> None:
+        thread = threading.Thread(
+            target=self.loop, args=(NEIGHBOUR_SEED_INDEX,), name="neighbour-submitter", daemon=True
+        )
+        thread.start()
+        self.threads.append(thread)
+
+
+@dataclass
+class Neighbour:
+    """--cells: the application in cell a beside the chaos one, with its own load and workers."""
+
+    application_id: str
+    namespace_id: str
+    work: Path  # its credentials, and its workers' ledgers, fenced resources and logs
+    submitter: NeighbourSubmitter
+    slots: list[WorkerSlot]
+
+
 def _error_code(response: httpx.Response) -> str | None:
     try:
         return response.json()["error"]["code"]
@@ -592,6 +689,9 @@ class Harness:
         for sub in ("logs", "ledgers", "resources"):
             (self.work / sub).mkdir()
         self.db = PrivateMariaDB(self.work / "mariadb")
+        # Where the chaos application's rows are: the one database, or with --cells its cell's.
+        self.chaos_database = cell_database(CHAOS_CELL) if cfg.cells else DB_NAME
+        self.neighbour: Neighbour | None = None
         self.procs = Processes()
         self.servers: list[Server] = []
         self.api_server: Server | None = None
@@ -626,6 +726,10 @@ class Harness:
             }
         )
         env.pop("ORBIT_SQLITE_PATH", None)
+        # The cells are the harness's own databases, never ones the caller's environment names.
+        env.pop("ORBIT_CELLS", None)
+        if self.cfg.cells:
+            env["ORBIT_CELLS"] = json.dumps({cell: self.db.dsn(cell_database(cell)) for cell in CELLS})
         return env
 
     def manage(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -633,8 +737,9 @@ class Harness:
             [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env(), capture_output=True, text=True, timeout=timeout
         )
 
-    def query(self, sql: str, params: tuple = ()) -> list[tuple]:
-        conn = self.db.connect(DB_NAME)
+    def query(self, sql: str, params: tuple = (), database: str | None = None) -> list[tuple]:
+        """Reads `database`, by default the one holding the chaos application's rows."""
+        conn = self.db.connect(database or self.chaos_database)
         try:
             cursor = conn.cursor()
             cursor.execute(sql, params)
@@ -684,34 +789,25 @@ class Harness:
         seconds = self.db.start()
         log(f"private MariaDB on 127.0.0.1:{self.db.port} (datadir {self.db.datadir}) up in {seconds:.1f} s")
         self.db.create_database(DB_NAME)
+        if cfg.cells:
+            for cell in CELLS:
+                self.db.create_database(cell_database(cell))
         began = time.monotonic()
+        # With cells, migrate from the command line migrates the directory and every cell.
         result = self.manage("migrate", "-v0", timeout=300)
         if result.returncode != 0:
             raise RuntimeError(f"migrate failed:\n{result.stdout}\n{result.stderr}")
         log(f"migrated in {time.monotonic() - began:.1f} s")
+        if cfg.cells:
+            log(
+                f"cells: directory {DB_NAME}, "
+                + ", ".join(f"{cell} {cell_database(cell)}" for cell in CELLS)
+                + f"; chaos application in cell {CHAOS_CELL}, neighbour in cell {NEIGHBOUR_CELL}"
+            )
         self.credentials = self.work / "credentials.json"
-        result = self.manage(
-            "orbit_bootstrap",
-            "--application",
-            "chaos",
-            "--namespace",
-            "chaos",
-            "--environment",
-            "chaos",
-            "--queue",
-            "chaos-1",
-            "--max-concurrency",
-            "16",
-            "--rate-per-second",
-            "200",
-            "--worker-access",
-            "--output",
-            str(self.credentials),
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"orbit_bootstrap failed:\n{result.stdout}\n{result.stderr}")
-        creds = json.loads(self.credentials.read_text())
+        creds = self.bootstrap("chaos", self.credentials, CHAOS_CELL if cfg.cells else None)
         self.token = creds["token"]
+        self.application_id = creds["application_id"]
         self.namespace_id = creds["namespace_id"]
         self.queues = [creds["queue_id"]]
 
@@ -746,12 +842,53 @@ class Harness:
             slot.start(cfg.capacity, self.credentials)
             self.slots.append(slot)
         self.submitter = Submitter(cfg, self.run_id, self.servers, self.token, self.queues)
-        self.pipelines = Pipelines(self, DB_NAME)
+        self.pipelines = Pipelines(self, self.chaos_database)
         log(
             f"{cfg.workers} workers (capacity {cfg.capacity}) on servers "
             + ", ".join(f"w{s.index}->{s.server.name}" for s in self.slots)
             + f"; submitting about {cfg.rate:.0f} tasks/s"
         )
+        if cfg.cells:
+            self.neighbour = self.setup_neighbour(worker_env)
+
+    def bootstrap(self, name: str, credentials: Path, cell: str | None) -> dict[str, Any]:
+        """`orbit_bootstrap` of the application `name` (namespace and environment `name`, queue
+        `<name>-1`, workers allowed), in `cell` if given; the credentials file it wrote."""
+        result = self.manage(
+            "orbit_bootstrap",
+            "--application", name, "--namespace", name, "--environment", name, "--queue", f"{name}-1",
+            "--max-concurrency", "16", "--rate-per-second", "200", "--worker-access",
+            "--output", str(credentials), *(["--cell", cell] if cell is not None else []),
+        )  # fmt: skip
+        if result.returncode != 0:
+            raise RuntimeError(f"orbit_bootstrap of {name} failed:\n{result.stdout}\n{result.stderr}")
+        return dict(json.loads(credentials.read_text()))
+
+    def setup_neighbour(self, worker_env: dict[str, str]) -> Neighbour:
+        """--cells: a second application, placed in cell a, with its own queue, SDK workers
+        (one per server A and B) and submitter; its ledgers and resources kept apart."""
+        cfg = self.cfg
+        work = self.work / "neighbour"
+        for sub in ("logs", "ledgers", "resources"):
+            (work / sub).mkdir(parents=True)
+        credentials = work / "credentials.json"
+        creds = self.bootstrap("neighbour", credentials, NEIGHBOUR_CELL)
+        slots = []
+        for index in range(cfg.neighbour_workers):
+            server = self.servers[index % len(self.servers)]
+            slot = WorkerSlot(
+                index, server, [creds["queue_id"]], self.run_id, self.procs, worker_env, work, application="neighbour"
+            )
+            slot.start(cfg.neighbour_capacity, credentials)
+            slots.append(slot)
+        submitter = NeighbourSubmitter(cfg, self.run_id, self.servers, creds["token"], [creds["queue_id"]])
+        log(
+            f"neighbour application in cell {NEIGHBOUR_CELL}: {len(slots)} workers (capacity "
+            f"{cfg.neighbour_capacity}) on servers "
+            + ", ".join(f"w{s.index}->{s.server.name}" for s in slots)
+            + f"; submitting about {cfg.neighbour_rate:g} tasks/s"
+        )
+        return Neighbour(creds["application_id"], creds["namespace_id"], work, submitter, slots)
 
     def make_key_policies(self) -> None:
         """The key policies (SPEC §12) the load's capped and rated keys, and the stopped-worker
@@ -821,23 +958,36 @@ class Harness:
         log(f"invariants after {label}: ok (snapshot); plain orbit_check under load exit {plain.returncode}")
 
     def rows_check(self, label: str) -> None:
-        """So far: every task the client saw accepted exists, and no idempotency key has two tasks."""
+        """So far: every task the client saw accepted exists, and no idempotency key has two
+        tasks; with --cells, of the neighbour (in its cell) too."""
         assert self.submitter is not None
-        with self.submitter.stats.lock:
-            accepted = set(self.submitter.stats.accepted.values())
+        self.accepted_rows_check(f"after {label}", self.submitter.stats, self.namespace_id, self.chaos_database)
+        if self.neighbour is not None:
+            self.accepted_rows_check(
+                f"neighbour, after {label}",
+                self.neighbour.submitter.stats,
+                self.neighbour.namespace_id,
+                cell_database(NEIGHBOUR_CELL),
+            )
+
+    def accepted_rows_check(self, label: str, stats: SubmitStats, namespace_id: str, database: str) -> None:
+        with stats.lock:
+            accepted = set(stats.accepted.values())
         present = {
-            row[0] for row in self.query("SELECT id FROM orbit_task WHERE namespace_id=%s", (self.namespace_id,))
+            row[0]
+            for row in self.query("SELECT id FROM orbit_task WHERE namespace_id=%s", (namespace_id,), database=database)
         }
         lost = accepted - present
         if lost:
-            self.violation(f"after {label}: {len(lost)} accepted tasks missing, e.g. {sorted(lost)[:3]}")
+            self.violation(f"{label}: {len(lost)} accepted tasks missing, e.g. {sorted(lost)[:3]}")
         twins = self.query(
             "SELECT JSON_UNQUOTE(JSON_EXTRACT(payload, '$.idem')) k, COUNT(*) FROM orbit_task "
             "WHERE namespace_id=%s GROUP BY k HAVING COUNT(*) > 1",
-            (self.namespace_id,),
+            (namespace_id,),
+            database=database,
         )
         if twins:
-            self.violation(f"after {label}: idempotency keys with several tasks: {twins[:3]}")
+            self.violation(f"{label}: idempotency keys with several tasks: {twins[:3]}")
 
     def probe_outage(self, until: float, event: dict[str, Any]) -> None:
         """While the database is down: every probe answers 503 UNAVAILABLE within PROBE_TIMEOUT."""
@@ -1306,6 +1456,9 @@ class Harness:
         frozen_at = time.monotonic()
         with stats.lock:
             stats.answers, stats.frozen = [], server.name
+        if self.neighbour is not None:
+            with self.neighbour.submitter.stats.lock:
+                self.neighbour.submitter.stats.frozen = server.name
         try:
             released = self.wait_until(lambda: not self.counters_locked(), timeout=self.cfg.freeze_seconds)
             event["locks_released_s"] = None if released is None else round(released, 2)
@@ -1333,6 +1486,9 @@ class Harness:
         time.sleep(PROBE_TIMEOUT + 3)  # the frozen process's last requests answered
         with stats.lock:
             stats.frozen = None
+        if self.neighbour is not None:
+            with self.neighbour.submitter.stats.lock:
+                self.neighbour.submitter.stats.frozen = None
         return event
 
     def schedule(self) -> list[Any]:
@@ -1367,6 +1523,8 @@ class Harness:
         assert self.submitter is not None and self.pipelines is not None
         self.submitter.start()
         self.pipelines.start()
+        if self.neighbour is not None:
+            self.neighbour.submitter.start()
         time.sleep(cfg.warmup_seconds)
         events = self.schedule()
         began = time.monotonic()
@@ -1398,28 +1556,43 @@ class Harness:
         if self.pipelines is not None:
             self.pipelines.finish(timeout=30)
         self.submitter.finish(timeout=30)
+        if self.neighbour is not None:
+            self.neighbour.submitter.finish(timeout=30)
         # A BLOCKED task waits for its dependencies; a NEEDS_REVIEW pipeline task (a kill left its
         # effect unknown) is moved on with RETRY, as an operator would, so its dependents end too.
         unsettled_sql = "SELECT COUNT(*) FROM orbit_task WHERE state IN ('BLOCKED','WAITING','LEASED','RUNNING')"
+        # With --cells the neighbour's cell too (each cell holds its one application's rows).
+        neighbour_database = cell_database(NEIGHBOUR_CELL) if self.neighbour is not None else None
+
+        def unsettled(database: str | None = None) -> int:
+            return self.query(unsettled_sql, database=database)[0][0]
 
         def quiet() -> bool:
             if self.pipelines is not None:
                 self.pipelines.resolve_reviews()
-            return self.query(unsettled_sql)[0][0] == 0
+            return unsettled() == 0 and (neighbour_database is None or unsettled(neighbour_database) == 0)
 
         seconds = self.wait_until(quiet, self.cfg.settle_seconds, 0.5)
         self.figures["settle_s"] = None if seconds is None else round(seconds, 1)
         if seconds is None:
-            rows = self.query(
-                "SELECT id, state, concurrency_key, available_at FROM orbit_task "
-                "WHERE state IN ('BLOCKED','WAITING','LEASED','RUNNING') LIMIT 10"
-            )
-            self.violation(
-                f"{self.query(unsettled_sql)[0][0]} tasks not settled {self.cfg.settle_seconds:.0f} s after the "
-                f"load stopped (sample: {rows})"
-            )
+            left = [
+                (label, database)
+                for label, database in (("", None), ("neighbour: ", neighbour_database))
+                if (label == "" or database is not None) and unsettled(database)
+            ]
+            # Nothing left by now (settled just past the bound): still late, reported as the chaos one's.
+            for label, database in left or [("", None)]:
+                rows = self.query(
+                    "SELECT id, state, concurrency_key, available_at FROM orbit_task "
+                    "WHERE state IN ('BLOCKED','WAITING','LEASED','RUNNING') LIMIT 10",
+                    database=database,
+                )
+                self.violation(
+                    f"{label}{unsettled(database)} tasks not settled {self.cfg.settle_seconds:.0f} s after the "
+                    f"load stopped (sample: {rows})"
+                )
         log("draining workers")
-        for slot in self.slots:
+        for slot in [*self.slots, *(self.neighbour.slots if self.neighbour is not None else [])]:
             if not slot.drain(timeout=20):
                 self.notes.append(f"worker {slot.worker_id} did not drain within 20 s; killed")
         for server in self.every_server:
@@ -1435,16 +1608,18 @@ class Harness:
         else:
             log(output.splitlines()[-1] if output else "orbit_check: ok")
 
-    def check(self) -> None:
-        """The end checks (reliability/checks.py) over the quiet database and the ledgers."""
-        assert self.submitter is not None
-        stats = self.submitter.stats
+    def application_rows(
+        self, namespace_id: str, database: str | None = None
+    ) -> tuple[dict[str, dict], list[dict], checks.KeyRules, dict[str, Any]]:
+        """An application's rows as the end checks read them: (tasks by id, attempts, its live
+        key policies, its task.submit idempotency records by key)."""
         tasks = {
             row[0]: {"id": row[0], "state": row[1], "key": row[2], "attempts": row[3], "idem": row[4]}
             for row in self.query(
                 "SELECT id, state, concurrency_key, attempts, "
                 "JSON_UNQUOTE(JSON_EXTRACT(payload, '$.idem')) FROM orbit_task WHERE namespace_id=%s",
-                (self.namespace_id,),
+                (namespace_id,),
+                database=database,
             )
         }
         attempts = [
@@ -1467,7 +1642,8 @@ class Harness:
                 "SELECT id, task_id, state, epoch, concurrency_key, concurrency_token, leased_at, started_at, "
                 "finished_at, worker_id, number, late_outcome, concurrency_slot FROM orbit_attempt "
                 "WHERE namespace_id=%s",
-                (self.namespace_id,),
+                (namespace_id,),
+                database=database,
             )
         ]
         rules = checks.KeyRules.of(
@@ -1482,7 +1658,8 @@ class Harness:
             for r in self.query(
                 "SELECT match_kind, match_value, capacity, rate_starts, rate_per_seconds, rate_burst "
                 "FROM orbit_key_policy WHERE namespace_id=%s AND live",
-                (self.namespace_id,),
+                (namespace_id,),
+                database=database,
             )
         )
         records = {
@@ -1490,15 +1667,23 @@ class Harness:
             for row in self.query(
                 "SELECT `key`, response_data FROM orbit_idempotency_record "
                 "WHERE namespace_id=%s AND operation='task.submit'",
-                (self.namespace_id,),
+                (namespace_id,),
+                database=database,
             )
         }
-        found = [
+        return tasks, attempts, rules, records
+
+    @staticmethod
+    def row_violations(
+        accepted: dict[str, str], tasks: dict[str, dict], attempts: list[dict], records: dict, rules: checks.KeyRules
+    ) -> list[str]:
+        """The end checks over one application's rows (reliability/checks.py)."""
+        return [
             # No accepted task lost; exactly one task per idempotency key.
-            *checks.accepted_tasks_not_lost(stats.accepted, tasks),
+            *checks.accepted_tasks_not_lost(accepted, tasks),
             *checks.one_task_per_idempotency_key(tasks),
             *checks.idempotency_records_point_at_their_tasks(records, tasks),
-            *checks.receipts_agree_with_idempotency_records(stats.accepted, records),
+            *checks.receipts_agree_with_idempotency_records(accepted, records),
             *checks.tasks_have_idempotency_records(tasks, records),
             # Attempts agree with their tasks: counters recomputed, one success, no work after it.
             *checks.attempt_counters_match_started_attempts(tasks, attempts),
@@ -1512,7 +1697,13 @@ class Harness:
             *checks.key_starts_keep_their_rate(attempts, rules),
             *checks.rated_windows_within_bound(attempts, rules),
         ]
-        for message in found:
+
+    def check(self) -> None:
+        """The end checks (reliability/checks.py) over the quiet database and the ledgers."""
+        assert self.submitter is not None
+        stats = self.submitter.stats
+        tasks, attempts, rules, records = self.application_rows(self.namespace_id)
+        for message in self.row_violations(stats.accepted, tasks, attempts, records, rules):
             self.violation(message)
         unknown_to_client = [key for key in records if key not in stats.accepted]
         if unknown_to_client:
@@ -1557,6 +1748,125 @@ class Harness:
             self.violation(f"unexpected answer: {message}")
         for message in stats.slow[:20]:
             self.violation(f"slow answer: {message}")
+        if self.neighbour is not None:
+            self.check_neighbour(self.neighbour)
+            self.check_placement(self.neighbour)
+
+    def check_neighbour(self, neighbour: Neighbour) -> None:
+        """--cells: the neighbour's rows in its cell pass the same end checks as the chaos
+        application's, its workers' ledgers agree with them, and every task it saw accepted
+        exists once and ended SUCCEEDED (its workers are never killed and its leases outlast
+        every stall: nothing of it may end otherwise)."""
+        stats = neighbour.submitter.stats
+        tasks, attempts, rules, records = self.application_rows(neighbour.namespace_id, cell_database(NEIGHBOUR_CELL))
+        by_attempt = {a["id"]: a for a in attempts}
+        ledgers = checks.read_ledgers(neighbour.work / "ledgers")
+        runs_by_slot = checks.executions_by_slot(ledgers, by_attempt, {})
+        found = [
+            *self.row_violations(stats.accepted, tasks, attempts, records, rules),
+            *checks.handlers_ran_once(ledgers),
+            *checks.ledger_attempts_exist(ledgers, by_attempt),
+            *checks.ledger_attempts_match_the_database(ledgers, by_attempt),
+            *checks.handlers_begin_after_start_approved(ledgers, by_attempt),
+            *checks.unended_handlers_were_killed(ledgers, by_attempt, {}),
+            *checks.stale_writes_only_from_lost_leases(ledgers, by_attempt),
+            *checks.key_executions_never_overlap_while_both_held_the_permit(runs_by_slot, by_attempt),
+            *checks.key_executions_begin_in_token_order(runs_by_slot),
+        ]
+        accepted_ids = set(stats.accepted.values())
+        lost = sorted(accepted_ids - set(tasks))
+        not_succeeded = {
+            task_id: tasks[task_id]["state"]
+            for task_id in sorted(accepted_ids & set(tasks))
+            if tasks[task_id]["state"] != "SUCCEEDED"
+        }
+        if not_succeeded:
+            found.append(
+                f"{len(not_succeeded)} accepted tasks did not end SUCCEEDED: {dict(list(not_succeeded.items())[:5])}"
+            )
+        tasks_per_key = collections.Counter(task["idem"] for task in tasks.values())
+        duplicates = sum(count - 1 for count in tasks_per_key.values() if count > 1)
+        found += [f"unexpected answer: {message}" for message in stats.unexpected[:20]]
+        found += [f"slow answer: {message}" for message in stats.slow[:20]]
+        for message in found:
+            self.violation(f"neighbour: {message}")
+        self.figures["neighbour"] = {
+            "cell": NEIGHBOUR_CELL,
+            "accepted": len(stats.accepted),
+            "succeeded": sum(1 for task_id in accepted_ids if tasks.get(task_id, {}).get("state") == "SUCCEEDED"),
+            "lost": len(lost),
+            "duplicates": duplicates,
+            "tasks_in_db": len(tasks),
+            "task_states": dict(sorted(collections.Counter(t["state"] for t in tasks.values()).items())),
+            "keyed_tasks": sum(1 for t in tasks.values() if t["key"]),
+            "attempts": len(attempts),
+            "attempt_states": dict(sorted(collections.Counter(a["state"] for a in attempts).items())),
+            "executions": len(ledgers.executions),
+            "submit_deduplicated_replays": stats.deduplicated,
+            "submit_retries": stats.retries,
+            "submit_statuses": dict(sorted(stats.statuses.items())),
+            "submit_keys_given_up": len(stats.given_up),
+        }
+
+    def check_placement(self, neighbour: Neighbour) -> None:
+        """--cells: each application's rows only in its own cell (every table with an
+        application_id column, in each cell), the directory placing each in its cell and
+        holding none of a cell's tables."""
+        names = {self.application_id: "chaos", neighbour.application_id: "neighbour"}
+        owner_of = {CHAOS_CELL: "chaos", NEIGHBOUR_CELL: "neighbour"}
+        rows: dict[str, dict[str, dict[str, int]]] = {}
+        misplaced = 0
+        cell_tables: set[str] = set()
+        for cell in CELLS:
+            database = cell_database(cell)
+            cell_tables |= {row[0] for row in self.tables_of(database)}
+            with_application = [
+                row[0]
+                for row in self.query(
+                    "SELECT table_name FROM information_schema.columns "
+                    "WHERE table_schema=%s AND column_name='application_id' ORDER BY table_name",
+                    (database,),
+                    database=database,
+                )
+            ]
+            for table in (*PLACED_TABLES, *(t for t in with_application if t not in PLACED_TABLES)):
+                counts = {
+                    names.get(application_id, application_id): count
+                    for application_id, count in self.query(
+                        f"SELECT application_id, COUNT(*) FROM `{table}` GROUP BY application_id", database=database
+                    )
+                }
+                if table in PLACED_TABLES:
+                    rows.setdefault(cell, {})[table] = counts
+                    if not counts.get(owner_of[cell]):
+                        self.violation(f"cell {cell}: {table} holds no row of {owner_of[cell]}, the application there")
+                foreign = {who: count for who, count in counts.items() if who != owner_of[cell]}
+                if foreign:
+                    misplaced += sum(foreign.values())
+                    self.violation(
+                        f"cell {cell}: {table} holds rows of {foreign}; only {owner_of[cell]}'s belong there"
+                    )
+        # Django's migration ledger is in every database; no other table of a cell may be in the directory.
+        in_directory = sorted({row[0] for row in self.tables_of(DB_NAME)} & cell_tables - {"django_migrations"})
+        if in_directory:
+            self.violation(f"the directory ({DB_NAME}) holds tables of the cells: {in_directory}")
+        placements = dict(self.query("SELECT name, cell FROM orbit_cell_placement ORDER BY name", database=DB_NAME))
+        if placements != {"chaos": CHAOS_CELL, "neighbour": NEIGHBOUR_CELL}:
+            self.violation(
+                f"the directory places the applications {placements}, not chaos in cell {CHAOS_CELL} and "
+                f"neighbour in cell {NEIGHBOUR_CELL}"
+            )
+        self.figures["placement"] = {
+            "directory": placements,
+            "rows": rows,
+            "misplaced_rows": misplaced,
+            "directory_cell_tables": in_directory,
+        }
+
+    def tables_of(self, database: str) -> list[tuple]:
+        return self.query(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema=%s", (database,), database=database
+        )
 
     def key_figures(self, attempts: list[dict], rules: checks.KeyRules) -> None:
         """Per key family: the most permits one key held at once against its capacity, the
@@ -1618,7 +1928,7 @@ class Harness:
         hunts would, so a run shows that every check can fail (the run must then exit 1)."""
         assert self.submitter is not None
         log("injecting faults (checking the checks)")
-        conn = self.db.connect(DB_NAME)
+        conn = self.db.connect(self.chaos_database)
         try:
             cursor = conn.cursor()
             cursor.execute("UPDATE orbit_queue_state SET unfinished_tasks = unfinished_tasks + 1 LIMIT 1")
@@ -1706,6 +2016,40 @@ class Harness:
                 )
                 + "\n"
             )
+        if self.neighbour is not None:
+            self.inject_neighbour_faults(self.neighbour)
+
+    def inject_neighbour_faults(self, neighbour: Neighbour) -> None:
+        """--inject-faults --cells: the neighbour's checks must fire too: one of its accepted
+        tasks deleted (lost), one not SUCCEEDED, one duplicated under its key, one copied into
+        the chaos application's cell, and a cell's table made in the directory."""
+        keys = sorted(neighbour.submitter.stats.accepted)
+        lost, unfinished, twin, misplaced = (neighbour.submitter.stats.accepted[key] for key in keys[:4])
+        conn = self.db.connect(cell_database(NEIGHBOUR_CELL))
+        try:
+            cursor = conn.cursor()
+            cursor.execute("SET SESSION foreign_key_checks=0")  # a copy whose queue is not in that cell
+            # MariaDB refuses values for generated columns: copy the stored ones only.
+            cursor.execute(
+                "SELECT GROUP_CONCAT(CONCAT('`', column_name, '`') ORDER BY ordinal_position) "
+                "FROM information_schema.columns WHERE table_schema=DATABASE() AND table_name='orbit_task' "
+                "AND extra NOT LIKE '%%GENERATED%%'"
+            )
+            stored = cursor.fetchone()[0]
+            cursor.execute("DELETE FROM orbit_task WHERE id=%s", (lost,))
+            cursor.execute("UPDATE orbit_task SET state='FAILED' WHERE id=%s", (unfinished,))
+            cursor.execute("CREATE TEMPORARY TABLE twin AS SELECT * FROM orbit_task WHERE id=%s", (twin,))
+            cursor.execute("UPDATE twin SET id=%s", (uuid.uuid4().hex,))
+            cursor.execute(f"INSERT INTO orbit_task ({stored}) SELECT {stored} FROM twin")
+            cursor.execute(
+                f"INSERT INTO `{self.chaos_database}`.orbit_task ({stored}) "
+                f"SELECT {stored} FROM orbit_task WHERE id=%s",
+                (misplaced,),
+            )
+            cursor.execute(f"CREATE TABLE `{DB_NAME}`.orbit_queue LIKE orbit_queue")
+            conn.commit()
+        finally:
+            conn.close()
 
     def scan_logs(self) -> None:
         unhandled = []
@@ -1753,6 +2097,7 @@ class Harness:
         summary = {
             "ok": not self.violations,
             "mode": "short" if self.cfg.short else "full",
+            **({"cells": list(CELLS)} if self.cfg.cells else {}),
             "chaos_seconds": self.cfg.seconds,
             "figures": self.figures,
             "events": self.events,
@@ -1763,6 +2108,11 @@ class Harness:
         if self.summary_path is not None:
             self.summary_path.write_text(json.dumps(summary, indent=2))
         print("\n==== chaos summary ====", flush=True)
+        if self.cfg.cells:
+            print(
+                f"  cells: {', '.join(CELLS)} (chaos application in {CHAOS_CELL}, neighbour in {NEIGHBOUR_CELL}; "
+                f"directory {DB_NAME})"
+            )
         for event in self.events:
             details = ", ".join(f"{k}={v}" for k, v in event.items() if k != "name")
             print(f"  event: {event['name']}: {details}")
@@ -1794,6 +2144,9 @@ class Harness:
             LOG_KEEP.mkdir(parents=True)
             for sub in ("logs", "ledgers"):
                 shutil.copytree(self.work / sub, LOG_KEEP / sub)
+            if (self.work / "neighbour").exists():  # --cells: the neighbour's worker logs and ledgers
+                for sub in ("logs", "ledgers"):
+                    shutil.copytree(self.work / "neighbour" / sub, LOG_KEEP / "neighbour" / sub)
             for name in ("summary.json",):
                 if (self.work / name).exists():
                     shutil.copy(self.work / name, LOG_KEEP / name)
@@ -1815,6 +2168,11 @@ def main() -> int:
     parser.add_argument(
         "--inject-faults", action="store_true", help="corrupt the rows at the end: every check must then fire"
     )
+    parser.add_argument(
+        "--cells",
+        action="store_true",
+        help="a directory and two cells: the chaos application in cell b, a neighbour application in cell a",
+    )
     args = parser.parse_args()
     reason = available()
     if reason is not None:
@@ -1829,10 +2187,14 @@ def main() -> int:
         settle_seconds=75.0 if args.short else 120.0,
         seed=args.seed if args.seed is not None else random.randrange(1 << 30),
         inject_faults=args.inject_faults,
+        cells=args.cells,
     )
     harness = Harness(cfg)
     harness.summary_path = args.summary
-    log(f"run {harness.run_id} ({'short' if cfg.short else 'full'}), seed {cfg.seed}, workdir {harness.work}")
+    log(
+        f"run {harness.run_id} ({'short' if cfg.short else 'full'}{', cells' if cfg.cells else ''}), "
+        f"seed {cfg.seed}, workdir {harness.work}"
+    )
     atexit.register(harness.cleanup)
 
     def on_signal(signum: int, frame: Any) -> None:

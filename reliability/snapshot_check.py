@@ -3,7 +3,8 @@
 The same checks as `manage.py orbit_check` (tasks.invariants.find_violations_in_snapshot:
 one REPEATABLE READ transaction, exact while work continues). The harness runs
 this after every chaos event, with load still running, and `manage.py orbit_check`
-at the end.
+at the end. With ORBIT_CELLS, as orbit_check, it checks each cell's rows in a snapshot
+of that cell (nothing spans two cells).
 
     ORBIT_MYSQL_DSN=mysql://root:@127.0.0.1:PORT/orbit_chaos python reliability/snapshot_check.py
 """
@@ -25,12 +26,18 @@ def main() -> int:
     django.setup()
     from django.db import connection
 
+    from orbit import cells
     from tasks.invariants import find_violations_in_snapshot
 
     if connection.vendor != "mysql":
         print("snapshot_check: needs ORBIT_MYSQL_DSN", file=sys.stderr)
         return 2
-    problems = find_violations_in_snapshot()
+    problems = []
+    for cell in cells.each():  # without cells: once, on the one database
+        with cells.in_cell(cell):
+            problems += [
+                problem if cell is None else f"cell {cell}: {problem}" for problem in find_violations_in_snapshot()
+            ]
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:

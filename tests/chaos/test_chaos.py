@@ -3,8 +3,10 @@
 It starts its own private MariaDB (never the shared one on 127.0.0.1:3306), two Orbit
 servers and an API-only one, four SDK workers and HTTP submitters (tasks, and pipelines of
 tasks that depend on tasks: reliability/pipelines.py), then kills a worker, a server and
-MariaDB (kill -9, then a clean restart) under load, and checks the rows afterwards. The full
-run: `.venv/bin/python reliability/harness.py`."""
+MariaDB (kill -9, then a clean restart) under load, and checks the rows afterwards; then the
+same with `--cells` (a directory and two cells, the chaos application in cell b and a
+neighbour application with its own load in cell a). The full run:
+`.venv/bin/python reliability/harness.py`."""
 
 from __future__ import annotations
 
@@ -25,14 +27,15 @@ TIMEOUT = 300
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(TIMEOUT + 30)]
 
 
-@pytest.mark.skipif(available() is not None, reason=f"no private MariaDB: {available()}")
-def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+def run_short_harness(tmp_path: Path, *options: str) -> dict:
+    """Runs `harness.py --short` with `options`; its summary, once it exited 0 and said OK."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("ORBIT_")}
     process = subprocess.Popen(
         [
             sys.executable,
             str(ROOT / "reliability" / "harness.py"),
             "--short",
+            *options,
             "--summary",
             str(tmp_path / "s.json"),
         ],
@@ -55,8 +58,11 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
         pytest.fail(f"chaos harness did not finish within {TIMEOUT} s:\n{output[-6000:]}")
     assert process.returncode == 0, output[-8000:]
     assert "chaos: OK" in output, output[-8000:]
+    return json.loads((tmp_path / "s.json").read_text())
 
-    summary = json.loads((tmp_path / "s.json").read_text())
+
+def assert_short_run_kept_every_invariant(summary: dict) -> None:
+    """What every short run must show, on one database or on cells."""
     assert summary["ok"] and not summary["violations"]
     names = [event["name"] for event in summary["events"]]
     assert names == [
@@ -118,3 +124,34 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     assert wide == {"SUCCEEDED": 300 * pipelines["wide_fan_outs"]}, wide
     readiness = figures["pipeline_readiness"]
     assert readiness["measured"] > 300 and readiness["wide_max_s"] is not None, readiness
+
+
+@pytest.mark.skipif(available() is not None, reason=f"no private MariaDB: {available()}")
+def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
+    summary = run_short_harness(tmp_path)
+    assert_short_run_kept_every_invariant(summary)
+
+
+@pytest.mark.skipif(available() is not None, reason=f"no private MariaDB: {available()}")
+def test_short_chaos_run_on_two_cells_keeps_every_invariant(tmp_path: Path) -> None:
+    """The same run with a directory and two cells (SPEC §14): the chaos application in cell b,
+    a neighbour application with its own load in cell a, through the same servers."""
+    summary = run_short_harness(tmp_path, "--cells")
+    assert_short_run_kept_every_invariant(summary)
+    assert summary["cells"] == ["a", "b"]
+    figures = summary["figures"]
+    # The neighbour's load ran through every event: each task it saw accepted is there once and succeeded.
+    neighbour = figures["neighbour"]
+    assert neighbour["cell"] == "a" and neighbour["accepted"] > 0, neighbour
+    assert neighbour["succeeded"] == neighbour["accepted"] == neighbour["tasks_in_db"], neighbour
+    assert neighbour["lost"] == 0 and neighbour["duplicates"] == 0, neighbour
+    assert neighbour["keyed_tasks"] > 0 and neighbour["submit_deduplicated_replays"] > 0, neighbour
+    # Each application's rows in its own cell only; the directory holds none of a cell's tables.
+    placement = figures["placement"]
+    assert placement["directory"] == {"chaos": "b", "neighbour": "a"}, placement
+    assert placement["misplaced_rows"] == 0 and placement["directory_cell_tables"] == [], placement
+    for table in ("orbit_task", "orbit_attempt", "orbit_queue"):
+        assert set(placement["rows"]["a"][table]) == {"neighbour"}, placement
+        assert set(placement["rows"]["b"][table]) == {"chaos"}, placement
+    assert placement["rows"]["a"]["orbit_task"]["neighbour"] == neighbour["tasks_in_db"], placement
+    assert placement["rows"]["b"]["orbit_task"]["chaos"] == figures["tasks_in_db"], placement
