@@ -59,11 +59,23 @@ def tenant(db: None) -> Tenant:
 
 
 @pytest.fixture
+def operator(client: Any) -> Any:
+    """A logged-in superuser's Django test client (the console), showing the test's cell."""
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
+    client.force_login(user)
+    show_the_tests_cell(client.get)
+    return client
+
+
+@pytest.fixture
 def is_mysql() -> bool:
     return connection.vendor == "mysql"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spread_over_cells(items)
     if connection.vendor == "mysql":
         return
     skip = pytest.mark.skip(reason="needs MySQL (set ORBIT_MYSQL_DSN)")
@@ -73,3 +85,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 from tests.support.live import orbit_server  # noqa: E402,F401  (session fixture: a real server process)
+from tests.support.suite_cells import (  # noqa: E402,F401  (ORBIT_CELLS set)
+    _in_the_tests_cell,
+    show_the_tests_cell,
+    spread_over_cells,
+)

@@ -17,6 +17,7 @@ from django.urls import reverse
 from console import admin_base
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.support.api import make_queue
+from tests.support.suite_cells import show_the_tests_cell
 from tests.support.tasks import lease_one, start, submit_ok
 
 pytestmark = pytest.mark.django_db
@@ -176,6 +177,7 @@ def test_the_dashboard_shows_queues_only_to_users_who_may_view_them(operator, bu
     staff = get_user_model().objects.create_user("nobody", "n@example.com", "pw", is_staff=True)
     client = Client()  # the operator fixture's client stays the superuser's
     client.force_login(staff)
+    show_the_tests_cell(client.get)
     page = client.get("/admin/").content.decode()
     for secret in ("billing", queue_id, "1 of 8", 'data-state="WAITING"', "NEEDS_REVIEW", "1 starts"):
         assert secret not in page

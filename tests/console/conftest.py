@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.live import ROOT, LiveServer
+from tests.support.suite_cells import show_the_tests_cell
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -63,6 +64,7 @@ def operator_page(browser: Any, orbit_server: LiveServer, transactional_db: None
     page = context.new_page()
     page.set_default_timeout(15_000)
     log_in(page, OPERATOR)
+    show_the_tests_cell(page.goto)
     yield page
     context.close()
 

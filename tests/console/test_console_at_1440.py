@@ -23,6 +23,7 @@ from tests.support.api import make_queue
 from tests.support.console import make_world
 from tests.support.factories import make_credential
 from tests.support.plans import plan_body
+from tests.support.suite_cells import show_the_tests_cell
 from tests.support.tasks import ends_unknown, run_threads, submit_ok
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,6 +57,7 @@ def wide_page(browser: Any, orbit_server: Any, transactional_db: None) -> Iterat
     page.on("response", lambda r: r.status >= 400 and page.failures.append(f"{r.status} {r.url}"))
     page.on("console", lambda m: m.type == "error" and page.failures.append(f"console: {m.text}"))
     log_in(page, OPERATOR)
+    show_the_tests_cell(page.goto)
     yield page
     context.close()
 

@@ -11,7 +11,6 @@ import time
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
 from django.template.loader import render_to_string
 from django.test.utils import CaptureQueriesContext
@@ -24,14 +23,6 @@ from tests.support.api import make_queue
 from tests.support.tasks import cancel, lease_one, report, start, submit_ok, task_body
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client: Any) -> Any:
-    """A logged-in superuser's client."""
-    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -4,19 +4,11 @@ revision and state of every policy, retired ones too."""
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth import get_user_model
 
 from tests.support.api import assert_ok
 from tests.support.key_policies import create_ok, retire
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client):
-    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
-    client.force_login(user)
-    return client
 
 
 def test_the_list_shows_each_policy_and_refuses_changes(operator, tenant):

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from server.probes import database_settings
 from tests.product.conftest import closed_port
 from tests.support.live import ROOT, server_env
 
@@ -96,7 +97,7 @@ def test_an_unreachable_database_server_is_one_line(env, tmp_path):
 
 @pytest.mark.mysql_only  # SQLite has no server to refuse a password
 def test_refused_credentials_are_one_line_without_the_password(env, tmp_path):
-    settings = connection.settings_dict
+    settings = database_settings()  # the default database's (with cells, the directory's)
     dsn = f"mysql://orbit_nobody:s3cret-pw@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
     for command, args in commands(tmp_path).items():
         result = orbit({**env, "ORBIT_MYSQL_DSN": dsn}, *args)

@@ -12,6 +12,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from orbit import cells
 from server import probes
 from server.probes import Readiness, check_database, database_settings, open_connection
 from tests.conftest import api_client
@@ -65,7 +66,9 @@ def test_readyz_is_200_on_the_migrated_database_and_then_one_query_per_poll(read
     checker = readiness()
     first = api_client(None).get("/readyz")
     assert first.status_code == 200, first.content
-    assert first.json()["data"] == {"status": "ready"}
+    # With cells, each cell's state too (SPEC §14).
+    in_cells = {"cells": dict.fromkeys(cells.names(), "ready")} if cells.configured() else {}
+    assert first.json()["data"] == {"status": "ready", **in_cells}
     assert checker.migrated
     # Later polls only ask the database whether it answers: the migration
     # graph is not read again (it took tens of ms; SELECT 1 takes well under one).

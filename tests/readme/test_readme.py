@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orbit import cells
 from tests.support.live import LIVE_METRICS_TOKEN, ROOT, LiveServer, server_env
 from tests.support.readme import bootstrap_demo
 
@@ -203,11 +204,11 @@ def like_scripts_run(orbit_server: LiveServer, tmp_path: Path, monkeypatch: pyte
 
 def reader_env() -> dict[str, str]:
     """A reader's shell: no ORBIT_* of the test process, the server's database selection (as a
-    shell beside scripts/run has: its defaults, or the ORBIT_MYSQL_DSN given to both), and the
+    shell beside scripts/run has: its defaults, or the ORBIT_MYSQL_DSN, and ORBIT_CELLS, given to both), and the
     metrics token the server was started with (the README's metrics section sets it so)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith(("ORBIT_", "DJANGO_"))}
     server = server_env()
-    for name in ("ORBIT_MYSQL_DSN", "ORBIT_SQLITE_PATH"):
+    for name in ("ORBIT_MYSQL_DSN", "ORBIT_CELLS", "ORBIT_SQLITE_PATH"):
         if name in server:
             env[name] = server[name]
     env["ORBIT_METRICS_TOKEN"] = server.get("ORBIT_METRICS_TOKEN", LIVE_METRICS_TOKEN)
@@ -362,13 +363,16 @@ def test_the_readme_runs_as_written(like_scripts_run: Checkout, orbit_server: Li
 
     # Production: probes, metrics, orbit_check.
     health, ready = documents(probes)
-    assert health["data"] == {"status": "ok"} and ready["data"] == {"status": "ready"}
+    # On cells (ORBIT_TEST_CELLS=1), /readyz also gives each cell's state, as Cells says.
+    in_cells = {"cells": dict.fromkeys(cells.names(), "ready")} if cells.configured() else {}
+    assert health["data"] == {"status": "ok"} and ready["data"] == {"status": "ready", **in_cells}
     *gauges, tenant_status = metrics.splitlines()
     assert tenant_status == "403"
     labels = 'application="demo",environment="development",namespace="default",queue="demo"'
     assert f"orbit_queue_max_concurrency{{{labels}}} 8.0" in gauges, gauges
     assert f'orbit_queue_tasks{{{labels},state="WAITING"}} 0.0' in gauges, gauges
-    assert check == "orbit_check: ok (counters, permits, keys and tokens agree with the rows)"
+    where = f" in cells {', '.join(cells.names())}" if cells.configured() else ""
+    assert check == f"orbit_check: ok (counters, permits, keys and tokens agree with the rows){where}"
 
 
 def test_the_python_blocks_pass_mypy_strict(tmp_path: Path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import factory
 
+from orbit import cells
+from orbit.fields import new_id
 from orbit.models import SCOPES, Application, ApplicationState, Namespace
 from orbit.tenancy import IssuedCredential, issue_credential
 from queues.models import Queue, QueueState
@@ -15,6 +17,15 @@ class ApplicationFactory(factory.django.DjangoModelFactory):
         skip_postgeneration_save = True
 
     name = factory.Sequence(lambda n: f"app-{n}")
+
+    @classmethod
+    def _create(cls, model_class: type[Application], *args: object, **kwargs: object) -> Application:
+        if cells.configured():
+            # As every application is made under cells: placed in the directory
+            # first, in the cell the test entered (tests/support/suite_cells.py).
+            kwargs.setdefault("id", new_id())
+            cells.place_application(str(kwargs["id"]), str(kwargs["name"]), cells.entered() or cells.names()[0])
+        return super()._create(model_class, *args, **kwargs)
 
     @factory.post_generation
     def state(self, create: bool, extracted: object, **kwargs: object) -> None:

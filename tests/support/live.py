@@ -28,18 +28,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    from django.db import connection
+def mysql_dsn(settings: dict[str, Any]) -> str:
+    return f"mysql://{settings['USER']}:{settings['PASSWORD']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
 
-    settings = connection.settings_dict
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A live server's environment: the test databases (with ORBIT_CELLS,
+    the directory and each cell's), the maintenance loop on."""
+    from django.db import connections
+
+    from orbit import cells
+
+    with cells.in_cell(None):  # the default alias as itself, not a test's cell
+        connection = connections["default"]
     env = dict(os.environ)
     if connection.vendor == "mysql":
-        env["ORBIT_MYSQL_DSN"] = (
-            f"mysql://{settings['USER']}:{settings['PASSWORD']}@{settings['HOST']}:{settings['PORT']}/{settings['NAME']}"
-        )
+        env["ORBIT_MYSQL_DSN"] = mysql_dsn(connection.settings_dict)
     else:
         env.pop("ORBIT_MYSQL_DSN", None)
-        env["ORBIT_SQLITE_PATH"] = settings["NAME"]
+        env["ORBIT_SQLITE_PATH"] = connection.settings_dict["NAME"]
+    if cells.configured():
+        tested = {name: mysql_dsn(connections[cells.alias_of(name)].settings_dict) for name in cells.names()}
+        env["ORBIT_CELLS"] = json.dumps(tested)
     env["ORBIT_MAINTENANCE"] = "1"
     env["ORBIT_INLINE_DB"] = "0"
     env.setdefault("ORBIT_METRICS_TOKEN", LIVE_METRICS_TOKEN)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from orbit import cells
 from server.probes import open_connection
 from tasks import maintenance
 from tests.product.conftest import closed_port, mysql_settings
@@ -18,6 +19,12 @@ from tests.product.conftest import closed_port, mysql_settings
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OUTAGE_SWEEPS = 10
+
+
+def sweeps() -> str:
+    """How the loop's lines name its sweeps: with cells, the cell's."""
+    cell = cells.entered()
+    return "maintenance sweeps" if cell is None else f"maintenance sweeps of cell {cell}"
 
 
 def unreachable_database() -> int:
@@ -44,7 +51,8 @@ def run_loop(script: list[Callable[[], int]], monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(maintenance, "run_sweep", sweep)
     monkeypatch.setattr(maintenance, "SWEEP_INTERVAL_SECONDS", 0.01)
-    thread = threading.Thread(target=maintenance.maintenance_loop, args=(stop,))
+    # With cells, a loop sweeps one cell: the test's own.
+    thread = threading.Thread(target=maintenance.maintenance_loop, args=(stop, cells.entered()))
     thread.start()
     thread.join(timeout=60)
     assert not thread.is_alive()
@@ -60,11 +68,11 @@ def test_an_outage_is_logged_once_as_it_starts_and_once_as_it_ends(caplog, monke
     assert len(records) == 2, [r.getMessage() for r in records]
     started, ended = records
     assert started.levelno == logging.WARNING and started.exc_info is None
-    assert started.getMessage().startswith("maintenance sweeps failing: the database is unreachable (OperationalError")
+    assert started.getMessage().startswith(f"{sweeps()} failing: the database is unreachable (OperationalError")
     assert "Can't connect" in started.getMessage() and "\n" not in started.getMessage()
     assert ended.levelno == logging.WARNING and ended.exc_info is None
     lasted = re.fullmatch(
-        rf"maintenance sweeps work again: the database was unreachable for (\d+\.\d) s, {OUTAGE_SWEEPS} sweeps failed",
+        rf"{sweeps()} work again: the database was unreachable for (\d+\.\d) s, {OUTAGE_SWEEPS} sweeps failed",
         ended.getMessage(),
     )
     assert lasted, ended.getMessage()
@@ -78,11 +86,11 @@ def test_a_second_outage_is_told_again_and_a_fault_keeps_its_traceback(caplog, m
 
     messages = [r.getMessage() for r in caplog.records if r.name == "orbit.maintenance"]
     assert [m.split(":")[0] for m in messages] == [
-        "maintenance sweeps failing",
-        "maintenance sweeps work again",
+        f"{sweeps()} failing",
+        f"{sweeps()} work again",
         "maintenance sweep failed",
-        "maintenance sweeps failing",
-        "maintenance sweeps work again",
+        f"{sweeps()} failing",
+        f"{sweeps()} work again",
     ], messages
     assert messages[1].endswith(", 1 sweep failed") and messages[4].endswith(", 2 sweeps failed")
     (fault,) = [r for r in caplog.records if r.getMessage() == "maintenance sweep failed"]
