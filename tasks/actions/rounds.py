@@ -35,7 +35,8 @@ tasks.locks.key_rows_ahead)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.db import IntegrityError
@@ -43,7 +44,7 @@ from django.db import IntegrityError
 from orbit import cells
 from orbit.audit import gathered_events
 from orbit.db.groupcommit import HAND_ON, NEXT, GroupCommit, Phase
-from orbit.db.pool import within_deadline
+from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, within_deadline
 from orbit.db.rows import (
     LockedBy,
     holding,
@@ -93,11 +94,14 @@ class SubmitRequest:
     """A single POST /v1/tasks (tasks.actions.batch: its own key, digest,
     checks and answer). `credential_to_confirm`: the caller's credential as
     this process knew it, its row not read for this request; the round reads
-    it again and decides the submit only if it still grants the principal."""
+    it again and decides the submit only if it still grants the principal.
+    `deadline`: when its caller stops waiting (time.monotonic(); the caller
+    starts its own clock a moment later)."""
 
     actor: Actor
     submission: Submission
     credential_to_confirm: Minted | None = None
+    deadline: float = field(default_factory=lambda: time.monotonic() + REQUEST_DEADLINE_SECONDS)
 
 
 class CredentialNotConfirmed(Exception):
@@ -300,6 +304,12 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
         rest = [i for i, item in enumerate(items) if answers[i] is None and not isinstance(item, SubmitRequest)]
         for index, answer in zip(rest, run_round([items[i] for i in rest]), strict=True):
             answers[index] = answer
+    now = time.monotonic()
+    for index in later:  # as _drop_expired_submits, before their transactions of the batch path
+        item = items[index]
+        if isinstance(item, SubmitRequest) and now >= item.deadline:
+            answers[index] = Unavailable(DATABASE_TOO_SLOW)
+    later = [index for index in later if answers[index] is None]
     if later:
         requests = [
             (item.actor, item.submission) for item in (items[i] for i in later) if isinstance(item, SubmitRequest)
@@ -347,11 +357,33 @@ def _granted(items: list[tuple[int, W]], revoked: set[str], decided: list[tuple[
     return granted
 
 
+def _drop_expired_submits(
+    items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits
+) -> None:
+    """The submits whose callers' deadlines passed before the transaction
+    opened are answered UNAVAILABLE and left out of it. A process stopped
+    between a round's first reads and its transaction (SIGSTOP, a frozen
+    VM) wakes with its callers answered 503 by their timers: their submits
+    must not be committed then. Once the transaction is open, a stop leaves
+    it idle, and the database rolls it back (SERVING_IDLE_TRANSACTION_SECONDS)."""
+    now = time.monotonic()
+    kept = []
+    for index, fields in submits.pending:
+        item = items[submits.indexes[index]]
+        if isinstance(item, SubmitRequest) and now >= item.deadline:
+            answers[submits.indexes[index]] = Unavailable(DATABASE_TOO_SLOW)
+        else:
+            kept.append((index, fields))
+    submits.pending[:] = kept
+
+
 def _decide_round(
     items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits | None, first: _FirstReads
 ) -> None:
     """Fills in `answers` for the round's results, starts, leases and `submits`
     (unlocked first reads, then one transaction)."""
+    if submits is not None:
+        _drop_expired_submits(items, answers, submits)
     parts = _Parts.unanswered(items, answers, first)
     submitting = submits if submits is not None and submits.pending else None  # the submits left to admit
     if not (parts.reports or parts.starts or parts.leases or submitting):

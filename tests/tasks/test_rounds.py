@@ -3,10 +3,20 @@ one transaction, each answered exactly as its single verb would answer it."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from orbit.db import groupcommit
-from orbit.errors import IdempotencyConflict, InvalidArgument, LeaseLost, NotFound, QueueFull, StateConflict
+from orbit.errors import (
+    IdempotencyConflict,
+    InvalidArgument,
+    LeaseLost,
+    NotFound,
+    QueueFull,
+    StateConflict,
+    Unavailable,
+)
 from orbit.fields import new_id
 from orbit.models import Credential, IdempotencyRecord
 from orbit.principal import Actor, authenticate_token, known_credential
@@ -142,6 +152,26 @@ def test_a_round_admits_its_submits_and_can_lease_them_at_once(tenant):
     submitted = {answer.data["task"]["id"] for answer in answers[:2]}
     assert {entry["task"]["id"] for entry in answers[2].assignments} == submitted
     assert set(Task.objects.filter(id__in=submitted).values_list("state", flat=True)) == {"LEASED"}
+    assert_invariants()
+
+
+def test_a_submit_whose_caller_gave_up_before_the_transaction_is_not_committed(tenant):
+    # A process stopped between a round's first reads and its transaction wakes with the
+    # caller already answered 503 by its timer: that submit must not be committed then.
+    queue = make_queue(tenant.client, "late", max_concurrency=50, rate_per_second=1000)
+    actor = submitter(tenant)
+    given_up = SubmitRequest(actor, submission(queue["id"], "given-up"), deadline=time.monotonic() - 0.001)
+    waited = SubmitRequest(actor, submission(queue["id"], "waited"))
+
+    answers = run_round([given_up, waited])
+
+    assert isinstance(answers[0], Unavailable) and answers[1].status == 201
+    assert list(Task.objects.filter(queue_id=queue["id"]).values_list("id", flat=True)) == [
+        answers[1].data["task"]["id"]
+    ]
+    assert not IdempotencyRecord.objects.filter(key="given-up").exists()
+    # The caller's retry with the same key is decided afresh.
+    assert run_round([SubmitRequest(actor, submission(queue["id"], "given-up"))])[0].status == 201
     assert_invariants()
 
 
