@@ -291,11 +291,11 @@ class MetricsView(APIView):
         permits: dict[tuple[str, str, str, str], int] = {}
         up: dict[str, bool] = {}
         if not cells.configured():
-            queues, permits = queue_gauges(), key_permit_gauges()
+            queues, permits = gauges()
         else:
             # Every cell's queues (labels name one queue installation-wide), read
             # at once; a cell that does not answer in time is left out, and said so.
-            for cell, outcome in in_every_cell(gauges_of_cell, CELL_SCRAPE_SECONDS).items():
+            for cell, outcome in in_every_cell(gauges, CELL_SCRAPE_SECONDS).items():
                 if isinstance(outcome, DatabaseError | Unavailable):
                     up[cell] = False
                 elif isinstance(outcome, BaseException):
@@ -311,7 +311,8 @@ class MetricsView(APIView):
         return HttpResponse(generate_latest(counters()) + generate_latest(scrape), content_type=CONTENT_TYPE_LATEST)
 
 
-def gauges_of_cell() -> tuple[list[QueueGauges], dict[tuple[str, str, str, str], int]]:
+def gauges() -> tuple[list[QueueGauges], dict[tuple[str, str, str, str], int]]:
+    """Every queue's gauges and every key policy's permits (of the cell entered)."""
     return queue_gauges(), key_permit_gauges()
 
 
