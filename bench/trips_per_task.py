@@ -89,43 +89,42 @@ def measure(args: argparse.Namespace, db: PrivateMariaDB, url: str, token: str, 
             assert answer.status_code == 201, answer.text
     before = counters(db)
     sent = received = 0
-    ws = connect(url.replace("http", "ws") + "/v1/workers/connect", additional_headers=headers)
-    ids = iter(range(1, 1 << 30))
+    with connect(url.replace("http", "ws") + "/v1/workers/connect", additional_headers=headers) as ws:
+        ids = iter(range(1, 1 << 30))
 
-    def send(frame: dict[str, Any]) -> None:
-        nonlocal sent
-        sent += 1
-        ws.send(json.dumps(frame))
+        def send(frame: dict[str, Any]) -> None:
+            nonlocal sent
+            sent += 1
+            ws.send(json.dumps(frame))
 
-    send(
-        {"id": f"r{next(ids)}", "type": "hello", "worker_id": f"trips-{uuid.uuid4().hex[:8]}", "queues": [queue_id]}
-        | {"capacity": args.capacity, "handlers": [], "concurrency_keys": True, "version": "trips"}
-    )
-    ahead = {"start_next": True} if args.start_next else {}
-    done = 0
-    began = time.monotonic()
-    while done < args.tasks:
-        frame = json.loads(ws.recv(timeout=30))
-        received += 1
-        kind = frame.get("type")
-        if kind == "task.assign":
-            ref = {"attempt_id": frame["attempt_id"], "epoch": frame["epoch"]}
-            if frame.get("state") == "RUNNING":  # its Start went ahead with the last result
+        send(
+            {"id": f"r{next(ids)}", "type": "hello", "worker_id": f"trips-{uuid.uuid4().hex[:8]}", "queues": [queue_id]}
+            | {"capacity": args.capacity, "handlers": [], "concurrency_keys": True, "version": "trips"}
+        )
+        ahead = {"start_next": True} if args.start_next else {}
+        done = 0
+        began = time.monotonic()
+        while done < args.tasks:
+            frame = json.loads(ws.recv(timeout=30))
+            received += 1
+            kind = frame.get("type")
+            if kind == "task.assign":
+                ref = {"attempt_id": frame["attempt_id"], "epoch": frame["epoch"]}
+                if frame.get("state") == "RUNNING":  # its Start went ahead with the last result
+                    send({"id": f"r{next(ids)}", "type": "task.result", **ref, "outcome": "SUCCEEDED", **ahead})
+                    continue
+                if not args.no_ack:
+                    send({"type": "task.assign.ack", "attempt_id": frame["attempt_id"]})
+                send({"id": f"s:{frame['attempt_id']}:{frame['epoch']}", "type": "task.start", **ref})
+            elif kind == "task.start.ok":
+                _, attempt_id, epoch = frame["reply_to"].split(":")
+                ref = {"attempt_id": attempt_id, "epoch": int(epoch)}
                 send({"id": f"r{next(ids)}", "type": "task.result", **ref, "outcome": "SUCCEEDED", **ahead})
-                continue
-            if not args.no_ack:
-                send({"type": "task.assign.ack", "attempt_id": frame["attempt_id"]})
-            send({"id": f"s:{frame['attempt_id']}:{frame['epoch']}", "type": "task.start", **ref})
-        elif kind == "task.start.ok":
-            _, attempt_id, epoch = frame["reply_to"].split(":")
-            ref = {"attempt_id": attempt_id, "epoch": int(epoch)}
-            send({"id": f"r{next(ids)}", "type": "task.result", **ref, "outcome": "SUCCEEDED", **ahead})
-        elif kind == "task.result.ok":
-            done += 1
-        elif kind == "error":
-            raise RuntimeError(frame)
-    seconds = time.monotonic() - began
-    ws.close()
+            elif kind == "task.result.ok":
+                done += 1
+            elif kind == "error":
+                raise RuntimeError(frame)
+        seconds = time.monotonic() - began
     time.sleep(0.5)  # the last rounds' commits land
     after = counters(db)
     transactions = after["Com_commit"] - before["Com_commit"]
