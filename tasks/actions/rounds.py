@@ -304,12 +304,7 @@ def run_round(items: list[RoundItem]) -> list[Answer | BaseException]:
         rest = [i for i, item in enumerate(items) if answers[i] is None and not isinstance(item, SubmitRequest)]
         for index, answer in zip(rest, run_round([items[i] for i in rest]), strict=True):
             answers[index] = answer
-    now = time.monotonic()
-    for index in later:  # as _drop_expired_submits, before their transactions of the batch path
-        item = items[index]
-        if isinstance(item, SubmitRequest) and now >= item.deadline:
-            answers[index] = Unavailable(DATABASE_TOO_SLOW)
-    later = [index for index in later if answers[index] is None]
+    later = _unexpired(items, answers, later)  # before their transactions of the batch path
     if later:
         requests = [
             (item.actor, item.submission) for item in (items[i] for i in later) if isinstance(item, SubmitRequest)
@@ -357,24 +352,28 @@ def _granted(items: list[tuple[int, W]], revoked: set[str], decided: list[tuple[
     return granted
 
 
+def _unexpired(items: list[RoundItem], answers: list[Answer | BaseException | None], indexes: list[int]) -> list[int]:
+    """`indexes` (into `items`) less the submits whose callers' deadlines
+    have passed, which are answered UNAVAILABLE: their transaction has not
+    opened yet. A process stopped between a round's first reads and its
+    transaction (SIGSTOP, a frozen VM) wakes with its callers answered 503
+    by their timers: their submits must not be committed then. Once the
+    transaction is open, a stop leaves it idle, and the database rolls it
+    back (SERVING_IDLE_TRANSACTION_SECONDS)."""
+    now = time.monotonic()
+    for index in indexes:
+        item = items[index]
+        if isinstance(item, SubmitRequest) and now >= item.deadline:
+            answers[index] = Unavailable(DATABASE_TOO_SLOW)
+    return [index for index in indexes if answers[index] is None]
+
+
 def _drop_expired_submits(
     items: list[RoundItem], answers: list[Answer | BaseException | None], submits: _Submits
 ) -> None:
-    """The submits whose callers' deadlines passed before the transaction
-    opened are answered UNAVAILABLE and left out of it. A process stopped
-    between a round's first reads and its transaction (SIGSTOP, a frozen
-    VM) wakes with its callers answered 503 by their timers: their submits
-    must not be committed then. Once the transaction is open, a stop leaves
-    it idle, and the database rolls it back (SERVING_IDLE_TRANSACTION_SECONDS)."""
-    now = time.monotonic()
-    kept = []
-    for index, fields in submits.pending:
-        item = items[submits.indexes[index]]
-        if isinstance(item, SubmitRequest) and now >= item.deadline:
-            answers[submits.indexes[index]] = Unavailable(DATABASE_TOO_SLOW)
-        else:
-            kept.append((index, fields))
-    submits.pending[:] = kept
+    """The round's own submits, as _unexpired: the expired ones left out of its transaction."""
+    kept = set(_unexpired(items, answers, [submits.indexes[index] for index, _ in submits.pending]))
+    submits.pending[:] = [(index, fields) for index, fields in submits.pending if submits.indexes[index] in kept]
 
 
 def _decide_round(
