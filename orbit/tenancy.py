@@ -20,15 +20,15 @@ class IssuedCredential:
     token: str
 
 
-def ensure_application(name: str, *, cell: str | None = None) -> Application:
+def ensure_application(name: str) -> Application:
     """Returns the application of that name, creating it and its counter row.
-    With cells, it is placed in `cell` (or the cell with the fewest
-    applications) and that cell is entered for the rest of the call; an
-    existing application stays where it is."""
+    With cells, a new one is placed in the cell with the fewest applications
+    (unless enter_placed placed it first) and its cell is entered for the
+    rest of the call; an existing application stays where it is."""
     if cells.configured():
         # The placement was written before its cell's rows: created here, also
         # after a crash left the placement alone, under the placement's id.
-        identity = {"id": enter_placed(name, cell)}
+        identity = {"id": enter_placed(name)}
     else:
         identity = {"name": name}
     existing = Application.objects.filter(**identity).first()
