@@ -157,9 +157,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # so drain.ok is never followed by an assignment leased before it
         # (drain also waits for the hand-offs in flight, on_result).
         self.lease_lock = asyncio.Lock()
-        # Hand-offs in flight (each may add one assignment), and the slots
-        # their results freed whose assignment is not sent yet (on_result).
+        # Hand-offs in flight (each may add one assignment), those of them
+        # that take only what they start (never an unacknowledged one), and
+        # the slots their results freed whose assignment is not sent yet (on_result).
         self.handoffs = 0
+        self.started_handoffs = 0
         self.reserved = 0
         self.no_handoffs = asyncio.Event()
         self.no_handoffs.set()
@@ -415,7 +417,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # slot: it is only answered, from the record.
         leaving = ref["attempt_id"] in self.running and ref["attempt_id"] not in self.ending
         hands_off = ref["attempt_id"] in self.keyed or start_ahead_for is not None
-        if not hands_off or not leaving or self.free_slots(leaving=1) <= 0 or self.draining:
+        started_only = False
+        if hands_off and leaving and self.free_slots(leaving=1) <= 0:
+            # Past the bounds on unacknowledged assignments, a result that sent
+            # its next Start ahead still hands off, taking only what it starts.
+            started_only = start_ahead_for is not None and self.free_slots(leaving=1, started=True) > 0
+            hands_off = started_only
+        if not hands_off or not leaving or self.draining:
             reply = await rounds.record_result_async(report)
             if ref["attempt_id"] not in self.ending:
                 # (the hand-off in flight frees that slot once its lease is in)
@@ -429,12 +437,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # instead of a wake-up and a round later. Several results' hand-offs
         # run side by side, each into its own result's slot.
         self.handoffs += 1
+        self.started_handoffs += started_only
         self.no_handoffs.clear()
         assignments: list[dict[str, Any]] = []
         sent: set[str] = set()
         try:
             recorded, leased = await rounds.record_result_and_lease_async(
-                report, limit=1, start_ahead_for=start_ahead_for
+                report, limit=1, start_ahead_for=start_ahead_for, started_only=started_only
             )
             assignments = leased.assignments if isinstance(leased, LeaseOutcome) else []
             if isinstance(recorded, BaseException):
@@ -477,6 +486,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 )
             self.ending.discard(ref["attempt_id"])
             self.handoffs -= 1
+            self.started_handoffs -= started_only
             if not self.handoffs:
                 self.no_handoffs.set()
         return None
@@ -497,17 +507,19 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                     undelivered_start=entry.get("state") == "RUNNING",
                 )
 
-    def free_slots(self, leaving: int = 0) -> int:
+    def free_slots(self, leaving: int = 0, *, started: bool = False) -> int:
         """Assignments this connection may be sent now (`leaving`: held
         attempts whose end is being recorded): its capacity, less the slots
         of hand-offs about to send their assignment, and the bounds on what it
-        has not acknowledged yet, less what the hand-offs in flight may add."""
+        has not acknowledged yet, less what the hand-offs in flight may add.
+        `started`: assignments that arrive started, which the bounds on
+        unacknowledged ones do not limit (a started one is never unacknowledged)."""
+        room = self.capacity - len(self.held) - self.reserved + leaving
+        if started:
+            return room
         if self.unacked_bytes >= UNACKED_MAX_BYTES:
             return 0
-        return min(
-            self.capacity - len(self.held) - self.reserved + leaving,
-            UNACKED_MAX - len(self.unacked) - self.handoffs,
-        )
+        return min(room, UNACKED_MAX - len(self.unacked) - (self.handoffs - self.started_handoffs))
 
     async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
         # Read before attempt_ref counts this frame as the acknowledgement.

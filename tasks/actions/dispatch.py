@@ -94,6 +94,7 @@ def lease(
     configuration: Configuration,
     *,
     starting: Sequence[tuple[str, str] | None] | None = None,
+    started_only: Sequence[bool] | None = None,
 ) -> list[LeaseOutcome]:
     """Leases for several workers of one kind (same namespace, queues, handlers
     and key opt-in) at once: up to its limit (at most LEASE_BATCH_MAX) for each,
@@ -108,7 +109,10 @@ def lease(
     check of a Start, and its assignment says so (`state` RUNNING and
     `attempt_number`, as a held entry). Any other, and one a Start would
     refuse now (its queue's rate window full, a deadline passed), goes out
-    unstarted, for the worker's own task.start.
+    unstarted, for the worker's own task.start. `started_only[i]`: request i
+    takes only what it starts ahead (a hand-off past its connection's bound on
+    unacknowledged assignments); a task it could not start goes to the next
+    request, and its slot stays free for its dispatcher (the outcome's `more`).
 
     A scan sees one ready task per key and queue (tasks.actions.readiness):
     when the lease took a key that has permits left (capacity above 1) and is
@@ -120,7 +124,7 @@ def lease(
     for _ in range(LEASE_PASSES):
         if sum(limits) <= 0:
             break
-        passed, again = _lease_pass(requests, limits, configuration, starting, served)
+        passed, again = _lease_pass(requests, limits, configuration, starting, started_only, served)
         outcomes = [
             LeaseOutcome(
                 [*done.assignments, *now.assignments],
@@ -142,6 +146,7 @@ def _lease_pass(
     limits: list[int],
     configuration: Configuration,
     starting: Sequence[tuple[str, str] | None] | None,
+    started_only: Sequence[bool] | None,
     served: list[Task],
 ) -> tuple[list[LeaseOutcome], bool]:
     """One pass of lease(), and whether another could take more (a key it
@@ -167,7 +172,16 @@ def _lease_pass(
     candidates, more = _best_candidates(worker, headroom, want, now, states)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
     permits = _KeyPermits.lock(worker, candidates, policies, now)
-    taking = _Taking(requests, list(starting or [None] * len(requests)), limits, headroom, states, queues, now)
+    taking = _Taking(
+        requests,
+        list(starting or [None] * len(requests)),
+        list(started_only or [False] * len(requests)),
+        limits,
+        headroom,
+        states,
+        queues,
+        now,
+    )
     for task in candidates:
         if len(taking.chosen) >= want:
             more = True
@@ -175,8 +189,9 @@ def _lease_pass(
         if taking.queue_full(task.queue_id):
             continue
         turn = permits.turn(task, worker)
-        if turn is not None:
-            taking.take(turn, permits)
+        if turn is not None and not taking.take(turn, permits):
+            more = True  # every request left passed it over: its dispatcher's to lease
+            break
     if policies.rated and len(taking.chosen) < want:
         rate_reopens_in = _sooner(rate_reopens_in, _next_key_start_in(worker.namespace_id, now))
     if not taking.chosen:
@@ -419,13 +434,14 @@ class _Taking:
         self,
         requests: list[tuple[WorkerContext, int]],
         starting: list[tuple[str, str] | None],
+        started_only: list[bool],
         limits: list[int],
         headroom: dict[str, int],
         states: dict[str, QueueState],
         queues: dict[str, Queue],
         now: datetime,
     ) -> None:
-        self.requests, self.starting, self.headroom = requests, starting, headroom
+        self.requests, self.starting, self.started_only, self.headroom = requests, starting, started_only, headroom
         self.states, self.queues, self.now = states, queues, now
         self.chosen: list[tuple[Task, Attempt]] = []
         self.started: list[tuple[Task, Attempt]] = []  # of those chosen, the ones started ahead
@@ -440,20 +456,38 @@ class _Taking:
         order = sorted(range(len(requests)), key=lambda index: starting[index] is None)
         self.takers = iter([index for index in order for _ in range(limits[index])])
 
+    def _taker(self, turn: _Turn, permits: _KeyPermits) -> int | None:
+        """The request the turn's task goes to: the next slot's, passing over
+        the slot of a started-only request that could not start it (the slot
+        stays free); None when no slot is left."""
+        task, key_row = turn.task, turn.key_row
+        rule = permits.rules[key_row.key] if key_row is not None else None
+        state, queue = self.states[task.queue_id], self.queues[task.queue_id]
+        for taker in self.takers:
+            if not self.started_only[taker]:
+                return taker
+            served, holder = self.starting[taker], self.requests[taker][0]
+            if _would_start_ahead(served, holder, task, state, queue, self.now, key_row, rule):
+                return taker
+        return None
+
     def queue_full(self, queue_id: str) -> bool:
         return self.per_queue.get(queue_id, 0) >= self.headroom[queue_id]
 
-    def take(self, turn: _Turn, permits: _KeyPermits) -> None:
+    def take(self, turn: _Turn, permits: _KeyPermits) -> bool:
         """Leases the turn's task to the next request: its key's next token
         and permit, its attempt, and its Start when its worker sent that
-        ahead (else, under a key's rate, the Start's room it reserves)."""
+        ahead (else, under a key's rate, the Start's room it reserves).
+        False, taking nothing, when no request is left to take it."""
+        taker = self._taker(turn, permits)
+        if taker is None:
+            return False
         task, key_row, now = turn.task, turn.key_row, self.now
         token = None
         if key_row is not None:
             self.handed_on.append((task, turn.line))
             key_row.version += 1
             token = key_row.version
-        taker = next(self.takers)
         holder = self.requests[taker][0]
         attempt = _new_attempt(task, holder, token, now)
         rule = permits.rules[key_row.key] if key_row is not None else None
@@ -476,6 +510,7 @@ class _Taking:
             cache_rule(key_row, rule, now)
             permits.taken.add(key_row.key)
         self.per_queue[task.queue_id] = self.per_queue.get(task.queue_id, 0) + 1
+        return True
 
     def write(self, application_id: str, permits: _KeyPermits) -> None:
         """The lease's writes: its attempts, key and slot rows, tasks, the
@@ -548,15 +583,29 @@ def _start_ahead(
     within its lease (the lease has checked the queue is open). False,
     changing nothing, where that Start would be refused; the worker then
     sends its own."""
+    state, queue = states[task.queue_id], queues[task.queue_id]
+    if not _would_start_ahead(served, holder, task, state, queue, now, key_row, rule):
+        return False
+    _approve_start(task, attempt, state, queue, now, key_row, rule)
+    return True
+
+
+def _would_start_ahead(
+    served: tuple[str, str] | None,
+    holder: WorkerContext,
+    task: Task,
+    state: QueueState,
+    queue: Queue,
+    now: datetime,
+    key_row: ConcurrencyKey | None,
+    rule: KeyRule | None,
+) -> bool:
+    """Whether a Start sent ahead would start this task now, changing
+    nothing: a task its worker serves for sure, no deadline passed, and
+    nothing that refuses a Start (_start_refusal)."""
     if served is None or not (holder.handlers or (task.handler, task.handler_version) == served):
         return False
-    if deadline_failure(task, now) is not None:
-        return False
-    try:
-        _approve_start(task, attempt, states[task.queue_id], queues[task.queue_id], now, key_row, rule)
-    except RateLimited:
-        return False
-    return True
+    return deadline_failure(task, now) is None and _start_refusal(state, queue, now, key_row, rule) is None
 
 
 def _emit_moves(tasks: list[Task], state: str, *, previous: str) -> None:
@@ -766,16 +815,12 @@ def _approve_start(
     them; RateLimited, with nothing changed, when the window is full or the
     key has no start room. The queue state (and key row) is shared by a
     group's Starts: each approval counts in what the next one sees."""
-    rate = rule.rate if rule is not None else None
-    if key_row is not None and rate is not None and not rate.start_allowed(key_row.rate_tat, now):
-        raise RateLimited(rate.retry_after_ms(key_row.rate_tat, now), KEY_RATE_REACHED)
+    refusal = _start_refusal(state, queue, now, key_row, rule)
+    if refusal is not None:
+        raise refusal
     if not window_open(state, now):
         state.window_started_at = now
         state.window_count = 0
-    if state.window_count >= queue.rate_per_second:
-        # window_open or the reset above gave the window its start.
-        remaining = cast(datetime, state.window_started_at) + RATE_WINDOW - now
-        raise RateLimited(max(1, math.ceil(remaining.total_seconds() * 1000)))
     state.window_count += 1
     if key_row is not None:
         _count_key_start(key_row, attempt, rule, now)
@@ -786,6 +831,21 @@ def _approve_start(
     attempt.number = task.attempts
     attempt.started_at = now
     attempt.lease_expires_at = max(attempt.lease_expires_at, lease_expiry(task, now))
+
+
+def _start_refusal(
+    state: QueueState, queue: Queue, now: datetime, key_row: ConcurrencyKey | None, rule: KeyRule | None
+) -> RateLimited | None:
+    """What refuses a Start now, changing nothing: its key's rate, or its
+    queue's full start window (a window that is over starts anew, empty, and
+    rate_per_second is at least 1)."""
+    rate = rule.rate if rule is not None else None
+    if key_row is not None and rate is not None and not rate.start_allowed(key_row.rate_tat, now):
+        return RateLimited(rate.retry_after_ms(key_row.rate_tat, now), KEY_RATE_REACHED)
+    if window_open(state, now) and state.window_count >= queue.rate_per_second:
+        remaining = cast(datetime, state.window_started_at) + RATE_WINDOW - now
+        return RateLimited(max(1, math.ceil(remaining.total_seconds() * 1000)))
+    return None
 
 
 def _count_key_start(key_row: ConcurrencyKey, attempt: Attempt, rule: KeyRule | None, now: datetime) -> None:

@@ -81,12 +81,17 @@ class LeaseRequest:
     to a connection: SPEC §6). `start_ahead`: that result's frame also sent
     the Start of what the lease takes, a task of this handler and version
     (the one the result ends, which its worker evidently serves): dispatch.lease's
-    `starting`. Only a hand-off starts ahead: nothing else vouches for it."""
+    `starting`. Only a hand-off starts ahead: nothing else vouches for it.
+    `started_only`: a hand-off with `start_ahead` that came past its
+    connection's bound on unacknowledged assignments takes only what it
+    starts (dispatch.lease's `started_only`): a started assignment is never
+    waited on for an acknowledgement."""
 
     worker: WorkerContext
     limit: int
     after: ResultReport | None = None
     start_ahead: tuple[str, str] | None = None
+    started_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -602,6 +607,7 @@ def _apply_leases(
                     [(lease.worker, lease.limit) for _, lease in group],
                     configuration,
                     starting=[lease.start_ahead if lease.after is not None else None for _, lease in group],
+                    started_only=[lease.started_only for _, lease in group],
                 )
             )
         except OrbitError as error:
@@ -719,15 +725,20 @@ async def record_result_async(report: ResultReport) -> dict[str, Any]:
 
 
 async def record_result_and_lease_async(
-    report: ResultReport, *, limit: int, start_ahead_for: tuple[str, str] | None = None
+    report: ResultReport,
+    *,
+    limit: int,
+    start_ahead_for: tuple[str, str] | None = None,
+    started_only: bool = False,
 ) -> tuple[dict[str, Any] | BaseException, LeaseOutcome | BaseException]:
     """The result and a lease for its worker, decided in one round: the round
     applies results before leases, so the slot (and a keyed attempt's key) the
     result frees can go to the worker's next task in the same transaction.
     `start_ahead_for`: the result's frame sent the Start of that task ahead,
-    and its own task has this handler and version."""
+    and its own task has this handler and version; `started_only`: the lease
+    takes only a task it starts (LeaseRequest)."""
     worker = report.worker
-    lease = LeaseRequest(worker, limit, after=report, start_ahead=start_ahead_for)
+    lease = LeaseRequest(worker, limit, after=report, start_ahead=start_ahead_for, started_only=started_only)
     reply, leased = await ROUNDS.call_together_async(worker.application_id, [report, lease])
     return (
         reply if isinstance(reply, BaseException) else _reply(reply),

@@ -338,3 +338,63 @@ def test_a_paused_queue_starts_nothing_ahead(tenant, connect):
     answer, handed = result_frames(worker, first, start_next=True)
     assert answer["task_state"] == "SUCCEEDED" and handed is None, (answer, handed)
     assert not Task.objects.filter(queue_id=queue_id, state__in=[TaskState.LEASED, TaskState.RUNNING]).exists()
+
+
+def at_the_unacknowledged_bound(
+    tenant: Any, connect: Any, worker_id: str, handlers: list[str]
+) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+    """A queue of unkeyed tasks of `handlers` (in submit order), and a worker of a
+    capacity above UNACKED_MAX that started one assignment and acknowledged no other:
+    UNACKED_MAX assignments wait for an acknowledgement, one runs, slots are left."""
+    bound = consumers.UNACKED_MAX
+    queue = make_queue(tenant.client, f"bound-{worker_id}", max_concurrency=100, rate_per_second=1000)
+    for n, handler in enumerate(handlers):
+        submit_ok(tenant.client, queue["id"], f"{worker_id}-{n}", handler=handler)
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=bound + 4, worker_id=worker_id)
+    waiting = [worker.next_assignment(timeout=5) for _ in range(bound)]
+    assert all(frame is not None and "state" not in frame for frame in waiting), waiting
+    first = waiting.pop(0)
+    worker.start_ok(first)  # names it: room for one more unacknowledged assignment
+    extra = worker.next_assignment(timeout=5)
+    assert extra is not None and "state" not in extra, extra
+    waiting.append(extra)
+    worker.no_assignment(within=0.5)  # the bound holds the rest back
+    return worker, first, waiting
+
+
+def test_past_the_unacknowledged_bound_a_result_with_start_next_still_hands_off(tenant, connect):
+    # given a worker at the bound on unacknowledged assignments, with free capacity
+    worker, first, waiting = at_the_unacknowledged_bound(tenant, connect, "w-bound", ["echo"] * 24)
+    # when the one it runs ends with start_next
+    answer, handed = result_frames(worker, first, start_next=True)
+    # then the next task arrives started into its slot (nothing more to acknowledge)
+    assert answer["task_state"] == "SUCCEEDED", answer
+    assert handed is not None and handed["state"] == "RUNNING" and handed["attempt_number"] == 1, handed
+    assert Task.objects.get(id=handed["task"]["id"]).state == TaskState.RUNNING
+    # and still no unstarted one past the bound
+    worker.no_assignment(within=0.5)
+    unstarted = Attempt.objects.filter(worker_id="w-bound", state=AttemptState.LEASED).count()
+    assert unstarted == consumers.UNACKED_MAX == len(waiting)
+    assert worker.result(handed)["task_state"] == "SUCCEEDED"
+
+
+def test_past_the_unacknowledged_bound_a_hand_off_takes_nothing_it_cannot_start(tenant, connect):
+    # given a worker at the bound whose queue's next task is of a handler it has not shown it
+    # serves (it takes any handler, and ran echo/v1)
+    bound = consumers.UNACKED_MAX
+    handlers = ["echo"] * (bound + 1) + ["other"] + ["echo"] * 4
+    worker, first, waiting = at_the_unacknowledged_bound(tenant, connect, "w-bound-other", handlers)
+    other = Task.objects.get(handler="other")
+    # when the one it runs ends with start_next
+    answer, handed = result_frames(worker, first, start_next=True)
+    # then nothing follows the answer: other/v1 would go out unstarted, past the bound,
+    # and no later task overtakes it
+    assert answer["task_state"] == "SUCCEEDED", answer
+    assert handed is None
+    assert Task.objects.get(id=other.id).state == TaskState.WAITING
+    assert Attempt.objects.filter(worker_id="w-bound-other", state=AttemptState.LEASED).count() == bound
+    # and once an assignment is acknowledged, the dispatcher leases it, unstarted, into the free slot
+    worker.send("task.assign.ack", attempt_id=waiting[0]["attempt_id"])
+    following = worker.next_assignment(timeout=5)
+    assert following is not None and following["task"]["id"] == other.id and "state" not in following, following
