@@ -7,12 +7,15 @@ leaves."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+import orbit_sdk
 from orbit.models import Event
 from queues.models import QueueState
 from tasks.models import Attempt, AttemptState, Task, TaskState
@@ -398,3 +401,50 @@ def test_past_the_unacknowledged_bound_a_hand_off_takes_nothing_it_cannot_start(
     worker.send("task.assign.ack", attempt_id=waiting[0]["attempt_id"])
     following = worker.next_assignment(timeout=5)
     assert following is not None and following["task"]["id"] == other.id and "state" not in following, following
+
+
+def test_sdk_workers_above_the_bound_drain_a_backlog_each_task_once(tenant, orbit_server):
+    # given a backlog, and two SDK workers whose capacity is twice the unacknowledged bound
+    queue = make_queue(tenant.client, "bound-drain", max_concurrency=1000, rate_per_second=100_000)
+    task_ids = {submit_ok(tenant.client, queue["id"], f"bound-drain-{n}")["id"] for n in range(300)}
+    ran: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    async def echo(execution: orbit_sdk.Execution) -> dict[str, Any]:
+        with lock:
+            ran.append((execution.task.id, execution.attempt_id))
+        return {"ok": True}
+
+    workers = [
+        orbit_sdk.Worker(
+            orbit_server.url,
+            tenant.token,
+            [queue["id"]],
+            {("echo", "v1"): echo},
+            capacity=2 * consumers.UNACKED_MAX,
+            worker_id=f"w-bound-drain-{n}",
+            namespace_id=tenant.namespace_id,
+        )
+        for n in range(2)
+    ]
+    for worker in workers:
+        worker.start()
+    try:
+        wait_until(
+            lambda: Task.objects.filter(id__in=task_ids, state=TaskState.SUCCEEDED).count() == len(task_ids),
+            timeout=60,
+            what="the backlog drained",
+        )
+    finally:
+        for worker in workers:
+            worker.stop(timeout=5)
+            worker.join(timeout=10)
+    # then every task ran once, on its one attempt, and every one past each worker's first
+    # fill (its capacity, leased unstarted by its dispatcher) was started by a hand-off
+    assert Counter(task for task, _ in ran) == dict.fromkeys(task_ids, 1)
+    attempts = list(Attempt.objects.filter(task_id__in=task_ids))
+    assert sorted(attempt.task_id for attempt in attempts) == sorted(task_ids)
+    assert {attempt.state for attempt in attempts} == {AttemptState.SUCCEEDED}
+    assert {attempt.id for attempt in attempts} == {attempt_id for _, attempt_id in ran}
+    started_ahead = sum(attempt.started_at == attempt.leased_at for attempt in attempts)
+    assert started_ahead >= len(task_ids) - 2 * 2 * consumers.UNACKED_MAX, started_ahead
