@@ -456,19 +456,18 @@ class _Taking:
         order = sorted(range(len(requests)), key=lambda index: starting[index] is None)
         self.takers = iter([index for index in order for _ in range(limits[index])])
 
-    def _taker(self, turn: _Turn, permits: _KeyPermits) -> int | None:
-        """The request the turn's task goes to: the next slot's, passing over
-        the slot of a started-only request that could not start it (the slot
-        stays free); None when no slot is left."""
-        task, key_row = turn.task, turn.key_row
-        rule = permits.rules[key_row.key] if key_row is not None else None
+    def _taker(self, turn: _Turn, rule: KeyRule | None) -> tuple[int, bool] | None:
+        """The request the turn's task goes to, and whether it starts the task
+        there (_would_start_ahead): the next slot's, passing over the slot of a
+        started-only request that would not start it (the slot stays free);
+        None when no slot is left."""
+        task = turn.task
         state, queue = self.states[task.queue_id], self.queues[task.queue_id]
         for taker in self.takers:
-            if not self.started_only[taker]:
-                return taker
             served, holder = self.starting[taker], self.requests[taker][0]
-            if _would_start_ahead(served, holder, task, state, queue, self.now, key_row, rule):
-                return taker
+            starts = _would_start_ahead(served, holder, task, state, queue, self.now, turn.key_row, rule)
+            if starts or not self.started_only[taker]:
+                return taker, starts
         return None
 
     def queue_full(self, queue_id: str) -> bool:
@@ -479,10 +478,12 @@ class _Taking:
         and permit, its attempt, and its Start when its worker sent that
         ahead (else, under a key's rate, the Start's room it reserves).
         False, taking nothing, when no request is left to take it."""
-        taker = self._taker(turn, permits)
-        if taker is None:
-            return False
         task, key_row, now = turn.task, turn.key_row, self.now
+        rule = permits.rules[key_row.key] if key_row is not None else None
+        chosen = self._taker(turn, rule)
+        if chosen is None:
+            return False
+        taker, starts = chosen
         token = None
         if key_row is not None:
             self.handed_on.append((task, turn.line))
@@ -490,13 +491,13 @@ class _Taking:
             token = key_row.version
         holder = self.requests[taker][0]
         attempt = _new_attempt(task, holder, token, now)
-        rule = permits.rules[key_row.key] if key_row is not None else None
         if key_row is not None:
             permits.grant(key_row, task, attempt, now)
         task.state = TaskState.LEASED
         task.updated_at = now
         self.chosen.append((task, attempt))
-        if _start_ahead(self.starting[taker], holder, task, attempt, self.states, self.queues, now, key_row, rule):
+        if starts:
+            _count_start(task, attempt, self.states[task.queue_id], now, key_row, rule)
             self.started.append((task, attempt))
             entry = held_entry(task, attempt)
         else:
@@ -566,30 +567,6 @@ def _new_attempt(task: Task, holder: WorkerContext, token: int | None, now: date
     )
 
 
-def _start_ahead(
-    served: tuple[str, str] | None,
-    holder: WorkerContext,
-    task: Task,
-    attempt: Attempt,
-    states: dict[str, QueueState],
-    queues: dict[str, Queue],
-    now: datetime,
-    key_row: ConcurrencyKey | None,
-    rule: KeyRule | None,
-) -> bool:
-    """Starts an attempt the lease just made, for a worker that sent its Start
-    ahead (`served`: the handler and version it evidently serves) and serves
-    this task for sure: what _start_one decides for a Start of a LEASED attempt
-    within its lease (the lease has checked the queue is open). False,
-    changing nothing, where that Start would be refused; the worker then
-    sends its own."""
-    state, queue = states[task.queue_id], queues[task.queue_id]
-    if not _would_start_ahead(served, holder, task, state, queue, now, key_row, rule):
-        return False
-    _approve_start(task, attempt, state, queue, now, key_row, rule)
-    return True
-
-
 def _would_start_ahead(
     served: tuple[str, str] | None,
     holder: WorkerContext,
@@ -600,9 +577,13 @@ def _would_start_ahead(
     key_row: ConcurrencyKey | None,
     rule: KeyRule | None,
 ) -> bool:
-    """Whether a Start sent ahead would start this task now, changing
-    nothing: a task its worker serves for sure, no deadline passed, and
-    nothing that refuses a Start (_start_refusal)."""
+    """Whether the lease starts this task, changing nothing: its worker sent
+    its Start ahead (`served`: the handler and version it evidently serves)
+    and serves this task for sure, and a Start of the LEASED attempt within
+    its lease would be approved now (what _start_one decides; the lease has
+    checked the queue is open): no deadline passed, nothing that refuses a
+    Start (_start_refusal). Else the assignment goes out unstarted and the
+    worker sends its own Start."""
     if served is None or not (holder.handlers or (task.handler, task.handler_version) == served):
         return False
     return deadline_failure(task, now) is None and _start_refusal(state, queue, now, key_row, rule) is None
@@ -818,6 +799,13 @@ def _approve_start(
     refusal = _start_refusal(state, queue, now, key_row, rule)
     if refusal is not None:
         raise refusal
+    _count_start(task, attempt, state, now, key_row, rule)
+
+
+def _count_start(
+    task: Task, attempt: Attempt, state: QueueState, now: datetime, key_row: ConcurrencyKey | None, rule: KeyRule | None
+) -> None:
+    """_approve_start's changes, for a Start nothing refuses (_start_refusal)."""
     if not window_open(state, now):
         state.window_started_at = now
         state.window_count = 0
