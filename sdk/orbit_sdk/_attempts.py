@@ -16,7 +16,8 @@ worker drains or stops: such an assignment arrives already started (``state`` RU
 Invariants the code relies on:
 
 * Business code runs only after the server approved that attempt's Start: ``task.start.ok``, or
-  an assignment that arrives started.
+  an assignment that arrives started. Never once that approval's lease has ended by this machine's
+  clock: checked when the frame is read and again where the handler begins.
 * A result is re-sent, same content, until ``task.result.ok`` (or a definite refusal), across
   reconnects; the server answers replays from its record.
 * Every held attempt (leased, running or reporting) is renewed once a third of its remaining
@@ -219,6 +220,31 @@ class Attempt:
         self.wake.clear()
 
 
+def _lease_over(expires: datetime.datetime | None) -> bool:
+    """The lease ended by this machine's clock (nodes run NTP). A frame that waited in the
+    socket of a stopped process, or a handler thread that began late, would otherwise run
+    business code after the server took the attempt back and gave the key a newer token."""
+    return expires is not None and expires <= datetime.datetime.now(datetime.UTC)
+
+
+class _LeaseOverBeforeBegin(Exception):
+    """Raised in place of a handler whose lease ended before it could begin."""
+
+
+def _check_lease_before_begin(execution: Execution) -> None:
+    """Checked as late as possible: on the handler's own thread, just before it is called."""
+    if _lease_over(execution.lease_expires_at):
+        raise _LeaseOverBeforeBegin(f"attempt {execution.attempt_id}: lease over before the handler began; not run")
+
+
+def _begun_within_lease(handler: Handler) -> Handler:
+    def begin(execution: Execution) -> Any:
+        _check_lease_before_begin(execution)
+        return handler(execution)
+
+    return begin
+
+
 def _is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(type(handler).__call__)
 
@@ -365,6 +391,11 @@ class Attempts:
         if handler is None or assignment.attempt_number is None:
             why = "no handler" if handler is None else "protocol error: started assignment without attempt_number"
             self._reject(assignment.attempt_id, assignment.epoch, why)
+            return
+        if _lease_over(assignment.lease_expires_at):
+            # Left unacknowledged and handed back: nothing ran. The server has ended it already
+            # (the release is refused) or takes its Start back, no attempt consumed.
+            self._reject(assignment.attempt_id, assignment.epoch, "lease over before the assignment was read")
             return
         attempt = Attempt(assignment, handler, conn.generation, self._link.renew_seconds)
         attempt.phase = "running"
@@ -581,6 +612,8 @@ class Attempts:
                 attempt.attempt_number = number if isinstance(number, int) and not isinstance(number, bool) else 0
                 attempt.lease_expires_at = lease_end(reply, "task.start.ok")
                 attempt.schedule_renewal(self._link.renew_seconds)
+                if _lease_over(attempt.lease_expires_at):
+                    self._lose(attempt, "lease over before its task.start.ok was read")
                 return True
             code = error_code(reply)
             if code != "QUEUE_PAUSED":
@@ -627,11 +660,15 @@ class Attempts:
             execution._mark_cancel_requested()
         try:
             if _is_async(handler):
+                _check_lease_before_begin(execution)
                 value = await handler(execution)
             else:
-                value = await _in_daemon_thread(handler, execution)
+                value = await _in_daemon_thread(_begun_within_lease(handler), execution)
                 if inspect.isawaitable(value):
                     value = await value
+        except _LeaseOverBeforeBegin as exc:
+            logger.info("orbit worker %s: %s", self._worker_id, exc)
+            return {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": str(exc)}}
         except RetryableError as exc:
             return failure("FAILED", True, exc)
         except UnknownOutcome as exc:

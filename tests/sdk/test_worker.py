@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import threading
@@ -514,6 +515,85 @@ def test_a_started_assignment_it_cannot_run_is_handed_back_unacknowledged():
             # never acknowledged, so its Start is the server's to take back: no result, no run
             assert server.attempts["a1"].release_reason == "no handler"
             assert not server.received("task.assign.ack") and not server.received("task.result")
+
+    run(scenario)
+
+
+PAST = "2020-01-01T00:00:00Z"  # a lease that ended before the frame was read
+
+
+def test_a_started_assignment_read_after_its_lease_ended_is_handed_back_not_run():
+    # As after a SIGSTOP: the frame waited in the socket while the server took the attempt back
+    # and gave the key a newer token; running it now would begin business code out of token order.
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): lambda execution: calls.append(1)})
+            server.assign("a1", key="object/1", token="9", started=True, extra={"lease_expires_at": PAST})
+            server.assign("a2", key="object/1", token="10", started=True)
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a2"].result is not None)
+                await server.wait_for(lambda: server.attempts["a1"].release_reason is not None)
+            assert server.attempts["a1"].release_reason == "lease over before the assignment was read"
+            assert [f["attempt_id"] for f in server.received("task.assign.ack")] == ["a2"]
+            assert [f["attempt_id"] for f in server.received("task.result")] == ["a2"]
+            assert calls == [1]
+
+    run(scenario)
+
+
+def test_a_start_approved_past_its_lease_does_not_run_the_handler():
+    calls = []
+
+    async def scenario():
+        async with FakeServer() as server:
+            approved = {"type": "task.start.ok", "attempt_number": 1, "lease_expires_at": PAST}
+            server.start_replies["a1"] = [approved]
+            worker = make_worker(server, {("echo", "v1"): lambda execution: calls.append(1)})
+            server.assign("a1")
+            async with running(worker):
+                await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            result = without_id(server.received("task.result")[0])
+            assert result["outcome"] == "FAILED" and result["retryable"] is True
+            assert result["error"] == {"type": "NotRun", "message": "lease lost before the handler started"}
+            assert calls == []
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_handler_whose_lease_ends_before_it_begins_is_not_called(kind):
+    # The last check runs where the handler begins (its own thread, for a sync handler): a
+    # process stopped between the Start and that point must not begin it once resumed.
+    calls = []
+
+    def sync_handler(execution):
+        calls.append(1)
+
+    async def async_handler(execution):
+        calls.append(1)
+
+    async def scenario():
+        async with FakeServer() as server:
+            handler = sync_handler if kind == "sync" else async_handler
+            worker = make_worker(server, {("echo", "v1"): handler})
+            server.assign("a1", started=True)
+            original = _attempts.Execution.__init__
+
+            def stale_execution(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                self.lease_expires_at = datetime.datetime(2020, 1, 1, tzinfo=datetime.UTC)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(_attempts.Execution, "__init__", stale_execution)
+                async with running(worker):
+                    await server.wait_for(lambda: server.attempts["a1"].result is not None)
+            result = without_id(server.received("task.result")[0])
+            assert result["outcome"] == "FAILED" and result["retryable"] is True
+            assert result["error"]["type"] == "NotRun"
+            assert "lease over before the handler began" in result["error"]["message"]
+            assert calls == []
 
     run(scenario)
 
