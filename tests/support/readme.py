@@ -7,12 +7,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 
+from tasks.models import WorkerIdentity
 from tests.support.live import ROOT, LiveServer
 
 README = ROOT / "sdk" / "README.md"
@@ -60,6 +62,13 @@ def like_scripts_run_fixture(
         stderr=subprocess.DEVNULL,
     )
     try:
+        # As a reader who runs scripts/run waits for its banner: the demo worker is connected
+        # before a block asks about its queue (else a blocker says NO_WORKER).
+        deadline = time.monotonic() + 30
+        while not WorkerIdentity.objects.exists():
+            assert demo.poll() is None, "the demo worker exited before it connected"
+            assert time.monotonic() < deadline, "the demo worker did not connect within 30 s"
+            time.sleep(0.05)
         yield tmp_path
     finally:
         demo.terminate()
