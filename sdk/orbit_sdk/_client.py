@@ -56,6 +56,7 @@ from orbit_sdk._models import (
     UpdatePlanRequest,
     _uint64_text,
 )
+from orbit_sdk._transport import KeepAliveTransport, environment_names_a_proxy
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -637,7 +638,9 @@ class Client(_BaseClient):
     Every mutating call takes the Idempotency-Key first (after the resource's id). The client
     never re-sends a write on its own: a :class:`TransportError` means the outcome is unknown,
     so re-send the *same* request with the *same* key; an :class:`APIError` is the server's
-    definite answer. ``transport`` replaces httpx's network transport (e.g. with an
+    definite answer. Requests go through ``httpx.Client``, over HTTP/1.1 keep-alive
+    connections of the standard library (``orbit_sdk._transport``), or httpx's own transport
+    when the environment names a proxy; ``transport`` replaces that last step (e.g. with an
     ``httpx.MockTransport`` in tests).
     """
 
@@ -650,6 +653,8 @@ class Client(_BaseClient):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(url, token)
+        if transport is None and not environment_names_a_proxy():
+            transport = KeepAliveTransport()
         self._http = _HttpClient(
             base_url=self.url, headers=self._headers, timeout=timeout, transport=transport, follow_redirects=False
         )
