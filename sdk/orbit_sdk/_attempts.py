@@ -231,8 +231,13 @@ class _LeaseOverBeforeBegin(Exception):
     """Raised in place of a handler whose lease ended before it could begin."""
 
 
+def _not_run(why: str) -> dict[str, Any]:
+    """The result of an approved attempt whose handler never began: a retry is safe."""
+    return {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": why}}
+
+
 def _check_lease_before_begin(execution: Execution) -> None:
-    """Checked as late as possible: on the handler's own thread, just before it is called."""
+    """Checked as late as possible: just before the handler is called (on its own thread, for a sync one)."""
     if _lease_over(execution.lease_expires_at):
         raise _LeaseOverBeforeBegin(f"attempt {execution.attempt_id}: lease over before the handler began; not run")
 
@@ -577,8 +582,7 @@ class Attempts:
             if attempt.phase == "reporting":
                 # Start was approved but the attempt must not run here (a protocol error, or the
                 # lease went meanwhile): the handler never ran, so a retry is safe.
-                why = attempt.release_reason or "lease lost before the handler started"
-                result = {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": why}}
+                result = _not_run(attempt.release_reason or "lease lost before the handler started")
             else:
                 result = await self._execute(attempt)
                 attempt.phase = "reporting"
@@ -668,7 +672,7 @@ class Attempts:
                     value = await value
         except _LeaseOverBeforeBegin as exc:
             logger.info("orbit worker %s: %s", self._worker_id, exc)
-            return {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": str(exc)}}
+            return _not_run(str(exc))
         except RetryableError as exc:
             return failure("FAILED", True, exc)
         except UnknownOutcome as exc:
