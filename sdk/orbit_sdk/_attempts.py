@@ -236,15 +236,13 @@ def _not_run(why: str) -> dict[str, Any]:
     return {"outcome": "FAILED", "retryable": True, "error": {"type": "NotRun", "message": why}}
 
 
-def _check_lease_before_begin(execution: Execution) -> None:
-    """Checked as late as possible: just before the handler is called (on its own thread, for a sync one)."""
-    if _lease_over(execution.lease_expires_at):
-        raise _LeaseOverBeforeBegin(f"attempt {execution.attempt_id}: lease over before the handler began; not run")
-
-
 def _begun_within_lease(handler: Handler) -> Handler:
+    """`handler`, its lease checked as late as possible: just before it is called (on its own
+    thread, for a sync one)."""
+
     def begin(execution: Execution) -> Any:
-        _check_lease_before_begin(execution)
+        if _lease_over(execution.lease_expires_at):
+            raise _LeaseOverBeforeBegin(f"attempt {execution.attempt_id}: lease over before the handler began; not run")
         return handler(execution)
 
     return begin
@@ -662,12 +660,12 @@ class Attempts:
         attempt.execution = execution
         if attempt.cancel_requested:
             execution._mark_cancel_requested()
+        begin = _begun_within_lease(handler)
         try:
             if _is_async(handler):
-                _check_lease_before_begin(execution)
-                value = await handler(execution)
+                value = await begin(execution)
             else:
-                value = await _in_daemon_thread(_begun_within_lease(handler), execution)
+                value = await _in_daemon_thread(begin, execution)
                 if inspect.isawaitable(value):
                     value = await value
         except _LeaseOverBeforeBegin as exc:
