@@ -86,16 +86,19 @@ class KeepAliveTransport(httpx.BaseTransport):
     def _checkout(
         self, origin: _Origin, request: httpx.Request, connect_timeout: float | None
     ) -> http.client.HTTPConnection:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the transport is closed")
-            idle = self._idle.get(origin, [])
-            while idle:
-                connection = idle.pop()
-                if connection.sock is not None and not _dropped(connection.sock):
-                    return connection
-                connection.close()
-        return self._connect(origin, request, connect_timeout)
+        while True:
+            # The lock is held for the pop only: the poll in _dropped is a system call, and
+            # a thread descheduled inside it would keep every other thread waiting here.
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the transport is closed")
+                idle = self._idle.get(origin)
+                connection = idle.pop() if idle else None
+            if connection is None:
+                return self._connect(origin, request, connect_timeout)
+            if connection.sock is not None and not _dropped(connection.sock):
+                return connection
+            connection.close()
 
     def _connect(
         self, origin: _Origin, request: httpx.Request, connect_timeout: float | None

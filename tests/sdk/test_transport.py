@@ -186,6 +186,51 @@ def test_sixteen_threads_share_the_client(server: ScriptedServer) -> None:
     assert server.connections <= 16
 
 
+def test_a_thread_checking_an_idle_connection_keeps_no_other_thread_waiting(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given two idle connections, and a first thread whose check of one of them is stuck
+    # (a system call whose thread the machine descheduled)
+    with orbit_sdk.Client(server.url, "tok") as client:
+        started = threading.Barrier(2)
+        both_idle = threading.Barrier(2)
+
+        def request_while_another_runs() -> None:
+            started.wait()
+            client._request("GET", "/v1")
+            both_idle.wait()
+
+        other = threading.Thread(target=request_while_another_runs)
+        other.start()
+        started.wait()
+        client._request("GET", "/v1")
+        both_idle.wait()
+        other.join()
+        assert server.connections == 2
+        checking, release = threading.Event(), threading.Event()
+        check = orbit_sdk._transport._dropped
+
+        def stuck_check(sock: socket.socket) -> bool:
+            if threading.current_thread().name == "stuck":
+                checking.set()
+                release.wait(5)
+            return check(sock)
+
+        monkeypatch.setattr(orbit_sdk._transport, "_dropped", stuck_check)
+        stuck = threading.Thread(target=client._request, args=("GET", "/v1"), name="stuck")
+        stuck.start()
+        assert checking.wait(5)
+        # then another thread's request takes the other idle connection and goes back idle meanwhile
+        answered = threading.Event()
+        threading.Thread(target=lambda: (client._request("GET", "/v1"), answered.set()), daemon=True).start()
+        try:
+            assert answered.wait(2), "a request waited for another thread's check of an idle connection"
+        finally:
+            release.set()
+            stuck.join()
+    assert server.connections == 2
+
+
 def test_close_closes_the_idle_connections(server: ScriptedServer) -> None:
     client = orbit_sdk.Client(server.url, "tok")
     client._request("GET", "/v1")
