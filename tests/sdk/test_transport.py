@@ -192,21 +192,13 @@ def test_a_thread_checking_an_idle_connection_keeps_no_other_thread_waiting(
     # given two idle connections, and a first thread whose check of one of them is stuck
     # (a system call whose thread the machine descheduled)
     with orbit_sdk.Client(server.url, "tok") as client:
-        started = threading.Barrier(2)
-        both_idle = threading.Barrier(2)
-
-        def request_while_another_runs() -> None:
-            started.wait()
-            client._request("GET", "/v1")
-            both_idle.wait()
-
-        other = threading.Thread(target=request_while_another_runs)
-        other.start()
-        started.wait()
-        client._request("GET", "/v1")
-        both_idle.wait()
-        other.join()
-        assert server.connections == 2
+        transport = client._http._transport
+        assert isinstance(transport, KeepAliveTransport)
+        origin = ("http", "127.0.0.1", server.port)
+        request = client._http.build_request("GET", f"{server.url}/v1")
+        both = [transport._checkout(origin, request, None) for _ in range(2)]
+        for connection in both:
+            transport._checkin(origin, connection)
         checking, release = threading.Event(), threading.Event()
         check = orbit_sdk._transport._dropped
 
