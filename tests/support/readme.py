@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from django.core.management import call_command
 
 from tasks.models import WorkerIdentity
 from tests.support.live import ROOT, LiveServer
+from tests.support.tasks import wait_until
 
 README = ROOT / "sdk" / "README.md"
 
@@ -64,11 +64,11 @@ def like_scripts_run_fixture(
     try:
         # As a reader who runs scripts/run waits for its banner: the demo worker is connected
         # before a block asks about its queue (else a blocker says NO_WORKER).
-        deadline = time.monotonic() + 30
-        while not WorkerIdentity.objects.exists():
+        def connected() -> bool:
             assert demo.poll() is None, "the demo worker exited before it connected"
-            assert time.monotonic() < deadline, "the demo worker did not connect within 30 s"
-            time.sleep(0.05)
+            return WorkerIdentity.objects.exists()
+
+        wait_until(connected, 30, what="the demo worker to connect")
         yield tmp_path
     finally:
         demo.terminate()
