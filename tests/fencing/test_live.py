@@ -18,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import orbit_sdk
 from tests.fencing.dbs import ROOT
 from tests.fencing.worker_proc import guarded_writes, slug
 from tests.support.api import make_queue
+from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,13 +62,6 @@ def state(tenant: Any, task_id: str) -> str:
     response = tenant.client.get(f"/v1/tasks/{task_id}")
     assert response.status_code == 200, response.content
     return str(response.json()["data"]["state"])
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
-        time.sleep(0.05)
 
 
 def resource(path: Path) -> str:
@@ -112,7 +105,7 @@ def test_a_worker_paused_past_its_lease_is_refused_by_the_guard(tenant: Any, orb
     )
     worker2: orbit_sdk.Worker | None = None
     try:
-        wait_for(lambda: all((markers / f"started-{slug(k)}").exists() for k in KEYS), timeout=20)
+        wait_until(lambda: all((markers / f"started-{slug(k)}").exists() for k in KEYS), timeout=20)
         worker1.send_signal(signal.SIGSTOP)  # mid-handler: a GC pause, a VM freeze, a stopped container
         paused_at = time.monotonic()
 
@@ -137,13 +130,13 @@ def test_a_worker_paused_past_its_lease_is_refused_by_the_guard(tenant: Any, orb
         worker2.start()
         # Orbit expires worker 1's leases (its tasks → NEEDS_REVIEW) and leases the contested
         # keys to worker 2, whose writes land through both guards.
-        wait_for(lambda: all(state(tenant, t["id"]) == "NEEDS_REVIEW" for t in first.values()), 20)
-        wait_for(lambda: all(state(tenant, t["id"]) == "SUCCEEDED" for t in second.values()), 20)
+        wait_until(lambda: all(state(tenant, t["id"]) == "NEEDS_REVIEW" for t in first.values()), 20)
+        wait_until(lambda: all(state(tenant, t["id"]) == "SUCCEEDED" for t in second.values()), 20)
         assert done2 == {key: {"token_only": "landed", "lease": "landed"} for key in CONTESTED}
 
         worker1.send_signal(signal.SIGCONT)
         (markers / "go").write_text("go")
-        wait_for(lambda: all((markers / f"done-{slug(k)}").exists() for k in KEYS), timeout=20)
+        wait_until(lambda: all((markers / f"done-{slug(k)}").exists() for k in KEYS), timeout=20)
         paused_for = time.monotonic() - paused_at
         late = {k: json.loads((markers / f"done-{slug(k)}").read_text()) for k in KEYS}
     finally:

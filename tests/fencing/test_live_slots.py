@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -20,6 +18,7 @@ import orbit_sdk
 from orbit_sdk import fencing
 from tests.support.api import make_queue
 from tests.support.key_rows import make_policy
+from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,13 +45,6 @@ def get(tenant: Any, path: str) -> Any:
     response = tenant.client.get(path)
     assert response.status_code == 200, response.content
     return response.json()["data"]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"condition not met within {timeout} s"
-        time.sleep(0.05)
 
 
 def test_three_holders_of_a_capacity_3_key_run_at_once_and_all_write(
@@ -103,7 +95,7 @@ def test_three_holders_of_a_capacity_3_key_run_at_once_and_all_write(
     )
     worker.start()
     try:
-        wait_for(lambda: len(inside) == 3, 20)  # three handlers hold the key at once
+        wait_until(lambda: len(inside) == 3, 20)  # three handlers hold the key at once
         slots = sorted(slot for slot, _token, _task in inside if slot is not None)
         assert slots == [0, 1, 2]
         key = get(tenant, "/v1/concurrency-keys/" + quote(KEY, safe=""))
@@ -116,7 +108,7 @@ def test_three_holders_of_a_capacity_3_key_run_at_once_and_all_write(
         assert "KEY_AT_CAPACITY" in codes
         go.set()
         for task in [*tasks, fourth]:
-            wait_for(lambda task=task: get(tenant, f"/v1/tasks/{task['id']}")["state"] == "SUCCEEDED", 20)
+            wait_until(lambda task=task: get(tenant, f"/v1/tasks/{task['id']}")["state"] == "SUCCEEDED", 20)
     finally:
         go.set()
         worker.stop(timeout=5)

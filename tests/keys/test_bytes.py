@@ -7,7 +7,8 @@ import pytest
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
 from tests.support.api import assert_invalid, assert_ok, make_queue
-from tests.support.keys import assert_no_violations, key_row, submit, task_body, wait_for
+from tests.support.keys import assert_no_violations, key_row, submit, task_body
+from tests.support.tasks import wait_until
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -76,7 +77,7 @@ def test_pairs_hold_distinct_permits_while_identical_keys_exclude(tenant, connec
     for frame in twins:
         assert frame["concurrency_token"] == "3"  # 1 leased, 2 released, 3 leased: its own sequence
         worker.finish(frame)
-    wait_for(lambda: Task.objects.filter(state=TaskState.SUCCEEDED).count() == len(keys) * 2, timeout=5)
+    wait_until(lambda: Task.objects.filter(state=TaskState.SUCCEEDED).count() == len(keys) * 2, timeout=5)
     assert_no_violations()
 
 

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from tasks.models import Attempt, AttemptState, Task, TaskState
 from tests.support.api import make_queue
-from tests.support.keys import Worker, assert_no_violations, attempt_row, key_row, submit, wait_for
+from tests.support.keys import Worker, assert_no_violations, attempt_row, key_row, submit
+from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,5 +182,5 @@ def test_a_busy_key_does_not_hold_back_other_keys(tenant, orbit_server, connect)
         tokens.append(int(nxt["concurrency_token"]))
         worker.finish(nxt)
     assert all(later >= earlier + 2 for earlier, later in zip(tokens, tokens[1:], strict=False))
-    wait_for(lambda: Task.objects.filter(id__in=backlog, state=TaskState.SUCCEEDED).count() == 50, timeout=5)
+    wait_until(lambda: Task.objects.filter(id__in=backlog, state=TaskState.SUCCEEDED).count() == 50, timeout=5)
     assert_no_violations()

@@ -23,9 +23,9 @@ from tests.support.keys import (
     key_row,
     list_attempts,
     submit,
-    wait_for,
 )
 from tests.support.queues import configure, configure_body
+from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -182,7 +182,7 @@ def test_a_reviewed_retry_through_the_sdk_runs_again_with_a_larger_token(tenant,
         assert again["task"]["id"] == doubtful["id"]
         assert int(again["concurrency_token"]) > int(first["concurrency_token"])
         worker.finish(again)
-        wait_for(lambda: task_state(doubtful["id"]) == TaskState.SUCCEEDED, timeout=5)
+        wait_until(lambda: task_state(doubtful["id"]) == TaskState.SUCCEEDED, timeout=5)
         page = client.list_events()
     story = [(e.type, e.data.get("state")) for e in page.items if e.subject_id == doubtful["id"]]
     assert story == [
@@ -392,7 +392,7 @@ def test_release_and_unstarted_expiry_release_the_key(tenant, connect):
     # when that lease runs out before Start
     Attempt.objects.filter(id=frame["attempt_id"]).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     # then the sweep expires it (no attempt consumed), releasing the key for the next lease
-    wait_for(lambda: attempt_row(frame["attempt_id"]).state == AttemptState.EXPIRED, timeout=5)
+    wait_until(lambda: attempt_row(frame["attempt_id"]).state == AttemptState.EXPIRED, timeout=5)
     frame = worker.expect_assignment(timeout=5)
     tokens.append(int(frame["concurrency_token"]))
     worker.finish(frame)
@@ -459,7 +459,7 @@ def test_waiting_behind_a_busy_key_keeps_counting_toward_the_deadline(tenant, co
     assert assert_ok(tenant.client.get(f"/v1/queues/{queue['id']}"))["unfinished_tasks"] == "2"
     assert worker.next_assignment(timeout=1) is None
     # and its deadline still runs out while the key stays busy
-    wait_for(lambda: task_state(late["id"]) == TaskState.FAILED, timeout=5)
+    wait_until(lambda: task_state(late["id"]) == TaskState.FAILED, timeout=5)
     failed = get_task(tenant, late["id"])
     assert failed["last_error"]["code"] == "DEADLINE_EXCEEDED" and failed["attempts"] == 0
     assert list_attempts(tenant, late["id"]) == []

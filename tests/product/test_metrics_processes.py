@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from tests.support.live import LIVE_METRICS_TOKEN, server_env
-from tests.support.serve_processes import Served, alive, children, wait_for
-from tests.support.tasks import numbered_task
+from tests.support.serve_processes import Served, alive, children
+from tests.support.tasks import numbered_task, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),  # the tenant must be visible to the server processes
@@ -101,8 +101,8 @@ def test_a_restarted_child_keeps_what_it_counted_in_the_sum(served: Served, tena
     submit_from_many_connections(served, tenant.token, SUBMITS)
     victim = children(served.process.pid)[0]
     os.kill(victim, signal.SIGKILL)
-    wait_for(lambda: not alive(victim), 5, "the killed child gone")
-    wait_for(lambda: "serving again" in served.stderr.read_text(), 20, "the new child serving")
+    wait_until(lambda: not alive(victim), 5, "the killed child gone")
+    wait_until(lambda: "serving again" in served.stderr.read_text(), 20, "the new child serving")
 
     answers = scrapes_from_both_children(served)
 

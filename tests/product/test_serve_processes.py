@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from tests.support.live import ROOT, free_port, server_env
-from tests.support.serve_processes import SECRET, Served, alive, children, wait_for
+from tests.support.serve_processes import SECRET, Served, alive, children
+from tests.support.tasks import wait_until
 
 pytestmark = [
     pytest.mark.django_db,
@@ -103,7 +104,7 @@ def test_the_children_find_each_other_for_wake_ups_and_the_directory_goes_at_sto
     directories = {wake_up_directory(pid) for pid in kids}
     assert len(directories) == 1, directories  # one directory for all of them
     (directory,) = directories
-    wait_for(
+    wait_until(
         lambda: sorted(os.listdir(directory)) == sorted(f"{pid}.sock" for pid in kids),
         20,
         "a wake-up socket per child",
@@ -116,7 +117,7 @@ def test_sigterm_stops_every_process_with_exit_0(served: Served):
     kids = children(served.process.pid)
     assert served.get() == 200
     assert served.stop() == 0, served.stderr.read_text()
-    wait_for(lambda: not any(alive(pid) for pid in kids), 10, "every child gone")
+    wait_until(lambda: not any(alive(pid) for pid in kids), 10, "every child gone")
     # The one start-up line, then daphne's access log (flushed as each child stops).
     lines = served.stdout.read_text().splitlines()
     assert lines[0] == served.match[0] and all('"GET /' in line for line in lines[1:]), lines
@@ -128,9 +129,9 @@ def test_a_killed_child_is_restarted_and_the_other_serves_meanwhile(served: Serv
     originals = children(supervisor)
     for n, victim in enumerate(originals, 1):  # each original in turn: the other one answers meanwhile
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda victim=victim: not alive(victim), 5, "the killed child gone")
+        wait_until(lambda victim=victim: not alive(victim), 5, "the killed child gone")
         assert served.get() == 200
-        wait_for(lambda n=n: served.stderr.read_text().count("serving again") >= n, 20, "the new child serving")
+        wait_until(lambda n=n: served.stderr.read_text().count("serving again") >= n, 20, "the new child serving")
         live = [pid for pid in children(supervisor) if alive(pid)]
         assert len(live) == 2 and victim not in live, live
         assert served.get() == 200
@@ -184,10 +185,10 @@ def test_children_of_a_killed_supervisor_die_with_it_even_stopped_and_a_new_one_
     try:
         assert len(kids) == 2 and first.get() == 200
         os.kill(kids[0], signal.SIGSTOP)
-        wait_for(lambda: state(kids[0]) == "T", 5, "the child stopped")
+        wait_until(lambda: state(kids[0]) == "T", 5, "the child stopped")
         first.process.kill()
         first.process.wait(timeout=10)
-        wait_for(lambda: not any(alive(pid) for pid in kids), 5, "both children gone with their supervisor")
+        wait_until(lambda: not any(alive(pid) for pid in kids), 5, "both children gone with their supervisor")
         second = Served(env, tmp_path / "second", processes=2, port=first.port)
         try:
             assert second.get() == 200
@@ -228,9 +229,9 @@ def test_a_new_supervisor_reclaims_the_port_from_a_frozen_leftover_child(env: di
     )
     leftover = int(launched.stdout)
     try:
-        wait_for(lambda: _answers(port), 30, "the leftover child serving")
+        wait_until(lambda: _answers(port), 30, "the leftover child serving")
         os.kill(leftover, signal.SIGSTOP)
-        wait_for(lambda: state(leftover) == "T", 5, "the leftover stopped")
+        wait_until(lambda: state(leftover) == "T", 5, "the leftover stopped")
         assert not _answers(port)  # it accepts and never answers
         served = Served(env, tmp_path, processes=2, port=port)
         try:

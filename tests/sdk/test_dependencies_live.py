@@ -6,29 +6,18 @@ dependencies / dependents lists a page at a time on both clients."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from orbit_sdk import AsyncClient, BatchItem, Client, Execution, Page, SubmitTaskRequest, Task, TaskLink, Worker
 from tests.support.api import make_queue
+from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 FINISHED = {"SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"}
-T = TypeVar("T")
-
-
-def eventually(probe: Callable[[], T | None], seconds: float = 15.0) -> T:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = probe()
-        if found is not None:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"not within {seconds} s")
 
 
 @pytest.fixture
@@ -51,7 +40,9 @@ def report(execution: Execution) -> list[list[Any]]:
 
 
 def finished(client: Client, task_id: str) -> Task:
-    return eventually(lambda: task if (task := client.get_task(task_id)).state in FINISHED else None)
+    return wait_until(
+        lambda: task if (task := client.get_task(task_id)).state in FINISHED else None, 15, what=f"{task_id} finished"
+    )
 
 
 def test_a_run_join_reads_every_dependency_as_it_ended_and_a_cancel_one_is_cancelled(orbit_server, tenant, client):

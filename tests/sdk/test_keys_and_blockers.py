@@ -13,7 +13,8 @@ import pytest
 
 from orbit_sdk import APIError, AsyncClient, Client, ConcurrencyKey, TaskBlockers
 from tests.support.api import make_queue
-from tests.support.keys import Worker, submit, wait_for
+from tests.support.keys import Worker, submit
+from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +84,7 @@ def test_a_task_waiting_for_a_held_key_shows_key_held_with_the_holder(orbit_serv
     assert nxt["task"]["id"] == second["id"] and int(nxt["concurrency_token"]) == key.highest_token + 2
     assert client.get_concurrency_key("object/7").highest_token == key.highest_token + 2
     worker.finish(nxt)
-    done = wait_for(lambda: (k := client.get_concurrency_key("object/7")).holder is None and k, 5)
+    done = wait_until(lambda: (k := client.get_concurrency_key("object/7")).holder is None and k, 5)
     assert done.highest_token == key.highest_token + 3 and done.waiting_tasks == 0
 
 

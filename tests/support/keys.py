@@ -6,8 +6,6 @@ import contextlib
 import json
 import re
 import socket
-import time
-from collections.abc import Callable
 from typing import Any
 
 from tasks.invariants import find_violations
@@ -56,17 +54,6 @@ def key_row(namespace_id: str, key: str) -> ConcurrencyKey | None:
 
 def attempt_row(attempt_id: str) -> Attempt:
     return Attempt.objects.get(id=attempt_id)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def assert_no_violations() -> None:

@@ -7,13 +7,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from tests.support.live import ROOT, free_port
+from tests.support.tasks import wait_until
 
 START_LINE = re.compile(r"orbit: serving on http://127\.0\.0\.1:(\d+); database [^;]+; processes (\d+); pid (\d+)")
 SECRET = {"ORBIT_SECRET_KEY": "a-production-secret-for-the-tests"}
@@ -31,16 +30,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def wait_for(condition: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
-
-
 class Served:
     def __init__(self, env: dict[str, str], tmp_path: Path, processes: int = 2, port: int | None = None) -> None:
         self.port = free_port() if port is None else port
@@ -53,7 +42,7 @@ class Served:
                 stdout=out,
                 stderr=err,
             )
-        line = wait_for(self.start_line, 30, "the start-up line")
+        line = wait_until(self.start_line, 30, "the start-up line")
         self.match = START_LINE.fullmatch(line)
         assert self.match, line
 

@@ -175,7 +175,8 @@ def invariants_fixture() -> Iterator[None]:
     assert_invariants()
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str = "condition", *, interval: float = 0.05) -> Any:
+    """The predicate's first true value, polled every `interval` s; fails the test after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

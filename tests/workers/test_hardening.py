@@ -18,7 +18,8 @@ from orbit.tenancy import revoke_credential
 from tasks.models import Attempt, AttemptState, Task, TaskState, WorkerIdentity
 from tests.support.api import make_queue
 from tests.support.factories import make_credential
-from tests.support.keys import Worker, assert_no_violations, submit, wait_for
+from tests.support.keys import Worker, assert_no_violations, submit
+from tests.support.tasks import wait_until
 from workers import consumers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -100,7 +101,7 @@ def test_attempts_outside_the_range_answer_as_unknown_attempts(tenant, orbit_ser
     assign = legit.expect_assignment()
     legit.start(assign)
     legit.close()
-    wait_for(lambda: WorkerIdentity.objects.get(worker_id="w-b").seen_at is None, timeout=5)
+    wait_until(lambda: WorkerIdentity.objects.get(worker_id="w-b").seen_at is None, timeout=5)
     # when the same worker_id reconnects under a credential narrowed to queue A
     narrow = make_credential(tenant.namespace, scopes=WORKER_SCOPES, queue_ids=[queue_a["id"]])
     worker = open_worker(orbit_server, narrow.token, opened)
@@ -190,8 +191,8 @@ def test_a_connection_that_never_reads_is_bounded_closed_and_its_leases_released
     assert hello(silent, queue["id"], "w-silent", capacity=1000)["type"] == "hello.ok"
     started = time.monotonic()
     # then it is assigned at most UNACKED_MAX tasks, and closed once they are overdue
-    wait_for(lambda: Attempt.objects.filter(worker_id="w-silent").exists(), timeout=5)
-    wait_for(lambda: not Attempt.objects.filter(worker_id="w-silent", state=AttemptState.LEASED).exists(), timeout=20)
+    wait_until(lambda: Attempt.objects.filter(worker_id="w-silent").exists(), timeout=5)
+    wait_until(lambda: not Attempt.objects.filter(worker_id="w-silent", state=AttemptState.LEASED).exists(), timeout=20)
     elapsed = time.monotonic() - started
     attempts = list(Attempt.objects.filter(worker_id="w-silent"))
     assert 0 < len(attempts) <= consumers.UNACKED_MAX
@@ -296,7 +297,7 @@ def test_a_silent_connection_leaves_the_server_memory_flat(tenant, orbit_server,
     # when a worker of capacity 1000 says hello and reads nothing until the server closes it
     silent = open_worker(orbit_server, tenant.token, opened)
     hello(silent, queue["id"], "w-silent-big", capacity=1000)
-    wait_for(lambda: Attempt.objects.filter(worker_id="w-silent-big").exists(), timeout=5)
+    wait_until(lambda: Attempt.objects.filter(worker_id="w-silent-big").exists(), timeout=5)
     code, _ = close_code(silent, timeout=consumers.ACK_TIMEOUT_SECONDS + 10)
     after = rss_mib(orbit_server.process.pid)
     leased = Attempt.objects.filter(worker_id="w-silent-big").count()
