@@ -34,7 +34,16 @@ connection's start (the first request) or of the first byte of the request
 (a later one on a kept-alive connection, which may idle between requests as
 before); else the connection gets a bare 408 and is closed. The body is not
 timed (it is read at the sender's pace), nor a WebSocket after its upgrade,
-nor the response."""
+nor the response.
+
+Closing: a connection the server closes (no hello in time, superseded,
+assignments not read, a frame too big) gets an error frame saying why, then
+the close. Autobahn waits one second for the client's answer to the close
+and then resets the connection; a client that reads both frames and is
+slower than that to write its answer (a loaded machine) finds the connection
+reset, and a client that drops what it read when that write fails (the
+synchronous client of the websockets library does) never sees the error. The
+server waits `CLOSE_HANDSHAKE_SECONDS` instead."""
 
 from __future__ import annotations
 
@@ -55,6 +64,9 @@ MAX_HEADER_LINES = 500
 # end of that request's headers: more than any client on a slow link needs for
 # a few KiB, short enough that a slow sender holds a connection only briefly.
 HEADER_DEADLINE_SECONDS = 10.0
+# How long a connection the server closes is kept for the client's answer to
+# the close before it is reset: a loaded client's, as HEADER_DEADLINE_SECONDS.
+CLOSE_HANDSHAKE_SECONDS = 10.0
 HEADER_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -80,6 +92,18 @@ def secure_once(is_secure: Callable[[Any], bool]) -> Callable[[Any], bool]:
 
     secure.__wrapped__ = is_secure  # type: ignore[attr-defined]
     return secure
+
+
+def patient_close(reset: Callable[[Any], None]) -> Callable[[Any], None]:
+    """WebSocketServerFactory.resetProtocolOptions (`reset`), with the wait
+    for a client's answer to a close the server sent CLOSE_HANDSHAKE_SECONDS."""
+
+    def reset_patiently(factory: Any) -> None:
+        reset(factory)
+        factory.closeHandshakeTimeout = CLOSE_HANDSHAKE_SECONDS
+
+    reset_patiently.__wrapped__ = reset  # type: ignore[attr-defined]
+    return reset_patiently
 
 
 def headers_too_large_response() -> bytes:
@@ -230,7 +254,7 @@ def _no_twisted_access_line(factory: Any, request: Any) -> None:
 
 def tune_twisted() -> None:
     from daphne.http_protocol import HTTPFactory, WebRequest
-    from daphne.ws_protocol import WebSocketProtocol
+    from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
     from twisted.web import http
 
     reason_phrases.install()
@@ -254,3 +278,5 @@ def tune_twisted() -> None:
     if not hasattr(http.HTTPChannel.isSecure, "__wrapped__"):
         http.HTTPChannel.isSecure = secure_once(http.HTTPChannel.isSecure)  # type: ignore[method-assign]
     HTTPFactory.log = _no_twisted_access_line
+    if not hasattr(WebSocketFactory.resetProtocolOptions, "__wrapped__"):
+        WebSocketFactory.resetProtocolOptions = patient_close(WebSocketFactory.resetProtocolOptions)

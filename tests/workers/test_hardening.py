@@ -321,6 +321,30 @@ def test_an_authenticated_connection_that_never_says_hello_is_closed(tenant, orb
     assert time.monotonic() - began < consumers.HELLO_TIMEOUT_SECONDS + 5
 
 
+def test_a_client_slow_to_answer_a_close_still_reads_the_error_before_it(tenant, orbit_server, opened):
+    # given a worker whose client writes its reply to the server's close two seconds after
+    # reading it (a loaded machine); the synchronous client drops what it read with the close
+    # if that reply cannot be written, as when the server has reset the connection meanwhile
+    queue = make_queue(tenant.client, "slow-close", max_concurrency=4, rate_per_second=1000)
+    old = open_worker(orbit_server, tenant.token, opened)
+    assert hello(old, queue["id"], "w-slow-close")["type"] == "hello.ok"
+    write = old.ws.send_data
+
+    def write_late() -> None:
+        time.sleep(2)
+        write()
+
+    old.ws.send_data = write_late  # type: ignore[method-assign]
+    # when a newer connection of its worker_id takes over
+    new = open_worker(orbit_server, tenant.token, opened)
+    assert hello(new, queue["id"], "w-slow-close")["type"] == "hello.ok"
+    # then the old one reads why, then the close
+    code, frames = close_code(old, timeout=10)
+    old.ws.send_data = write  # type: ignore[method-assign]
+    assert [(f["type"], f["code"]) for f in frames] == [("error", "STATE_CONFLICT")], frames
+    assert code == consumers.CLOSE_CONFLICT
+
+
 def test_a_connection_that_said_hello_outlives_the_hello_deadline(tenant, orbit_server, opened):
     queue = make_queue(tenant.client, "hello-in-time", max_concurrency=4, rate_per_second=1000)
     worker = open_worker(orbit_server, tenant.token, opened)
