@@ -1,12 +1,16 @@
 """The synchronous client's network transport: HTTP/1.1 keep-alive on the standard library.
 
 :class:`Client` sends through ``httpx.Client`` as before; only the last step, bytes on a
-socket, is the standard library's ``http.client`` instead of httpcore and h11. Why: with
-sixteen threads sharing one client, httpcore's pool and h11's parser were about two fifths
-of a submit's client CPU, and the threads share one interpreter lock, so that CPU is
-latency too (docs/benchmarks/history.md). Requests go out with exactly the headers httpx
-built; answers come back as ``httpx.Response``; failures are httpx's exceptions, so the
-client's "outcome unknown" rule (:class:`TransportError`) is unchanged.
+socket, is the standard library's (``http.client`` connects, with TLS where the URL says
+https) instead of httpcore and h11. A request goes out in one write with exactly the
+headers httpx built; its answer is read by this module's HTTP/1.x reader (status line,
+headers, and a body by Content-Length, chunked, or up to the connection's end) and comes
+back as ``httpx.Response``; failures are httpx's exceptions, so the client's "outcome
+unknown" rule (:class:`TransportError`) is unchanged. Why: with sixteen threads sharing one
+client, httpcore's pool and h11's parser were about two fifths of a submit's client CPU,
+and ``http.client``'s request and answer handling (its header parsing goes through the
+email package) a quarter of what was left; the threads share one interpreter lock, so that CPU is latency too
+(docs/benchmarks/history.md).
 
 Not used when the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``,
 ``ALL_PROXY``): httpx's own transport and proxy handling then serve every request.
@@ -15,6 +19,7 @@ Not used when the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``,
 from __future__ import annotations
 
 import http.client
+import re
 import select
 import socket
 import ssl
@@ -50,7 +55,7 @@ def _dropped(sock: socket.socket) -> bool:
 
 
 class KeepAliveTransport(httpx.BaseTransport):
-    """An ``httpx.BaseTransport`` over ``http.client`` connections, reused across requests
+    """An ``httpx.BaseTransport`` over ``http.client``'s sockets, reused across requests
     and threads (a connection serves one request at a time, then waits idle for the next)."""
 
     def __init__(self) -> None:
@@ -124,7 +129,7 @@ class KeepAliveTransport(httpx.BaseTransport):
         return connection
 
     def _checkin(self, origin: _Origin, connection: http.client.HTTPConnection) -> None:
-        if connection.sock is None:  # the answer said Connection: close (http.client closed it)
+        if connection.sock is None:  # the answer ended the connection (_exchange closed it)
             return
         with self._lock:
             idle = self._idle.setdefault(origin, [])
@@ -137,34 +142,148 @@ class KeepAliveTransport(httpx.BaseTransport):
     def _exchange(
         connection: http.client.HTTPConnection, request: httpx.Request, timeouts: dict[str, float | None]
     ) -> httpx.Response:
-        assert connection.sock is not None
-        target = request.url.raw_path.decode("ascii")
-        body = request.read()
+        sock = connection.sock
+        assert sock is not None
+        message = _request_bytes(request)
         try:
-            connection.sock.settimeout(timeouts.get("write"))
-            # httpx already wrote Host, Accept-Encoding and Content-Length: send its headers as they are.
-            connection.putrequest(request.method, target, skip_host=True, skip_accept_encoding=True)
-            for name, value in request.headers.raw:
-                connection.putheader(name, value)
-            connection.endheaders(body or None)
+            sock.settimeout(timeouts.get("write"))
+            sock.sendall(message)
         except TimeoutError as exc:
             raise httpx.WriteTimeout(str(exc) or "timed out", request=request) from exc
         except OSError as exc:
             raise httpx.WriteError(str(exc), request=request) from exc
+        # A reader per answer, closed after it (as http.client's): the socket's own close
+        # waits for every reader made on it to be closed.
+        reader = sock.makefile("rb")
         try:
-            connection.sock.settimeout(timeouts.get("read"))
-            answer = connection.getresponse()
-            content = answer.read()
+            sock.settimeout(timeouts.get("read"))
+            answer = _read_answer(reader, request.method == "HEAD")
         except TimeoutError as exc:
             raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
-        except http.client.HTTPException as exc:  # a closed connection, a malformed status line or header
-            raise httpx.RemoteProtocolError(f"{exc.__class__.__name__}: {exc}", request=request) from exc
+        except _Malformed as exc:
+            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
         except OSError as exc:
             raise httpx.ReadError(str(exc), request=request) from exc
-        extensions: dict[str, Any] = {
-            "http_version": b"HTTP/1.0" if answer.version == 10 else b"HTTP/1.1",
-            "reason_phrase": answer.reason.encode("latin-1", "replace"),
-        }
+        finally:
+            reader.close()
+        if answer.close:
+            connection.close()
+        extensions: dict[str, Any] = {"http_version": answer.version, "reason_phrase": answer.reason}
         return httpx.Response(
-            answer.status, headers=answer.getheaders(), content=content, request=request, extensions=extensions
+            answer.status, headers=answer.headers, content=answer.content, request=request, extensions=extensions
         )
+
+
+# A request's header name is a token, and no value holds a line break or NUL (httpx
+# checks neither; its URLs hold no space or control character). An answer's header name is
+# read as leniently as http.client reads it.
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_ILLEGAL_VALUE = re.compile(rb"[\r\n\x00]")
+_ANSWER_NAME = re.compile(rb"[^:\s][^:\r\n]*")
+# The longest status or header line, and the most header lines, an answer may have
+# (http.client's bounds).
+_MAX_LINE = 65536
+_MAX_HEADERS = 100
+_END_OF_HEADERS = (b"\r\n", b"\n")
+
+
+def _request_bytes(request: httpx.Request) -> bytes:
+    """The request as sent: httpx already wrote Host, Accept-Encoding and Content-Length,
+    so its headers go as they are."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
+    for name, value in request.headers.raw:
+        if not _TOKEN.fullmatch(name) or _ILLEGAL_VALUE.search(value):
+            raise ValueError(f"invalid header {name[:80]!r}")
+        lines.append(b"%s: %s\r\n" % (name, value))
+    lines.append(b"\r\n")
+    return b"".join(lines) + request.read()
+
+
+class _Malformed(Exception):
+    """The server's answer is not HTTP/1.x as it must be."""
+
+
+class _Answer:
+    __slots__ = ("close", "content", "headers", "reason", "status", "version")
+
+    def __init__(self, version: bytes, status: int, reason: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+        self.version, self.status, self.reason, self.headers = version, status, reason, headers
+        self.content = b""
+        self.close = False  # the connection ends with this answer
+
+
+def _line(reader: Any) -> bytes:
+    line: bytes = reader.readline(_MAX_LINE + 1)
+    if not line:
+        raise _Malformed("the server closed the connection before its answer was complete")
+    if len(line) > _MAX_LINE:
+        raise _Malformed(f"an answer line longer than {_MAX_LINE} bytes")
+    return line
+
+
+def _read_answer(reader: Any, head: bool) -> _Answer:
+    """One HTTP/1.x answer from `reader`: its status line, headers and body (by
+    Content-Length, chunked, or up to the end of the connection); 1xx answers are skipped.
+    http.client reads the same, but parses the headers with the email package, which was a
+    fifth of a submit's client CPU."""
+    while True:
+        parts = _line(reader).rstrip(b"\r\n").split(b" ", 2)
+        if len(parts) < 2 or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1") or not parts[1].isdigit() or len(parts[1]) != 3:
+            raise _Malformed(f"not an HTTP/1.x status line: {b' '.join(parts)[:100]!r}")
+        status = int(parts[1])
+        headers: list[tuple[bytes, bytes]] = []
+        while (line := _line(reader)) not in _END_OF_HEADERS:
+            name, colon, value = line.partition(b":")
+            if not colon or not _ANSWER_NAME.fullmatch(name):
+                raise _Malformed(f"not a header line: {line[:100]!r}")
+            headers.append((name, value.strip()))
+            if len(headers) > _MAX_HEADERS:
+                raise _Malformed(f"more than {_MAX_HEADERS} header lines")
+        if not 100 <= status < 200:
+            break
+    answer = _Answer(parts[0], status, parts[2] if len(parts) > 2 else b"", headers)
+    fields: dict[bytes, bytes] = {}
+    for name, value in headers:
+        key = name.lower()
+        fields[key] = fields[key] + b"," + value if key in fields else value
+    tokens = {token.strip().lower() for token in fields.get(b"connection", b"").split(b",")}
+    answer.close = b"close" in tokens or (answer.version == b"HTTP/1.0" and b"keep-alive" not in tokens)
+    if head or status in (204, 304):
+        return answer
+    if b"transfer-encoding" in fields:
+        if fields[b"transfer-encoding"].lower() != b"chunked":
+            raise _Malformed(f"an unsupported transfer-encoding: {fields[b'transfer-encoding'][:40]!r}")
+        answer.content = _read_chunked(reader)
+    elif b"content-length" in fields:
+        length = fields[b"content-length"]
+        if not length.isdigit():
+            raise _Malformed(f"not a content-length: {length[:40]!r}")
+        answer.content = _read_exactly(reader, int(length))
+    else:
+        answer.content = reader.read()  # up to the end of the connection
+        answer.close = True
+    return answer
+
+
+def _read_exactly(reader: Any, size: int) -> bytes:
+    data: bytes = reader.read(size)
+    if len(data) < size:
+        raise _Malformed(f"the connection closed {size - len(data)} bytes short of the answer's body")
+    return data
+
+
+def _read_chunked(reader: Any) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        size_field = _line(reader).split(b";", 1)[0].strip()
+        try:
+            size = int(size_field, 16)
+        except ValueError:
+            raise _Malformed(f"not a chunk size: {size_field[:40]!r}") from None
+        if size == 0:
+            while _line(reader) not in _END_OF_HEADERS:  # trailers: nothing Orbit sends
+                pass
+            return b"".join(chunks)
+        chunks.append(_read_exactly(reader, size))
+        if _line(reader) not in _END_OF_HEADERS:
+            raise _Malformed("a chunk longer than its size")

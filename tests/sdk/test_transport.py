@@ -22,6 +22,23 @@ from orbit_sdk._transport import KeepAliveTransport
 ENVELOPE = json.dumps({"data": {"ok": True}, "request_id": "r-1"}).encode()
 
 
+ANSWER_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r-1\r\n"
+# Answers sent as they are, then the connection is closed (but for /continue and
+# /repeated-header, which keep it).
+SCRIPTED = {
+    "/http-1.0": b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE),
+    "/continue": b"HTTP/1.1 100 Continue\r\n\r\n"
+    + ANSWER_HEAD
+    + b"Content-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE),
+    "/repeated-header": ANSWER_HEAD + b"Vary: a\r\nVary: b\r\nContent-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE),
+    "/until-close": ANSWER_HEAD + b"\r\n" + ENVELOPE,
+    "/short": ANSWER_HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(ENVELOPE) + 10, ENVELOPE),
+    "/not-http": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "/bad-header": ANSWER_HEAD + b"no colon here\r\nContent-Length: 2\r\n\r\n{}",
+    "/bad-chunk": ANSWER_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+}
+
+
 class ScriptedServer:
     """HTTP/1.1 on a real socket; what it answers depends on the request's path."""
 
@@ -78,7 +95,7 @@ class ScriptedServer:
     @staticmethod
     def _answer(conn: socket.socket, target: str) -> bool:
         """Answers; False when the connection is to be closed after the answer."""
-        head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r-1\r\n"
+        head = ANSWER_HEAD.decode()
         if target == "/slow":
             time.sleep(1.5)
         if target == "/chunked":
@@ -86,6 +103,9 @@ class ScriptedServer:
             chunks = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (ENVELOPE[:half], ENVELOPE[half:]))
             conn.sendall(f"{head}Transfer-Encoding: chunked\r\n\r\n".encode() + chunks + b"0\r\n\r\n")
             return True
+        if target in SCRIPTED:
+            conn.sendall(SCRIPTED[target])
+            return target in ("/continue", "/repeated-header")
         close = "Connection: close\r\n" if target == "/connection-close" else ""
         conn.sendall(f"{head}{close}Content-Length: {len(ENVELOPE)}\r\n\r\n".encode() + ENVELOPE)
         # /drop: the server closes an idle keep-alive connection without saying so first.
@@ -144,6 +164,50 @@ def test_a_chunked_answer_is_read_whole(server: ScriptedServer) -> None:
         assert client._request("GET", "/chunked") == {"ok": True}
         assert client._request("GET", "/chunked") == {"ok": True}
     assert server.connections == 1
+
+
+def test_answers_of_every_http_1_framing_are_read_whole(server: ScriptedServer) -> None:
+    # an HTTP/1.0 answer and one whose body runs to the connection's end close their connection;
+    # a 100 Continue before the answer, and a header sent twice, keep it
+    with orbit_sdk.Client(server.url, "tok") as client:
+        for path in ("/http-1.0", "/until-close", "/continue", "/repeated-header", "/v1"):
+            assert client._request("GET", path) == {"ok": True}, path
+    assert server.connections == 3
+
+
+def test_a_repeated_header_is_kept_as_sent(server: ScriptedServer) -> None:
+    with httpx.Client(transport=KeepAliveTransport()) as client:
+        response = client.get(f"{server.url}/repeated-header")
+    assert response.headers.get_list("vary") == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("path", "error"),
+    [
+        ("/short", "10 bytes short of the answer's body"),
+        ("/not-http", "not an HTTP/1.x status line"),
+        ("/bad-header", "not a header line"),
+        ("/bad-chunk", "not a chunk size"),
+    ],
+)
+def test_a_broken_answer_is_a_protocol_error_and_its_connection_is_not_reused(
+    server: ScriptedServer, path: str, error: str
+) -> None:
+    with orbit_sdk.Client(server.url, "tok") as client:
+        with pytest.raises(orbit_sdk.TransportError, match=f"GET {path}: RemoteProtocolError: .*{error}"):
+            client._request("GET", path)
+        assert client._request("GET", "/v1") == {"ok": True}
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize("headers", [{"X-Note": "a\r\nX-Injected: 1"}, {"X-Note": "a\x00"}, {"Bad:Name": "1"}])
+def test_a_header_that_would_break_the_request_s_framing_is_refused_before_anything_is_sent(
+    server: ScriptedServer, headers: dict[str, str]
+) -> None:
+    with httpx.Client(transport=KeepAliveTransport()) as client:
+        with pytest.raises(ValueError, match="invalid header"):
+            client.get(f"{server.url}/v1", headers=headers)
+    assert server.requests == []
 
 
 def test_a_slow_answer_is_a_timeout_and_the_connection_is_not_reused(server: ScriptedServer) -> None:
