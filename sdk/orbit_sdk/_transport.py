@@ -9,8 +9,8 @@ back as ``httpx.Response``; failures are httpx's exceptions, so the client's "ou
 unknown" rule (:class:`TransportError`) is unchanged. Why: with sixteen threads sharing one
 client, httpcore's pool and h11's parser were about two fifths of a submit's client CPU,
 and ``http.client``'s request and answer handling (its header parsing goes through the
-email package) a quarter of what was left; the threads share one interpreter lock, so that CPU is latency too
-(docs/benchmarks/history.md).
+email package) a quarter of what was left; the threads share one interpreter lock, so
+that CPU is latency too (docs/benchmarks/history.md).
 
 Not used when the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``,
 ``ALL_PROXY``): httpx's own transport and proxy handling then serve every request.
@@ -185,6 +185,7 @@ _ANSWER_NAME = re.compile(rb"[^:\s][^:\r\n]*")
 _MAX_LINE = 65536
 _MAX_HEADERS = 100
 _END_OF_HEADERS = (b"\r\n", b"\n")
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 def _request_bytes(request: httpx.Request) -> bytes:
@@ -223,9 +224,7 @@ def _line(reader: Any) -> bytes:
 
 def _read_answer(reader: Any, head: bool) -> _Answer:
     """One HTTP/1.x answer from `reader`: its status line, headers and body (by
-    Content-Length, chunked, or up to the end of the connection); 1xx answers are skipped.
-    http.client reads the same, but parses the headers with the email package, which was a
-    fifth of a submit's client CPU."""
+    Content-Length, chunked, or up to the end of the connection); 1xx answers are skipped."""
     while True:
         parts = _line(reader).rstrip(b"\r\n").split(b" ", 2)
         if len(parts) < 2 or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1") or not parts[1].isdigit() or len(parts[1]) != 3:
@@ -276,10 +275,9 @@ def _read_chunked(reader: Any) -> bytes:
     chunks: list[bytes] = []
     while True:
         size_field = _line(reader).split(b";", 1)[0].strip()
-        try:
-            size = int(size_field, 16)
-        except ValueError:
-            raise _Malformed(f"not a chunk size: {size_field[:40]!r}") from None
+        if not _CHUNK_SIZE.fullmatch(size_field):  # int() would take a sign, 0x or underscores
+            raise _Malformed(f"not a chunk size: {size_field[:40]!r}")
+        size = int(size_field, 16)
         if size == 0:
             while _line(reader) not in _END_OF_HEADERS:  # trailers: nothing Orbit sends
                 pass

@@ -36,6 +36,7 @@ SCRIPTED = {
     "/not-http": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
     "/bad-header": ANSWER_HEAD + b"no colon here\r\nContent-Length: 2\r\n\r\n{}",
     "/bad-chunk": ANSWER_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    "/negative-chunk": ANSWER_HEAD + b"Transfer-Encoding: chunked\r\n\r\n-1\r\n{}\r\n0\r\n\r\n",
 }
 
 
@@ -188,6 +189,7 @@ def test_a_repeated_header_is_kept_as_sent(server: ScriptedServer) -> None:
         ("/not-http", "not an HTTP/1.x status line"),
         ("/bad-header", "not a header line"),
         ("/bad-chunk", "not a chunk size"),
+        ("/negative-chunk", "not a chunk size"),
     ],
 )
 def test_a_broken_answer_is_a_protocol_error_and_its_connection_is_not_reused(
