@@ -23,14 +23,12 @@ ENVELOPE = json.dumps({"data": {"ok": True}, "request_id": "r-1"}).encode()
 
 
 ANSWER_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Request-Id: r-1\r\n"
-# Answers sent as they are, then the connection is closed (but for /continue and
-# /repeated-header, which keep it).
+SIZED_ENVELOPE = b"Content-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE)
+# Answers sent as they are; the connection is then closed, but for those in KEEPING.
 SCRIPTED = {
-    "/http-1.0": b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE),
-    "/continue": b"HTTP/1.1 100 Continue\r\n\r\n"
-    + ANSWER_HEAD
-    + b"Content-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE),
-    "/repeated-header": ANSWER_HEAD + b"Vary: a\r\nVary: b\r\nContent-Length: %d\r\n\r\n%s" % (len(ENVELOPE), ENVELOPE),
+    "/http-1.0": b"HTTP/1.0 200 OK\r\n" + SIZED_ENVELOPE,
+    "/continue": b"HTTP/1.1 100 Continue\r\n\r\n" + ANSWER_HEAD + SIZED_ENVELOPE,
+    "/repeated-header": ANSWER_HEAD + b"Vary: a\r\nVary: b\r\n" + SIZED_ENVELOPE,
     "/until-close": ANSWER_HEAD + b"\r\n" + ENVELOPE,
     "/short": ANSWER_HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(ENVELOPE) + 10, ENVELOPE),
     "/not-http": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
@@ -38,6 +36,7 @@ SCRIPTED = {
     "/bad-chunk": ANSWER_HEAD + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
     "/negative-chunk": ANSWER_HEAD + b"Transfer-Encoding: chunked\r\n\r\n-1\r\n{}\r\n0\r\n\r\n",
 }
+KEEPING = {"/continue", "/repeated-header"}
 
 
 class ScriptedServer:
@@ -106,7 +105,7 @@ class ScriptedServer:
             return True
         if target in SCRIPTED:
             conn.sendall(SCRIPTED[target])
-            return target in ("/continue", "/repeated-header")
+            return target in KEEPING
         close = "Connection: close\r\n" if target == "/connection-close" else ""
         conn.sendall(f"{head}{close}Content-Length: {len(ENVELOPE)}\r\n\r\n".encode() + ENVELOPE)
         # /drop: the server closes an idle keep-alive connection without saying so first.
