@@ -29,6 +29,7 @@ from tests.support.dependencies import moves, moves_of, row
 from tests.support.live import LiveServer, WorkerConnection, server_env
 from tests.support.lock_order import assert_lock_order
 from tests.support.tasks import (
+    an_hour_on,
     assert_invariants,
     cancel,
     ends_unknown,
@@ -356,8 +357,10 @@ def test_endings_that_settle_dependents_across_queues_and_keys_lock_in_the_globa
     waits = submit_ok(tenant.client, first["id"], "waits", priority=0)["id"]
     blocked = submit_ok(tenant.client, first["id"], "blocked", depends_on=[waits], deadline_at=in_seconds(60))["id"]
     submit_ok(tenant.client, other["id"], "below-blocked", depends_on=[blocked])
-    Task.objects.filter(id=blocked).update(deadline_at=timezone.now() - timedelta(seconds=1))
-    checked(sweep_deadlines)
+    Task.objects.filter(id=blocked).update(deadline_at=timezone.now() + timedelta(minutes=1))
+    with an_hour_on():
+        (locked,) = checked(sweep_deadlines)
+    assert "orbit_task_dependency" in locked
     assert row(blocked).state == "FAILED"
     submit_ok(tenant.client, other["id"], "below-waits", depends_on=[waits], concurrency_key="k/w")
     checked(lambda: cancel(tenant.client, waits, "cancel-waits"))

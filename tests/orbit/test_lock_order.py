@@ -45,7 +45,7 @@ from tests.support.lock_order import (
 )
 from tests.support.plans import plan_body
 from tests.support.queues import configure_body
-from tests.support.tasks import cancel, start, submit_ok, task_body, worker_for
+from tests.support.tasks import an_hour_on, cancel, start, submit_ok, task_body, worker_for
 from tests.support.tasks import report as report_result
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
@@ -381,9 +381,9 @@ def test_a_lease_recovery(tenant, keyed):
     queue = make_queue(tenant.client, "recover", rate_per_second=1000)
     _, entries = started(tenant, queue["id"], 2, **({"concurrency_key": "object"} if keyed else {}))
     Attempt.objects.filter(id__in=[e["attempt_id"] for e in entries]).update(
-        lease_expires_at=timezone.now() - timedelta(seconds=1)
+        lease_expires_at=timezone.now() + timedelta(minutes=1)
     )
-    with captured() as queries:
+    with an_hour_on(), captured() as queries:
         assert endings.recover_expired_leases() == 2
     assert_lock_order(queries, expect=[COUNTERS, "orbit_task", "orbit_attempt"])
 
@@ -396,8 +396,8 @@ def test_a_deadline_failure(tenant, state):
     else:
         _, (entry,) = leased(tenant, queue["id"], concurrency_key="object")
         task_id = entry["task"]["id"]
-    Task.objects.filter(id=task_id).update(deadline_at=timezone.now() - timedelta(seconds=1))
-    with captured() as queries:
+    Task.objects.filter(id=task_id).update(deadline_at=timezone.now() + timedelta(minutes=1))
+    with an_hour_on(), captured() as queries:
         assert endings.fail_for_deadline(task_id) is True
     assert_lock_order(queries, expect=[COUNTERS, "orbit_task"])
 

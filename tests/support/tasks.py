@@ -7,11 +7,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 from websockets.exceptions import ConnectionClosed
 
 from orbit.fields import new_id
@@ -62,6 +65,17 @@ def now() -> datetime:
 
 def in_seconds(seconds: float) -> str:
     return rfc3339(now() + timedelta(seconds=seconds))
+
+
+@contextmanager
+def an_hour_on() -> Iterator[None]:
+    """This process's clock (django.utils.timezone.now) an hour ahead, inside.
+    The session's live server sweeps the test database every 0.5 s on the real
+    clock: what a transactional test sets to run out within the hour (a lease,
+    a deadline) is its own sweep's alone, not a race with the server's."""
+    later = timezone.now() + timedelta(hours=1)
+    with mock.patch.object(timezone, "now", lambda: later):
+        yield
 
 
 def task_body(queue_id: str, **overrides: Any) -> dict[str, Any]:
