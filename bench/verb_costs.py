@@ -1,17 +1,22 @@
 """Per-verb cost of Orbit's transactions, in-process on MariaDB (no HTTP, no WebSocket).
 
 Runs N tasks through submit → lease → start → result sequentially from one
-thread and prints milliseconds and SQL statements per verb. This is the
+thread and prints milliseconds, this process's CPU milliseconds and SQL
+statements per verb. This is the
 number every other figure is built on: the application_state row lock is held
 for (roughly) one of these transactions at a time.
 
     .venv/bin/python -m bench.verb_costs --tasks 500
     .venv/bin/python -m bench.verb_costs --tasks 2000 --handoff
+    .venv/bin/python -m bench.verb_costs --tasks 3000 --round-size 56 --drain
 
 `--handoff` times instead the keyed hand-off of W2 at one key: N tasks of one
 key (no policy), each round the result of the running one and the lease that
 hands the key on and starts the next ahead (what one result frame with its
 next Start costs the server), with the CPU time of this process per round.
+`--drain` times W1's drain as its lane sees it: `--round-size` running unkeyed
+tasks, each round their results sent with start_next and each one's lease
+starting the next waiting task in the slot it frees.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ def main() -> None:
     parser.add_argument("--profile", help="write a cProfile of the rounds to this file")
     parser.add_argument("--show-sql", action="store_true", help="print the statements of one pipelined round")
     parser.add_argument("--handoff", action="store_true", help="time the keyed hand-off round instead (W2, one key)")
+    parser.add_argument(
+        "--drain", action="store_true", help="time the unkeyed hand-off round instead (W1's drain, round-size slots)"
+    )
     args = parser.parse_args()
     import MySQLdb
 
@@ -88,10 +96,13 @@ def main() -> None:
             return execute(sql, params, many, context)
 
         with connection.execute_wrapper(counter):
-            began = time.perf_counter()
+            cpu, began = time.process_time(), time.perf_counter()
             fn()
-            seconds = time.perf_counter() - began
-        print(f"{label:8s} {seconds / count * 1000:7.3f} ms/task  {statements / count:5.1f} statements/task")
+            seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+        print(
+            f"{label:8s} {seconds / count * 1000:7.3f} ms/task  {cpu / count * 1000:7.3f} cpu ms/task"
+            f"  {statements / count:5.1f} statements/task"
+        )
 
     body = {"queue_id": queue["id"], "handler": "h", "handler_version": "v1", "payload_version": "v1", "payload": {}}
 
@@ -137,6 +148,9 @@ def main() -> None:
 
     if args.handoff:
         handoff(worker, actor, {**body, "concurrency_key": "object/1"}, args.tasks, args.profile)
+        return
+    if args.drain:
+        drain(worker, actor, body, args.tasks, args.round_size, args.profile, args.show_sql)
         return
 
     timed("submit", submit_all, args.tasks)
@@ -243,6 +257,77 @@ def handoff(worker, actor, body: dict, tasks: int, profile_to: str | None) -> No
     print(
         f"handoff  {seconds / tasks * 1000:7.3f} ms/round  {cpu / tasks * 1000:7.3f} cpu ms/round"
         f"  {round_trips / tasks:5.1f} round trips/round"
+    )
+
+
+def drain(worker, actor, body: dict, tasks: int, slots: int, profile_to: str | None, show_sql: bool) -> None:
+    """W1's drain as the lane sees it: `slots` running unkeyed tasks; each
+    round carries their results, sent with start_next, and each one's lease
+    into the slot it frees, starting the next waiting task there."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    from tasks.actions import rounds, submit
+    from tasks.actions.endings import ResultReport
+    from tasks.actions.rounds import LeaseRequest, run_round
+    from tasks.serializers import SubmitTaskInput
+
+    serializer = SubmitTaskInput(data=body)
+    serializer.is_valid(raise_exception=True)
+    for _ in range(tasks + slots):
+        with transaction.atomic():
+            submit.admit_one(actor=actor, fields=serializer.validated_data)
+    running: list = []
+    while len(running) < slots:
+        running += rounds.lease_tasks(worker=worker, limit=slots - len(running))
+    for assignment in running:
+        rounds.approve_start(worker=worker, attempt_id=assignment["attempt_id"], epoch=assignment["epoch"])
+    start_ahead = (body["handler"], body["handler_version"])
+    statements = rounds_run = 0
+
+    def counter(execute, sql, params, many, context):
+        nonlocal statements
+        statements += 1
+        return execute(sql, params, many, context)
+
+    def one_round() -> None:
+        nonlocal running, rounds_run
+        items: list = []
+        for assignment in running:
+            report = ResultReport(worker, assignment["attempt_id"], assignment["epoch"], "SUCCEEDED", False, None, None)
+            items += [report, LeaseRequest(worker, 1, after=report, start_ahead=start_ahead)]
+        if show_sql and rounds_run == 10:
+            with CaptureQueriesContext(connection) as captured:
+                answers = run_round(items)
+            print(f"one round of {len(running)} results, each with its hand-off:")
+            for query in captured.captured_queries:
+                print(f"    {float(query['time']) * 1000:6.2f} ms", query["sql"][:160])
+        else:
+            answers = run_round(items)
+        running = [a for answer in answers[1::2] for a in answer.assignments]
+        rounds_run += 1
+
+    def all_rounds() -> None:
+        done = 0
+        while done < tasks:
+            done += len(running)
+            one_round()
+
+    with connection.execute_wrapper(counter):
+        cpu, began = time.process_time(), time.perf_counter()
+        if profile_to:
+            import cProfile
+
+            with cProfile.Profile() as profile:
+                all_rounds()
+            profile.dump_stats(profile_to)
+        else:
+            all_rounds()
+        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    done = rounds_run * slots
+    print(
+        f"drain    {seconds / done * 1000:7.3f} ms/task  {cpu / done * 1000:7.3f} cpu ms/task"
+        f"  {statements / rounds_run:5.1f} statements/round  {slots} tasks/round"
     )
 
 

@@ -24,6 +24,7 @@ from django.db.backends.base.operations import BaseDatabaseOperations
 from django.db.models import Model
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
+from django.utils import timezone
 
 M = TypeVar("M", bound=models.Model)
 F = TypeVar("F", bound=models.Field)
@@ -529,6 +530,7 @@ class _Column:
     attname: str
     as_is: tuple[type, ...]  # values of these types (and None, for a plain field) go as they are
     aware_datetime: bool  # an aware datetime goes through adapt_datetimefield_value only
+    stamped: bool  # auto_now or auto_now_add: pre_save sets timezone.now(), which is adapted
 
 
 @cache
@@ -544,10 +546,13 @@ def _insert_columns(model: type[models.Model], vendor: str) -> tuple[_Column, ..
         if isinstance(field, models.IntegerField) and as_is:
             ops = type(_db().ops)
             as_is = as_is if ops.adapt_integerfield_value is BaseDatabaseOperations.adapt_integerfield_value else ()
-        aware_datetime = _saves_as(field, models.DateTimeField) and not (field.auto_now or field.auto_now_add)
+        stamped = aware_datetime = False
+        if _saves_as(field, models.DateTimeField):
+            stamped = field.auto_now or field.auto_now_add
+            aware_datetime = not stamped
         if as_is or aware_datetime:
             as_is = (*as_is, type(None))
-        columns.append(_Column(field, field.attname, as_is, aware_datetime))
+        columns.append(_Column(field, field.attname, as_is, aware_datetime, stamped))
     return tuple(columns)
 
 
@@ -578,6 +583,10 @@ def insert_rows(objs: Sequence[models.Model], *, sql_values: Mapping[str, Sequen
     for obj in objs:
         values = obj.__dict__
         for column in bound:
+            if column.stamped:
+                value = values[column.attname] = timezone.now()
+                append(adapt_datetime(value))
+                continue
             value = values.get(column.attname, _MISSING)
             if type(value) in column.as_is:
                 append(value)

@@ -4,12 +4,19 @@ transactions Django asked for."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
 import itertools
+import zoneinfo
 from collections.abc import Iterator
 
 import MySQLdb
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.backends.mysql.operations import DatabaseOperations as DjangoOperations
+from django.utils import timezone
+from django.utils.safestring import SafeString
 from MySQLdb.times import DateTime_or_None
 
 from orbit.db.mysql.base import datetime_or_none
@@ -120,6 +127,62 @@ def test_the_connection_reads_datetime_columns_with_the_fast_parser():
         exact, midnight = cursor.fetchone()
     assert (exact.isoformat(), midnight.isoformat()) == ("2026-11-30T12:00:01.123456", "2026-11-30T00:00:00")
     assert connection.connection.converter[MySQLdb.constants.FIELD_TYPE.DATETIME].__name__ == "datetime_or_none"
+
+
+class Small(enum.IntEnum):
+    ONE = 1
+
+
+BOUND_VALUES = [
+    "plain",
+    "",
+    "quote ' backslash \\ nul \x00 newline \n",
+    "ü€😀",
+    SafeString("a subclass of str"),
+    0,
+    -5,
+    2**70,
+    None,
+    True,
+    False,
+    1.5,
+    b"bytes ' too",
+    decimal.Decimal("1.20"),
+    Small.ONE,
+    [1, "a", None],
+    ("x",),
+    datetime.date(2026, 12, 6),
+]
+
+
+@pytest.mark.parametrize("value", BOUND_VALUES, ids=repr)
+def test_bound_values_are_escaped_as_the_driver_escapes_them(value):
+    connection.ensure_connection()
+    driver = connection.connection
+    assert driver.quick_literals
+    assert driver.literal(value) == MySQLdb.connections.Connection.literal(driver, value)
+
+
+UTC_ZONE = datetime.UTC
+WRITTEN_DATETIMES = [
+    datetime.datetime(2026, 12, 6, 5, 0, 19, 636709, tzinfo=UTC_ZONE),
+    datetime.datetime(2026, 12, 6, 5, 0, 19, tzinfo=UTC_ZONE),  # no microseconds: none written
+    datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),  # another zone
+    datetime.datetime(2026, 1, 1, 5, 6, 7, 8, tzinfo=zoneinfo.ZoneInfo("UTC")),  # UTC, another object
+    None,
+]
+
+
+@pytest.mark.parametrize("value", WRITTEN_DATETIMES, ids=repr)
+def test_datetimes_are_written_as_django_writes_them(value):
+    ours = connection.ops.adapt_datetimefield_value(value)
+    assert ours == DjangoOperations(connection).adapt_datetimefield_value(value)
+    assert type(ours) is type(DjangoOperations(connection).adapt_datetimefield_value(value))
+
+
+def test_the_zone_of_timezone_now_is_the_connections_own():
+    # the quick path above is the one every timezone.now() takes
+    assert timezone.now().tzinfo is connection.timezone
 
 
 def test_the_last_writes_of_an_outermost_transaction_carry_its_commit(sent):
