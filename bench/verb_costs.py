@@ -87,18 +87,8 @@ def main() -> None:
         concurrency_keys=True,
     )
 
-    def timed(label: str, fn, count: int) -> None:
-        statements = 0
-
-        def counter(execute, sql, params, many, context):
-            nonlocal statements
-            statements += 1
-            return execute(sql, params, many, context)
-
-        with connection.execute_wrapper(counter):
-            cpu, began = time.process_time(), time.perf_counter()
-            fn()
-            seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    def timed(label: str, fn, count: int, profile_to: str | None = None) -> None:
+        seconds, cpu, statements = measured(fn, profile_to)
         print(
             f"{label:8s} {seconds / count * 1000:7.3f} ms/task  {cpu / count * 1000:7.3f} cpu ms/task"
             f"  {statements / count:5.1f} statements/task"
@@ -202,19 +192,37 @@ def main() -> None:
             started, leased = leased, [a for answer in answers[len(items) - size :] for a in answer.assignments]
             round_count += 1
 
-    if args.profile:
-        import cProfile
-
-        with cProfile.Profile() as profile:
-            timed("round", pipeline, args.tasks)
-        profile.dump_stats(args.profile)
-    else:
-        timed("round", pipeline, args.tasks)
+    timed("round", pipeline, args.tasks, args.profile)
     print(f"         {args.tasks / max(round_count, 1):7.1f} tasks/round")
 
 
+def measured(fn, profile_to: str | None) -> tuple[float, float, int]:
+    """Runs `fn` (under cProfile, written to `profile_to`, if given): its
+    seconds, this process's CPU seconds, and the statements it sent."""
+    from django.db import connection
+
+    statements = 0
+
+    def counter(execute, sql, params, many, context):
+        nonlocal statements
+        statements += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(counter):
+        cpu, began = time.process_time(), time.perf_counter()
+        if profile_to:
+            import cProfile
+
+            with cProfile.Profile() as profile:
+                fn()
+            profile.dump_stats(profile_to)
+        else:
+            fn()
+        return time.perf_counter() - began, time.process_time() - cpu, statements
+
+
 def handoff(worker, actor, body: dict, tasks: int, profile_to: str | None) -> None:
-    from django.db import connection, transaction
+    from django.db import transaction
 
     from tasks.actions import rounds, submit
     from tasks.actions.endings import ResultReport
@@ -229,12 +237,6 @@ def handoff(worker, actor, body: dict, tasks: int, profile_to: str | None) -> No
     (running,) = rounds.lease_tasks(worker=worker, limit=1)
     rounds.approve_start(worker=worker, attempt_id=running["attempt_id"], epoch=running["epoch"])
     start_ahead = (body["handler"], body["handler_version"])
-    round_trips = 0
-
-    def counter(execute, sql, params, many, context):
-        nonlocal round_trips
-        round_trips += 1
-        return execute(sql, params, many, context)
 
     def rounds_of_handoff() -> None:
         nonlocal running
@@ -243,17 +245,7 @@ def handoff(worker, actor, body: dict, tasks: int, profile_to: str | None) -> No
             answers = run_round([report, LeaseRequest(worker, 1, after=report, start_ahead=start_ahead)])
             (running,) = answers[1].assignments
 
-    with connection.execute_wrapper(counter):
-        cpu, began = time.process_time(), time.perf_counter()
-        if profile_to:
-            import cProfile
-
-            with cProfile.Profile() as profile:
-                rounds_of_handoff()
-            profile.dump_stats(profile_to)
-        else:
-            rounds_of_handoff()
-        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    seconds, cpu, round_trips = measured(rounds_of_handoff, profile_to)
     print(
         f"handoff  {seconds / tasks * 1000:7.3f} ms/round  {cpu / tasks * 1000:7.3f} cpu ms/round"
         f"  {round_trips / tasks:5.1f} round trips/round"
@@ -283,12 +275,7 @@ def drain(worker, actor, body: dict, tasks: int, slots: int, profile_to: str | N
     for assignment in running:
         rounds.approve_start(worker=worker, attempt_id=assignment["attempt_id"], epoch=assignment["epoch"])
     start_ahead = (body["handler"], body["handler_version"])
-    statements = rounds_run = 0
-
-    def counter(execute, sql, params, many, context):
-        nonlocal statements
-        statements += 1
-        return execute(sql, params, many, context)
+    rounds_run = 0
 
     def one_round() -> None:
         nonlocal running, rounds_run
@@ -313,17 +300,7 @@ def drain(worker, actor, body: dict, tasks: int, slots: int, profile_to: str | N
             done += len(running)
             one_round()
 
-    with connection.execute_wrapper(counter):
-        cpu, began = time.process_time(), time.perf_counter()
-        if profile_to:
-            import cProfile
-
-            with cProfile.Profile() as profile:
-                all_rounds()
-            profile.dump_stats(profile_to)
-        else:
-            all_rounds()
-        seconds, cpu = time.perf_counter() - began, time.process_time() - cpu
+    seconds, cpu, statements = measured(all_rounds, profile_to)
     done = rounds_run * slots
     print(
         f"drain    {seconds / done * 1000:7.3f} ms/task  {cpu / done * 1000:7.3f} cpu ms/task"
