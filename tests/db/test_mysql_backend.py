@@ -163,10 +163,9 @@ def test_bound_values_are_escaped_as_the_driver_escapes_them(value):
     assert driver.literal(value) == MySQLdb.connections.Connection.literal(driver, value)
 
 
-UTC_ZONE = datetime.UTC
 WRITTEN_DATETIMES = [
-    datetime.datetime(2026, 12, 6, 5, 0, 19, 636709, tzinfo=UTC_ZONE),
-    datetime.datetime(2026, 12, 6, 5, 0, 19, tzinfo=UTC_ZONE),  # no microseconds: none written
+    datetime.datetime(2026, 12, 6, 5, 0, 19, 636709, tzinfo=datetime.UTC),
+    datetime.datetime(2026, 12, 6, 5, 0, 19, tzinfo=datetime.UTC),  # no microseconds: none written
     datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone(datetime.timedelta(hours=2))),  # another zone
     datetime.datetime(2026, 1, 1, 5, 6, 7, 8, tzinfo=zoneinfo.ZoneInfo("UTC")),  # UTC, another object
     None,
@@ -176,8 +175,8 @@ WRITTEN_DATETIMES = [
 @pytest.mark.parametrize("value", WRITTEN_DATETIMES, ids=repr)
 def test_datetimes_are_written_as_django_writes_them(value):
     ours = connection.ops.adapt_datetimefield_value(value)
-    assert ours == DjangoOperations(connection).adapt_datetimefield_value(value)
-    assert type(ours) is type(DjangoOperations(connection).adapt_datetimefield_value(value))
+    djangos = DjangoOperations(connection).adapt_datetimefield_value(value)
+    assert (ours, type(ours)) == (djangos, type(djangos))
 
 
 def test_the_zone_of_timezone_now_is_the_connections_own():
