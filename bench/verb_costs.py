@@ -2,9 +2,9 @@
 
 Runs N tasks through submit → lease → start → result sequentially from one
 thread and prints milliseconds, this process's CPU milliseconds and SQL
-statements per verb. This is the
-number every other figure is built on: the application_state row lock is held
-for (roughly) one of these transactions at a time.
+statements per verb. This is the number every other figure is built on: the
+application_state row lock is held for (roughly) one of these transactions at
+a time.
 
     .venv/bin/python -m bench.verb_costs --tasks 500
     .venv/bin/python -m bench.verb_costs --tasks 2000 --handoff
