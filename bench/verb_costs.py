@@ -50,7 +50,6 @@ def main() -> None:
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection
 
     call_command("migrate", verbosity=0)
     from orbit.idempotency import run_idempotent
@@ -151,19 +150,12 @@ def main() -> None:
     # The server's steady state (tasks.actions.rounds): each round carries the
     # results of the previous round's starts, the starts of its leases, and
     # `size` lease requests of one task each, as several busy workers send them.
-    from django.db import transaction
-    from django.test.utils import CaptureQueriesContext
-
     from tasks.actions import batch
     from tasks.actions.endings import ResultReport
-    from tasks.actions.rounds import LeaseRequest, SubmitRequest, run_round
+    from tasks.actions.rounds import LeaseRequest, SubmitRequest
 
     size = args.round_size
-    serializer = SubmitTaskInput(data=body)
-    serializer.is_valid(raise_exception=True)
-    for _ in range(args.tasks):
-        with transaction.atomic():
-            submit.admit_one(actor=actor, fields=serializer.validated_data)
+    admit(actor, body, args.tasks)
     leased: list[dict] = []
     started: list[dict] = []
     round_count = 0
@@ -179,21 +171,58 @@ def main() -> None:
                 for n in range(size if args.submits else 0)
             ]
             items += [LeaseRequest(worker, 1) for _ in range(size)]
-            if args.show_sql and round_count == 10:
-                with CaptureQueriesContext(connection) as captured:
-                    answers = run_round(items)
-                submits = f"{size} submits, " if args.submits else ""
-                print(f"one round of {submits}{len(started)} results, {len(leased)} starts, {size} leases:")
-                for query in captured.captured_queries:
-                    print(f"    {float(query['time']) * 1000:6.2f} ms", query["sql"][:140])
-            else:
-                answers = run_round(items)
+            submits = f"{size} submits, " if args.submits else ""
+            title = f"one round of {submits}{len(started)} results, {len(leased)} starts, {size} leases:"
+            answers = run_round_shown(items, title, args.show_sql and round_count == 10)
             done += len(started)
             started, leased = leased, [a for answer in answers[len(items) - size :] for a in answer.assignments]
             round_count += 1
 
     timed("round", pipeline, args.tasks, args.profile)
     print(f"         {args.tasks / max(round_count, 1):7.1f} tasks/round")
+
+
+def admit(actor, body: dict, count: int) -> None:
+    """`count` waiting tasks of `body`, each admitted in a transaction of its own."""
+    from django.db import transaction
+
+    from tasks.actions import submit
+    from tasks.serializers import SubmitTaskInput
+
+    serializer = SubmitTaskInput(data=body)
+    serializer.is_valid(raise_exception=True)
+    for _ in range(count):
+        with transaction.atomic():
+            submit.admit_one(actor=actor, fields=serializer.validated_data)
+
+
+def running_tasks(worker, count: int) -> list[dict]:
+    """`count` waiting tasks leased to `worker` and started."""
+    from tasks.actions import rounds
+
+    running: list[dict] = []
+    while len(running) < count:
+        running += rounds.lease_tasks(worker=worker, limit=count - len(running))
+    for assignment in running:
+        rounds.approve_start(worker=worker, attempt_id=assignment["attempt_id"], epoch=assignment["epoch"])
+    return running
+
+
+def run_round_shown(items: list, title: str, show: bool) -> list:
+    """run_round(items); with `show`, its statements printed under `title`."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tasks.actions.rounds import run_round
+
+    if not show:
+        return run_round(items)
+    with CaptureQueriesContext(connection) as captured:
+        answers = run_round(items)
+    print(title)
+    for query in captured.captured_queries:
+        print(f"    {float(query['time']) * 1000:6.2f} ms", query["sql"][:140])
+    return answers
 
 
 def measured(fn, profile_to: str | None) -> tuple[float, float, int]:
@@ -222,20 +251,11 @@ def measured(fn, profile_to: str | None) -> tuple[float, float, int]:
 
 
 def handoff(worker, actor, body: dict, tasks: int, profile_to: str | None) -> None:
-    from django.db import transaction
-
-    from tasks.actions import rounds, submit
     from tasks.actions.endings import ResultReport
     from tasks.actions.rounds import LeaseRequest, run_round
-    from tasks.serializers import SubmitTaskInput
 
-    serializer = SubmitTaskInput(data=body)
-    serializer.is_valid(raise_exception=True)
-    for _ in range(tasks + 1):
-        with transaction.atomic():
-            submit.admit_one(actor=actor, fields=serializer.validated_data)
-    (running,) = rounds.lease_tasks(worker=worker, limit=1)
-    rounds.approve_start(worker=worker, attempt_id=running["attempt_id"], epoch=running["epoch"])
+    admit(actor, body, tasks + 1)
+    (running,) = running_tasks(worker, 1)
     start_ahead = (body["handler"], body["handler_version"])
 
     def rounds_of_handoff() -> None:
@@ -256,24 +276,11 @@ def drain(worker, actor, body: dict, tasks: int, slots: int, profile_to: str | N
     """W1's drain as the lane sees it: `slots` running unkeyed tasks; each
     round carries their results, sent with start_next, and each one's lease
     into the slot it frees, starting the next waiting task there."""
-    from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
-
-    from tasks.actions import rounds, submit
     from tasks.actions.endings import ResultReport
-    from tasks.actions.rounds import LeaseRequest, run_round
-    from tasks.serializers import SubmitTaskInput
+    from tasks.actions.rounds import LeaseRequest
 
-    serializer = SubmitTaskInput(data=body)
-    serializer.is_valid(raise_exception=True)
-    for _ in range(tasks + slots):
-        with transaction.atomic():
-            submit.admit_one(actor=actor, fields=serializer.validated_data)
-    running: list = []
-    while len(running) < slots:
-        running += rounds.lease_tasks(worker=worker, limit=slots - len(running))
-    for assignment in running:
-        rounds.approve_start(worker=worker, attempt_id=assignment["attempt_id"], epoch=assignment["epoch"])
+    admit(actor, body, tasks + slots)
+    running = running_tasks(worker, slots)
     start_ahead = (body["handler"], body["handler_version"])
     rounds_run = 0
 
@@ -283,14 +290,8 @@ def drain(worker, actor, body: dict, tasks: int, slots: int, profile_to: str | N
         for assignment in running:
             report = ResultReport(worker, assignment["attempt_id"], assignment["epoch"], "SUCCEEDED", False, None, None)
             items += [report, LeaseRequest(worker, 1, after=report, start_ahead=start_ahead)]
-        if show_sql and rounds_run == 10:
-            with CaptureQueriesContext(connection) as captured:
-                answers = run_round(items)
-            print(f"one round of {len(running)} results, each with its hand-off:")
-            for query in captured.captured_queries:
-                print(f"    {float(query['time']) * 1000:6.2f} ms", query["sql"][:160])
-        else:
-            answers = run_round(items)
+        title = f"one round of {len(running)} results, each with its hand-off:"
+        answers = run_round_shown(items, title, show_sql and rounds_run == 10)
         running = [a for answer in answers[1::2] for a in answer.assignments]
         rounds_run += 1
 
