@@ -50,11 +50,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from orbit.errors import HeadersTooLarge
 from orbit.fields import new_id
 from server import reason_phrases
+
+A = TypeVar("A")
 
 # The request line and headers of one HTTP request, in all (Twisted's own
 # bound, stated); and the most header lines.
@@ -81,17 +83,31 @@ def without_form_decoding(init: Callable[..., None]) -> Callable[..., None]:
     return made
 
 
-def secure_once(is_secure: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """HTTPChannel.isSecure (`is_secure`), asked once per connection."""
+def once_per_connection(ask: Callable[[Any], A]) -> Callable[[Any], A]:
+    """An HTTPChannel method (`ask`) whose answer is fixed for a connection,
+    asked once per connection and kept on the channel."""
+    kept = f"_orbit_{ask.__name__}"
 
-    def secure(channel: Any) -> bool:
-        known = channel.__dict__.get("_orbit_secure")
+    def answer(channel: Any) -> A:
+        known = channel.__dict__.get(kept)
         if known is None:
-            known = channel._orbit_secure = is_secure(channel)
+            known = channel.__dict__[kept] = ask(channel)
         return known
 
-    secure.__wrapped__ = is_secure  # type: ignore[attr-defined]
-    return secure
+    answer.__wrapped__ = ask  # type: ignore[attr-defined]
+    return answer
+
+
+def secure_once(is_secure: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """HTTPChannel.isSecure (`is_secure`), asked once per connection."""
+    return once_per_connection(is_secure)
+
+
+def host_once(get_host: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """HTTPChannel.getHost (`get_host`), asked once per connection: a
+    connection's local address does not change, and every request asks
+    (a getsockname call each)."""
+    return once_per_connection(get_host)
 
 
 def patient_close(reset: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -277,6 +293,8 @@ def tune_twisted() -> None:
         WebRequest.__init__ = without_form_decoding(WebRequest.__init__)
     if not hasattr(http.HTTPChannel.isSecure, "__wrapped__"):
         http.HTTPChannel.isSecure = secure_once(http.HTTPChannel.isSecure)  # type: ignore[method-assign]
+    if not hasattr(http.HTTPChannel.getHost, "__wrapped__"):
+        http.HTTPChannel.getHost = host_once(http.HTTPChannel.getHost)  # type: ignore[method-assign]
     HTTPFactory.log = _no_twisted_access_line
     if not hasattr(WebSocketFactory.resetProtocolOptions, "__wrapped__"):
         WebSocketFactory.resetProtocolOptions = patient_close(WebSocketFactory.resetProtocolOptions)

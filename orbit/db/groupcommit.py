@@ -39,7 +39,14 @@ from typing import Any, Generic, Literal, TypeVar
 from django.db import InterfaceError, OperationalError, connection
 
 from orbit.db import inline
-from orbit.db.pool import DATABASE_TOO_SLOW, REQUEST_DEADLINE_SECONDS, call_guarded, run_db, within_deadline
+from orbit.db.pool import (
+    DATABASE_TOO_SLOW,
+    REQUEST_DEADLINE_SECONDS,
+    call_guarded,
+    each_within_deadline,
+    run_db,
+    within_deadline,
+)
 from orbit.errors import Unavailable
 from orbit.metrics import GROUPS_DECIDED
 
@@ -374,4 +381,4 @@ class GroupCommit(Generic[I, R]):
         loop = asyncio.get_running_loop()
         waiters: list[asyncio.Future[R]] = [loop.create_future() for _ in items]
         self._put(lane_id, [_Request(item, waiter) for item, waiter in zip(items, waiters, strict=True)])
-        return await asyncio.gather(*(within_deadline(waiter) for waiter in waiters), return_exceptions=True)
+        return await each_within_deadline(waiters)

@@ -149,3 +149,37 @@ async def within_deadline(waiter: asyncio.Future[T]) -> T:
         raise  # the caller itself was cancelled
     finally:
         timer.cancel()
+
+
+async def each_within_deadline(waiters: list[asyncio.Future[T]]) -> list[T | BaseException]:
+    """Each waiter's outcome or the exception that ended it, in order; those
+    still pending when the request deadline passes are cancelled and end in
+    UNAVAILABLE. One timer for all, awaited in turn: asyncio.gather would add
+    a task and a timer per waiter. A cancelled caller cancels every waiter."""
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        for waiter in waiters:
+            waiter.cancel()
+
+    timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_SECONDS, expire)
+    outcomes: list[T | BaseException] = []
+    try:
+        for waiter in waiters:
+            try:
+                outcomes.append(await waiter)
+            except asyncio.CancelledError:
+                if not expired:
+                    raise  # the caller itself was cancelled
+                outcomes.append(Unavailable(DATABASE_TOO_SLOW))
+            except Exception as error:
+                outcomes.append(error)
+    except asyncio.CancelledError:
+        for waiter in waiters:
+            waiter.cancel()
+        raise
+    finally:
+        timer.cancel()
+    return outcomes

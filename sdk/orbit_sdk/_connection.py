@@ -43,6 +43,11 @@ class NoAnswer(Exception):
     """A request got no reply: the connection closed, or the reply did not come in time."""
 
 
+def _no_reply(future: asyncio.Future[dict[str, Any]], kind: str, timeout: float) -> None:
+    if not future.done():
+        future.set_exception(NoAnswer(f"no reply to {kind} within {timeout}s"))
+
+
 class Abandoned(Exception):
     """The caller no longer wants the request sent."""
 
@@ -272,7 +277,8 @@ class Link:
         if conn.closed:
             raise NoAnswer("connection closed")
         request_id = str(next(self._ids))
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, Any]] = loop.create_future()
         conn.pending[request_id] = future
         try:
             try:
@@ -283,10 +289,13 @@ class Link:
                 conn.pending.pop(request_id, None)
                 self._drop(conn)
                 raise NoAnswer("connection closed") from exc
+            # A timer that fails the future itself: asyncio.wait_for adds a waiter future and
+            # its callbacks to every answer (a timeout scope from Python 3.12 on).
+            timer = loop.call_later(self._request_timeout, _no_reply, future, frame["type"], self._request_timeout)
             try:
-                return await asyncio.wait_for(future, timeout=self._request_timeout)
-            except TimeoutError as exc:
-                raise NoAnswer(f"no reply to {frame['type']} within {self._request_timeout}s") from exc
+                return await future
+            finally:
+                timer.cancel()
         finally:
             conn.pending.pop(request_id, None)
 

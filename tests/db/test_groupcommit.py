@@ -8,8 +8,9 @@ import threading
 import time
 from concurrent.futures import Future
 
-from orbit.db import groupcommit
+from orbit.db import groupcommit, pool
 from orbit.db.groupcommit import GroupCommit
+from orbit.errors import Unavailable
 
 
 def gated(seen: list[list[str]], gate: threading.Event, fail_on: str | None = None):
@@ -139,6 +140,70 @@ def test_callers_on_an_event_loop_get_a_group_s_answers_in_one_wake_up(settings)
     assert (done_a, done_b) == ("done a", "done b")
     assert isinstance(refused, ValueError)
     assert seen == [["first"], ["a", "refused", "b"]]
+
+
+def test_items_put_together_get_their_outcomes_in_order_and_one_group(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+
+    async def scenario() -> list[object]:
+        first = commit.enqueue("lane", "first")  # holds the lane while the items gather
+        await asyncio.sleep(0.1)
+        together = asyncio.ensure_future(commit.call_together_async("lane", ["a", "refused", "b"]))
+        await asyncio.sleep(0.05)
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        return await together
+
+    done_a, refused, done_b = asyncio.run(scenario())
+    assert (done_a, done_b) == ("done a", "done b")
+    assert isinstance(refused, ValueError)
+    assert seen == [["first"], ["a", "refused", "b"]]
+
+
+def test_items_put_together_past_the_deadline_end_unavailable_and_are_not_run(settings, monkeypatch):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+    monkeypatch.setattr(pool, "REQUEST_DEADLINE_SECONDS", 0.2)
+
+    async def scenario() -> list[object]:
+        first = commit.enqueue("lane", "first")
+        await asyncio.sleep(0.1)
+        outcomes = await commit.call_together_async("lane", ["late", "later"])  # the lane stays held
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        assert await commit.call_together_async("lane", ["kept"]) == ["done kept"]
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert [type(outcome) for outcome in outcomes] == [Unavailable, Unavailable]
+    assert all(outcome.message == pool.DATABASE_TOO_SLOW for outcome in outcomes)
+    assert seen == [["first"], ["kept"]]
+
+
+def test_a_cancelled_caller_of_items_put_together_leaves_none_of_them_to_run(settings):
+    seen: list[list[str]] = []
+    gate = threading.Event()
+    commit = held_lane(settings, gated(seen, gate))
+
+    async def scenario() -> None:
+        first = commit.enqueue("lane", "first")
+        await asyncio.sleep(0.1)
+        together = asyncio.ensure_future(commit.call_together_async("lane", ["gone", "also gone"]))
+        await asyncio.sleep(0.05)
+        together.cancel()
+        try:
+            await together
+        except asyncio.CancelledError:
+            pass
+        gate.set()
+        assert await asyncio.wrap_future(first) == "done first"
+        assert await commit.call_together_async("lane", ["kept"]) == ["done kept"]
+
+    asyncio.run(scenario())
+    assert seen == [["first"], ["kept"]]
 
 
 def test_a_waiter_cancelled_while_its_group_runs_leaves_the_others_answered(settings):

@@ -17,7 +17,7 @@ from twisted.internet.testing import StringTransport
 from twisted.web import http
 from zope.interface import directlyProvides
 
-from server.serving import secure_once, tune_twisted
+from server.serving import host_once, secure_once, tune_twisted
 
 ROOT = Path(__file__).resolve().parents[2]
 ORIGINAL_INIT = getattr(WebRequest.__init__, "__wrapped__", WebRequest.__init__)
@@ -58,6 +58,20 @@ def test_secure_transport_is_asked_once_per_connection(over_tls: bool) -> None:
     assert [counting(channel), counting(channel), counting(other)] == [over_tls, over_tls, False]
     assert asked == [channel, other]
     assert http.HTTPChannel.isSecure(channel_over(over_tls)) is over_tls  # the installed one
+
+
+def test_local_address_is_asked_once_per_connection() -> None:
+    tune_twisted()
+    original = http.HTTPChannel.getHost.__wrapped__
+    asked: list[http.HTTPChannel] = []
+    counting = host_once(lambda channel: asked.append(channel) or original(channel))
+    channel, other = channel_over(), channel_over()
+    assert counting(channel) == counting(channel) == channel.transport.getHost()
+    assert counting(other) == other.transport.getHost()
+    assert asked == [channel, other]
+    installed = channel_over()
+    assert http.HTTPChannel.getHost(installed) == installed.transport.getHost()  # the installed one
+    assert http.Request(installed).getHost() == installed.transport.getHost()  # what each request asks
 
 
 def test_daphne_keeps_the_access_log_and_twisted_formats_none() -> None:
