@@ -83,10 +83,9 @@ def without_form_decoding(init: Callable[..., None]) -> Callable[..., None]:
     return made
 
 
-def once_per_connection(ask: Callable[[Any], A]) -> Callable[[Any], A]:
+def once_per_connection(ask: Callable[[Any], A], kept: str) -> Callable[[Any], A]:
     """An HTTPChannel method (`ask`) whose answer is fixed for a connection,
-    asked once per connection and kept on the channel."""
-    kept = f"_orbit_{ask.__name__}"
+    asked once per connection and kept on the channel as `kept`."""
 
     def answer(channel: Any) -> A:
         known = channel.__dict__.get(kept)
@@ -100,14 +99,14 @@ def once_per_connection(ask: Callable[[Any], A]) -> Callable[[Any], A]:
 
 def secure_once(is_secure: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """HTTPChannel.isSecure (`is_secure`), asked once per connection."""
-    return once_per_connection(is_secure)
+    return once_per_connection(is_secure, "_orbit_secure")
 
 
 def host_once(get_host: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """HTTPChannel.getHost (`get_host`), asked once per connection: a
     connection's local address does not change, and every request asks
     (a getsockname call each)."""
-    return once_per_connection(get_host)
+    return once_per_connection(get_host, "_orbit_host")
 
 
 def patient_close(reset: Callable[[Any], None]) -> Callable[[Any], None]:
