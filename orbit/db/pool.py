@@ -127,42 +127,27 @@ def in_every_cell(fn: Callable[[], T], seconds: float) -> dict[str, T | BaseExce
 
 async def within_deadline(waiter: asyncio.Future[T]) -> T:
     """The outcome, or UNAVAILABLE once the request deadline passed (the
-    waiter is cancelled: an item not yet claimed is skipped).
-
-    Awaited directly, with a timer that cancels it: asyncio.wait_for would
-    wrap it in a second future, one more turn of the event loop (which every
-    request and frame shares) between the outcome and its caller."""
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        if not waiter.done():
-            expired = True
-            waiter.cancel()
-
-    timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_SECONDS, expire)
-    try:
-        return await waiter
-    except asyncio.CancelledError:
-        if expired:
-            raise Unavailable(DATABASE_TOO_SLOW) from None
-        raise  # the caller itself was cancelled
-    finally:
-        timer.cancel()
+    waiter is cancelled: an item not yet claimed is skipped)."""
+    (outcome,) = await each_within_deadline([waiter])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 async def each_within_deadline(waiters: list[asyncio.Future[T]]) -> list[T | BaseException]:
     """Each waiter's outcome or the exception that ended it, in order; those
     still pending when the request deadline passes are cancelled and end in
-    UNAVAILABLE. One timer for all, awaited in turn: asyncio.gather would add
-    a task and a timer per waiter. A cancelled caller cancels every waiter."""
+    UNAVAILABLE. A cancelled caller cancels every waiter.
+
+    Awaited directly and in turn, with one timer that cancels what is still
+    pending: asyncio.wait_for would wrap each in a second future, and
+    asyncio.gather add a task per waiter, more turns of the event loop (which
+    every request and frame shares) between the outcomes and their caller."""
     expired = False
 
     def expire() -> None:
         nonlocal expired
-        expired = True
-        for waiter in waiters:
-            waiter.cancel()
+        expired = any([waiter.cancel() for waiter in waiters])  # every one, not up to the first
 
     timer = asyncio.get_running_loop().call_later(REQUEST_DEADLINE_SECONDS, expire)
     outcomes: list[T | BaseException] = []
