@@ -142,14 +142,17 @@ class PayloadField(serializers.Field):
     }
 
     def to_internal_value(self, data: Any) -> Any:
+        # The depth first, level by level: json.dumps recurses, and a payload
+        # as deep as the parser allowed (it ran with less of the stack in use)
+        # would overflow it here (RecursionError: a 500).
+        if nested_too_deeply(data):
+            self.fail("depth")
         try:
             size = encoded_payload_size(data)
         except UnicodeEncodeError:
             self.fail("utf8")
         if size > MAX_PAYLOAD_BYTES:
             raise PayloadTooLarge(f"payload: {size} bytes encoded, over the {MAX_PAYLOAD_BYTES} byte limit")
-        if nested_too_deeply(data):
-            self.fail("depth")
         return data
 
     def plain_value(self, data: Any) -> Any:

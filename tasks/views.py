@@ -6,6 +6,7 @@ from typing import Any
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from orbit.api.errors import encodable
 from orbit.api.middleware import request_id_of
 from orbit.api.mutations import mutation
 from orbit.api.responses import ok, page
@@ -278,6 +279,7 @@ def item_result(key: str, outcome: batch.Outcome) -> dict[str, Any]:
         return {
             "idempotency_key": key,
             "status": outcome.status,
-            "error": {"code": outcome.code, "message": outcome.message},
+            # escaped as the single route's error envelope is (an unknown field's name may be a lone surrogate)
+            "error": {"code": outcome.code, "message": encodable(outcome.message)},
         }
     return {"idempotency_key": key, "status": outcome.status, **outcome.data}

@@ -23,12 +23,15 @@ logger = logging.getLogger("orbit.api")
 DATABASE_UNREACHABLE_ERRNOS = frozenset({2002, 2003, 2005, 2006, 2013, 2055, 1040, 1053, 1203, 1205, 1213})
 
 
+def encodable(message: str) -> str:
+    """`message` as UTF-8 can encode it. A message may echo input (an unknown
+    field's name) holding a lone surrogate from a JSON escape; UTF-8 cannot
+    encode that, so it is escaped rather than fail while rendering the error."""
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(request_id: str, code: str, message: str) -> dict[str, Any]:
-    # A message may echo input (an unknown field's name) holding a lone
-    # surrogate from a JSON escape; UTF-8 cannot encode that, so escape it
-    # rather than fail while rendering the error.
-    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
-    return {"request_id": request_id, "error": {"code": code, "message": message}}
+    return {"request_id": request_id, "error": {"code": code, "message": encodable(message)}}
 
 
 @overload
