@@ -495,7 +495,7 @@ def update_each_by_pk(model: type[models.Model], changes: Mapping[Pk, dict[str, 
         field = _concrete_field(model, name)
         values = [changes[pk][name] for pk in pks]
         first = values[0]
-        if all(value == first and type(value) is type(first) for value in values):
+        if all(_written_alike(field, db, value, first) for value in values):
             # The same for every row (a lease's time, a holder count): one value, no CASE.
             sets.append(f"{quote(field.column)} = %s")
             params.append(field.get_db_prep_save(first, db))
@@ -505,6 +505,21 @@ def update_each_by_pk(model: type[models.Model], changes: Mapping[Pk, dict[str, 
             params += [pk, field.get_db_prep_save(value, db)]
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
     _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
+
+
+# Types whose equal values (of one type) are written as the same literal.
+_EQUAL_WRITTEN_ALIKE = frozenset({str, int, bool, type(None), datetime})
+
+
+def _written_alike(field: models.Field, db: Any, value: Any, other: Any) -> bool:
+    """Whether two values of `field` are written as the same literal. Values
+    Python finds equal may not be: JSON {"ok": 1} and {"ok": true}, or keys in
+    another order; 0.0 and -0.0. Those are compared as written."""
+    if type(value) is not type(other):
+        return False
+    if type(value) in _EQUAL_WRITTEN_ALIKE:
+        return bool(value == other)
+    return repr(field.get_db_prep_save(value, db)) == repr(field.get_db_prep_save(other, db))
 
 
 _MISSING = object()
