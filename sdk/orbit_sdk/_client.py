@@ -694,6 +694,8 @@ class Client(_BaseClient):
             response = self._http.request(call.method, url, content=content, params=params, headers=headers)
         except httpx.TransportError as exc:
             raise self._transport_error(call, exc) from exc
+        except httpx.DecodingError as exc:  # a body its Content-Encoding does not decode
+            raise ProtocolError(f"{call.method} {call.path}: DecodingError: {exc}") from exc
         return self._decode(call, response)
 
     def _request(
@@ -765,6 +767,8 @@ class AsyncClient(_BaseClient):
             response = await self._http.request(call.method, url, content=content, params=params, headers=headers)
         except httpx.TransportError as exc:
             raise self._transport_error(call, exc) from exc
+        except httpx.DecodingError as exc:  # a body its Content-Encoding does not decode
+            raise ProtocolError(f"{call.method} {call.path}: DecodingError: {exc}") from exc
         return self._decode(call, response)
 
     async def _request(

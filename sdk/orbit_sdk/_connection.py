@@ -288,6 +288,9 @@ class Link:
                 # "Future exception was never retrieved".
                 conn.pending.pop(request_id, None)
                 self._drop(conn)
+                if future.done() and not future.cancelled():
+                    # The read loop's _drop failed it while the send waited for the close.
+                    future.exception()
                 raise NoAnswer("connection closed") from exc
             # A timer that fails the future itself: asyncio.wait_for adds a waiter future and
             # its callbacks to every answer (a timeout scope from Python 3.12 on).

@@ -145,33 +145,45 @@ class KeepAliveTransport(httpx.BaseTransport):
         sock = connection.sock
         assert sock is not None
         message = _request_bytes(request)
+        unsent: OSError | None = None
         try:
             sock.settimeout(timeouts.get("write"))
             sock.sendall(message)
         except TimeoutError as exc:
             raise httpx.WriteTimeout(str(exc) or "timed out", request=request) from exc
         except OSError as exc:
-            raise httpx.WriteError(str(exc), request=request) from exc
-        # A reader per answer, closed after it (as http.client's): the socket's own close
-        # waits for every reader made on it to be closed.
-        reader = sock.makefile("rb")
+            # A server (a proxy refusing a body over its limit) may answer before it has read
+            # the whole request, then close: that answer is the outcome, as httpcore reads it.
+            unsent = exc
         try:
-            sock.settimeout(timeouts.get("read"))
-            answer = _read_answer(reader, request.method == "HEAD")
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
-        except _Malformed as exc:
-            raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-        except OSError as exc:
-            raise httpx.ReadError(str(exc), request=request) from exc
-        finally:
-            reader.close()
-        if answer.close:
+            answer = _answer_on(sock, request, timeouts.get("read"))
+        except httpx.TransportError:
+            if unsent is None:
+                raise
+            raise httpx.WriteError(str(unsent), request=request) from unsent
+        if answer.close or unsent is not None:  # a request sent in part ends its connection
             connection.close()
         extensions: dict[str, Any] = {"http_version": answer.version, "reason_phrase": answer.reason}
         return httpx.Response(
             answer.status, headers=answer.headers, content=answer.content, request=request, extensions=extensions
         )
+
+
+def _answer_on(sock: socket.socket, request: httpx.Request, read_timeout: float | None) -> _Answer:
+    # A reader per answer, closed after it (as http.client's): the socket's own close
+    # waits for every reader made on it to be closed.
+    reader = sock.makefile("rb")
+    try:
+        sock.settimeout(read_timeout)
+        return _read_answer(reader, request.method == "HEAD")
+    except TimeoutError as exc:
+        raise httpx.ReadTimeout(str(exc) or "timed out", request=request) from exc
+    except _Malformed as exc:
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+    except OSError as exc:
+        raise httpx.ReadError(str(exc), request=request) from exc
+    finally:
+        reader.close()
 
 
 # A request's header name is a token, and no value holds a line break or NUL (httpx
@@ -186,6 +198,8 @@ _MAX_LINE = 65536
 _MAX_HEADERS = 100
 _END_OF_HEADERS = (b"\r\n", b"\n")
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_FOLD = (b" ", b"\t")  # a header line that starts so continues the previous one
+_READ_PIECE = 1 << 20  # the most of a body asked of the reader at once
 
 
 def _request_bytes(request: httpx.Request) -> bytes:
@@ -231,13 +245,20 @@ def _read_answer(reader: Any, head: bool) -> _Answer:
             raise _Malformed(f"not an HTTP/1.x status line: {b' '.join(parts)[:100]!r}")
         status = int(parts[1])
         headers: list[tuple[bytes, bytes]] = []
+        lines = 0
         while (line := _line(reader)) not in _END_OF_HEADERS:
+            lines += 1
+            if lines > _MAX_HEADERS:
+                raise _Malformed(f"more than {_MAX_HEADERS} header lines")
+            if line[:1] in _FOLD and headers:
+                # obs-fold: the previous field's value goes on; it reads as one space (RFC 9112 §5.2)
+                name, value = headers[-1]
+                headers[-1] = (name, b"%s %s" % (value, line.strip()) if value else line.strip())
+                continue
             name, colon, value = line.partition(b":")
             if not colon or not _ANSWER_NAME.fullmatch(name):
                 raise _Malformed(f"not a header line: {line[:100]!r}")
             headers.append((name, value.strip()))
-            if len(headers) > _MAX_HEADERS:
-                raise _Malformed(f"more than {_MAX_HEADERS} header lines")
         if not 100 <= status < 200:
             break
     answer = _Answer(parts[0], status, parts[2] if len(parts) > 2 else b"", headers)
@@ -254,9 +275,11 @@ def _read_answer(reader: Any, head: bool) -> _Answer:
             raise _Malformed(f"an unsupported transfer-encoding: {fields[b'transfer-encoding'][:40]!r}")
         answer.content = _read_chunked(reader)
     elif b"content-length" in fields:
-        length = fields[b"content-length"]
-        if not length.isdigit():
-            raise _Malformed(f"not a content-length: {length[:40]!r}")
+        # Repeated (by a proxy) with one value, it is that value (RFC 9110 §8.6), as h11 reads it.
+        lengths = {length.strip() for length in fields[b"content-length"].split(b",")}
+        length = lengths.pop()
+        if lengths or not length.isdigit():
+            raise _Malformed(f"not a content-length: {fields[b'content-length'][:40]!r}")
         answer.content = _read_exactly(reader, int(length))
     else:
         answer.content = reader.read()  # up to the end of the connection
@@ -265,10 +288,18 @@ def _read_answer(reader: Any, head: bool) -> _Answer:
 
 
 def _read_exactly(reader: Any, size: int) -> bytes:
-    data: bytes = reader.read(size)
-    if len(data) < size:
-        raise _Malformed(f"the connection closed {size - len(data)} bytes short of the answer's body")
-    return data
+    # In pieces: BufferedReader.read(n) allocates n bytes before it reads, and a size no
+    # server sends (over the memory, or over an index) would fail there with a MemoryError
+    # or an OverflowError, not as the connection ending short of it.
+    pieces: list[bytes] = []
+    left = size
+    while left:
+        piece: bytes = reader.read(min(left, _READ_PIECE))
+        if not piece:
+            raise _Malformed(f"the connection closed {left} bytes short of the answer's body")
+        pieces.append(piece)
+        left -= len(piece)
+    return b"".join(pieces)
 
 
 def _read_chunked(reader: Any) -> bytes:
