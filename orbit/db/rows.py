@@ -503,8 +503,14 @@ def update_each_by_pk(model: type[models.Model], changes: Mapping[Pk, dict[str, 
         sets.append(f"{quote(field.column)} = CASE {shape.pk}{' WHEN %s THEN %s' * len(pks)} END")
         for pk, value in zip(pks, values, strict=True):
             params += [pk, field.get_db_prep_save(value, db)]
+    size = _values_size(params)
+    if size > QUERY_VALUES_BUDGET:  # rows as large as results' outputs: half of them at a time
+        half = len(pks) // 2
+        update_each_by_pk(model, {pk: changes[pk] for pk in pks[:half]})
+        update_each_by_pk(model, {pk: changes[pk] for pk in pks[half:]})
+        return
     where = f"{shape.pk} IN ({', '.join(['%s'] * len(pks))})"
-    _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks])
+    _write(db, f"UPDATE {shape.table} SET {', '.join(sets)} WHERE {where}", [*params, *pks], size)
 
 
 # Types whose equal values (of one type) are written as the same literal.
@@ -612,8 +618,19 @@ def insert_rows(objs: Sequence[models.Model], *, sql_values: Mapping[str, Sequen
                 append(field.get_db_prep_save(field.pre_save(obj, True), db))
         obj._state.adding = False
         obj._state.db = db.alias
-    names = ", ".join(quote(column.field.column) for column in columns)
-    _write(db, f"INSERT INTO {quote(model._meta.db_table)} ({names}) VALUES {', '.join(rows)}", params)
+    into = f"INSERT INTO {quote(model._meta.db_table)} ({', '.join(quote(column.field.column) for column in columns)})"
+    size = _values_size(params)
+    if size <= QUERY_VALUES_BUDGET:
+        _write(db, f"{into} VALUES {', '.join(rows)}", params, size)
+        return
+    # Rows as large as payloads and answers: as many INSERTs as the budget needs.
+    width, first, size = len(bound), 0, 0
+    for index in range(len(objs) + 1):
+        row_size = _values_size(params[index * width : (index + 1) * width]) if index < len(objs) else 0
+        if index == len(objs) or (size and size + row_size > QUERY_VALUES_BUDGET):
+            _write(db, f"{into} VALUES {', '.join(rows[first:index])}", params[first * width : index * width], size)
+            first, size = index, 0
+        size += row_size
 
 
 def write_statement(sql: str, params: list[Any]) -> None:
@@ -624,14 +641,48 @@ def write_statement(sql: str, params: list[Any]) -> None:
 
 _waiting = threading.local()
 
+# The most text of values (str and bytes parameters, before escaping, which at
+# most doubles them) one query carries. A query must fit the server's
+# max_allowed_packet (MariaDB's default, 16 MiB), and a round joins all its
+# writes into one: with payloads and outputs up to a MiB each, a round of many
+# goes in several queries, and a statement of many such rows in several.
+QUERY_VALUES_BUDGET = 4 * 1024 * 1024
 
-def _write(db: Any, sql: str, params: list[Any]) -> None:
-    waiting: list[tuple[str, list[Any]]] | None = getattr(_waiting, "writes", None)
+
+def _values_size(params: Sequence[Any]) -> int:
+    return sum([len(param) for param in params if type(param) is str or type(param) is bytes])
+
+
+class _Waiting(list[tuple[str, list[Any]]]):
+    """Writes waiting to go with the next statement, and the size of their values."""
+
+    size = 0
+
+    def clear(self) -> None:
+        super().clear()
+        self.size = 0
+
+
+def _write(db: Any, sql: str, params: list[Any], size: int | None = None) -> None:
+    waiting: _Waiting | None = getattr(_waiting, "writes", None)
     if waiting is not None:
+        size = _values_size(params) if size is None else size
+        if waiting and waiting.size + size > QUERY_VALUES_BUDGET:
+            _send(db, waiting)
         waiting.append((sql, params))
+        waiting.size += size
         return
     with db.cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def _send(db: Any, statements: _Waiting) -> None:
+    """The statements now, in one multi-statement query."""
+    sql, params, count = _joined(statements)
+    statements.clear()
+    with db.cursor() as cursor:
+        cursor.execute(sql, params)
+        _skip_to_last_result(cursor, count)
 
 
 @contextmanager
@@ -651,18 +702,16 @@ def writes_sent_together(*, commit_with_last_writes: bool = False) -> Iterator[N
     if getattr(_waiting, "writes", None) is not None or db.vendor != "mysql":
         yield  # an outer block sends them; elsewhere each write goes at once
         return
-    waiting: list[tuple[str, list[Any]]] = []
+    waiting = _Waiting()
     _waiting.writes = waiting
     try:
         with db.execute_wrapper(_sending_waiting_writes):
             yield
             if waiting:
                 commits = commit_with_last_writes and _commit_may_ride(db)
-                sql, params, count = _joined([*waiting, *([("COMMIT", [])] if commits else [])])
-                waiting.clear()
-                with db.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    _skip_to_last_result(cursor, count)
+                if commits:
+                    waiting.append(("COMMIT", []))
+                _send(db, waiting)
                 if commits:
                     db.commit_sent = True  # the commit Django sends next is done (orbit.db.mysql)
     finally:
@@ -698,7 +747,7 @@ def atomic_sent_together() -> Iterator[None]:
 def _sending_waiting_writes(
     execute: Callable[..., Any], sql: str, params: Any, many: bool, context: dict[str, Any]
 ) -> Any:
-    waiting: list[tuple[str, list[Any]]] | None = getattr(_waiting, "writes", None)
+    waiting: _Waiting | None = getattr(_waiting, "writes", None)
     if not waiting:
         return execute(sql, params, many, context)
     alone = many or not isinstance(params, list | tuple)

@@ -165,7 +165,7 @@ def test_each_inserted_value_is_the_one_its_field_would_save(monkeypatch):
     ]
     events = [Event(namespace_id="n" * 32, seq=next(SEQ), type="rows.values", subject_id="s" * 32, data={"x": None})]
     sent: list[list[object]] = []
-    monkeypatch.setattr("orbit.db.rows._write", lambda db, sql, params: sent.append(params))
+    monkeypatch.setattr("orbit.db.rows._write", lambda db, sql, params, size=None: sent.append(params))
     for rows in (tasks, events):
         expected = [
             field.get_db_prep_save(field.pre_save(row, True), connection)

@@ -356,3 +356,37 @@ def test_the_lane_knows_a_hand_off_and_the_start_that_follows_it(tenant):
     assert phase([StartRequest(worker, assignment["attempt_id"], 1)]) == groupcommit.NEXT
     assert phase([report(worker, assignment)]) is None
     assert phase([LeaseRequest(worker, 4)]) is None
+
+
+def test_a_round_of_payloads_and_outputs_over_the_servers_packet_limit_is_decided_whole(tenant):
+    # given forty submits of payloads near the 256 KiB limit, each character one the
+    # database escapes (a task row and its idempotency answer hold it twice: about 38 MiB
+    # of statements, over MariaDB's 16 MiB max_allowed_packet), and sixteen running tasks
+    # whose results carry 400 KB outputs of the same kind
+    queue = make_queue(tenant.client, "large", max_concurrency=50, rate_per_second=1000, max_unfinished_tasks=1000)
+    actor, worker = submitter(tenant), worker_for(tenant, queue["id"])
+    for n in range(16):
+        submit_ok(tenant.client, queue["id"], f"running-{n}")
+    running = rounds.lease_tasks(worker=worker, limit=16)
+    for entry in running:
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+    payload = '"' * 120_000  # 240,002 bytes as JSON
+    outputs = [{"n": n, "text": "'\\" * 200_000} for n in range(16)]
+
+    # when they are decided in one round
+    answers = run_round(
+        [SubmitRequest(actor, submission(queue["id"], f"large-{n}", payload=payload)) for n in range(40)]
+        + [
+            ResultReport(worker, entry["attempt_id"], entry["epoch"], "SUCCEEDED", False, output, None)
+            for entry, output in zip(running, outputs, strict=True)
+        ]
+    )
+
+    # then every submit is accepted and every result recorded, each with its own value
+    assert [answer.status for answer in answers[:40]] == [201] * 40
+    assert not [answer for answer in answers[40:] if isinstance(answer, Exception)]
+    submitted = [answer.data["task"]["id"] for answer in answers[:40]]
+    assert Task.objects.filter(id__in=submitted, payload=payload).count() == 40
+    for entry, output in zip(running, outputs, strict=True):
+        assert Task.objects.get(id=entry["task"]["id"]).output == output
+    assert_invariants()
