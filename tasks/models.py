@@ -201,7 +201,7 @@ class Attempt(models.Model):
     key_rate_reserved = models.BooleanField(
         default=False, db_comment="领取时是否为资源键速率预留了一次 Start（Start 或释放时归还）"
     )
-    worker_id = models.CharField(max_length=128, db_comment="持有租约的 Worker 进程身份")
+    worker_id = BinaryCharField(max_length=128, db_comment="持有租约的 Worker 进程身份，按字节精确比较")
     session_id = IdField(db_comment="派发时的 Worker 会话ID")
     leased_at = models.DateTimeField(db_comment="领取时间（UTC）")
     lease_expires_at = models.DateTimeField(db_comment="租约到期时间；续租延长")
@@ -354,7 +354,7 @@ class WorkerIdentity(models.Model):
 
     id = models.BigAutoField(primary_key=True, db_comment="自增主键")
     namespace_id = IdField(db_comment="命名空间ID")
-    worker_id = models.CharField(max_length=128, db_comment="Worker 进程的稳定身份")
+    worker_id = BinaryCharField(max_length=128, db_comment="Worker 进程的稳定身份，按字节精确比较")
     concurrency_keys = models.BooleanField(db_comment="是否声明支持资源键；同一身份固定不变")
     credential_id = IdField(db_comment="最近一次连接使用的凭据ID")
     session_id = IdField(db_comment="最近一次会话ID")

@@ -494,6 +494,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def hand_back(self, assignments: list[dict[str, Any]], reason: str) -> None:
         """Releases leases this connection will not deliver, taking back the
         Start of those started ahead."""
+        if not assignments:
+            return  # e.g. a connection closed before its hello: nothing was leased for it
         assert self.worker is not None
         for entry in assignments:
             self.undelivered.pop(entry["attempt_id"], None)
@@ -522,8 +524,10 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return min(room, UNACKED_MAX - len(self.unacked) - (self.handoffs - self.started_handoffs))
 
     async def on_release(self, message: dict[str, Any]) -> dict[str, Any]:
-        # Read before attempt_ref counts this frame as the acknowledgement.
-        undelivered = message.get("attempt_id") in self.undelivered
+        # Read before attempt_ref counts this frame as the acknowledgement
+        # (and refuses an attempt_id that is no string: a list is no key).
+        attempt_id = message.get("attempt_id")
+        undelivered = isinstance(attempt_id, str) and attempt_id in self.undelivered
         ref = self.attempt_ref(message)
         reason = frames.release_reason(message)
         reply = await run_db(
