@@ -26,6 +26,11 @@ line is over 16 KiB without a word, answers a bare 400 to headers over 16 KiB
 in all, and autobahn drops (close code 1006) a WebSocket whose frame is over
 daphne's 1 MiB. Here the first two answer 431 with the API's error envelope,
 and the third gets an error frame naming the limit, then close code 1009.
+A body over DATA_UPLOAD_MAX_MEMORY_SIZE, which Django refuses anyway, was read
+whole first (daphne hands the application all of it at once, in memory, on the
+loop every client shares: 400 MB stalled the others for seconds); now a
+Content-Length over it answers 413 with the envelope at the end of the headers
+(before `100 Continue`), and a chunked body as soon as it passes it.
 
 Slow headers: Twisted's idle timeout starts again at every byte received, so
 a connection sending a header line a minute was kept for good. A request's
@@ -50,9 +55,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any, TypeVar
 
-from orbit.errors import HeadersTooLarge
+from orbit.errors import HeadersTooLarge, PayloadTooLarge
 from orbit.fields import new_id
 from server import reason_phrases
 
@@ -121,21 +127,103 @@ def patient_close(reset: Callable[[Any], None]) -> Callable[[Any], None]:
     return reset_patiently
 
 
-def headers_too_large_response() -> bytes:
+def _refusal(status: HTTPStatus, code: str, message: str) -> bytes:
+    """A whole answer with the API's error envelope, written before any request
+    object exists; the connection closes after it."""
     request_id = new_id()
-    message = f"request headers: larger than the limit of {MAX_HEADER_BYTES} bytes or {MAX_HEADER_LINES} lines"
     body = json.dumps(
-        {"request_id": request_id, "error": {"code": HeadersTooLarge.code, "message": message}},
-        separators=(",", ":"),
+        {"request_id": request_id, "error": {"code": code, "message": message}}, separators=(",", ":")
     ).encode()
     head = (
-        "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        f"HTTP/1.1 {status.value} {status.phrase}\r\n"
         "Content-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"X-Request-Id: {request_id}\r\n"
         "Connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
+
+
+def headers_too_large_response() -> bytes:
+    return _refusal(
+        HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+        HeadersTooLarge.code,
+        f"request headers: larger than the limit of {MAX_HEADER_BYTES} bytes or {MAX_HEADER_LINES} lines",
+    )
+
+
+def body_too_large_response(limit: int) -> bytes:
+    return _refusal(
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, PayloadTooLarge.code, f"request body: larger than {limit} bytes"
+    )
+
+
+def _body_limit() -> int | None:
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return None if limit is None else int(limit)
+
+
+def _discard(*args: Any) -> None:
+    return None
+
+
+def _refuse_body(channel: Any, limit: int) -> None:
+    """Answers 413 and closes: the rest of the body is neither read into the
+    request nor handed to the application, and the request is never run."""
+    if channel.__dict__.get("_orbit_body_refused"):
+        return
+    channel._orbit_body_refused = True
+    _disarm_head_deadline(channel)  # the head is complete: no 408 for it
+    # Instance attributes shadow the class's: whatever Twisted's parser does with the
+    # rest of this read (the body, a chunk's end) lands nowhere and runs nothing.
+    channel.dataReceived = channel.lineReceived = channel.rawDataReceived = _discard
+    channel.allContentReceived = _discard
+    if channel.transport is None:
+        return
+    channel.transport.write(body_too_large_response(limit))
+    channel.loseConnection()
+    if channel.abortTimeout is not None and channel._abortingCall is None:
+        channel._abortingCall = channel.callLater(channel.abortTimeout, channel.forceAbortClient)
+
+
+def bounded_declared_body(all_headers_received: Callable[[Any], None]) -> Callable[[Any], None]:
+    """HTTPChannel.allHeadersReceived (`all_headers_received`) refusing a
+    Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE with 413 before any of the
+    body is read (and before `100 Continue`): Django would refuse it only after
+    daphne had buffered all of it, in memory, on the loop every client shares."""
+
+    def received(channel: Any) -> None:
+        limit = _body_limit()
+        length = channel.length
+        if limit is not None and length is not None and length > limit:
+            _refuse_body(channel, limit)
+            return
+        all_headers_received(channel)
+
+    received.__wrapped__ = all_headers_received  # type: ignore[attr-defined]
+    return received
+
+
+def bounded_body_chunks(handle_content_chunk: Callable[[Any, bytes], None]) -> Callable[[Any, bytes], None]:
+    """Request.handleContentChunk (`handle_content_chunk`) refusing a body
+    (chunked: no length to check up front) once it passes the limit."""
+
+    def handled(request: Any, data: bytes) -> None:
+        limit = _body_limit()
+        if limit is not None:
+            seen = request.__dict__.get("_orbit_body_bytes", 0) + len(data)
+            request._orbit_body_bytes = seen
+            if seen > limit:
+                channel = request.channel
+                if channel is not None:
+                    _refuse_body(channel, limit)
+                return
+        handle_content_chunk(request, data)
+
+    handled.__wrapped__ = handle_content_chunk  # type: ignore[attr-defined]
+    return handled
 
 
 def _refuse_headers(channel: Any) -> None:
@@ -287,6 +375,10 @@ def tune_twisted() -> None:
         http.HTTPChannel.dataReceived = head_deadline_on_data(http.HTTPChannel.dataReceived)  # type: ignore[method-assign]
         http.HTTPChannel.allHeadersReceived = head_deadline_met(http.HTTPChannel.allHeadersReceived)  # type: ignore[method-assign]
         http.HTTPChannel.connectionLost = head_deadline_on_close(http.HTTPChannel.connectionLost)  # type: ignore[method-assign]
+    if not hasattr(http.Request.handleContentChunk, "__wrapped__"):
+        # Around the deadline's wrapper: a refused body's head disarms the deadline itself.
+        http.HTTPChannel.allHeadersReceived = bounded_declared_body(http.HTTPChannel.allHeadersReceived)  # type: ignore[method-assign]
+        http.Request.handleContentChunk = bounded_body_chunks(http.Request.handleContentChunk)  # type: ignore[method-assign]
 
     if not hasattr(WebRequest.__init__, "__wrapped__"):
         WebRequest.__init__ = without_form_decoding(WebRequest.__init__)
