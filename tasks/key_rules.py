@@ -155,10 +155,21 @@ def policies_of(namespace_id: str, generation: int) -> PolicySet:
 
 def cache_rule(row: ConcurrencyKey, rule: KeyRule, now: datetime) -> list[str]:
     """Writes the rule's capacity and rate state into the key row's cached
-    columns (what the lease's scan filters on), in memory; returns the fields
-    that changed. Callers hold the row's lock."""
-    next_start_at = rule.rate.next_lease_at(row.rate_tat, row.rate_reserved, now) if rule.rate is not None else None
+    columns (what the lease's scan filters on), and brings an arrival time a
+    slower rate left back to the rule's, in memory; returns the fields that
+    changed. Callers hold the row's lock."""
     changed = []
+    if rule.rate is not None and row.rate_tat is not None:
+        # A rate's own Starts never leave the key's arrival time more than burst
+        # intervals ahead of now, so this is a no-op under an unchanged rate. One
+        # left further ahead by a slower rate since raised is brought back to the
+        # new rate, as if the key had spent its whole burst at the change: the
+        # key is then held to the rate it has, not the one it had (SPEC §12).
+        latest = now + rule.rate.interval * rule.rate.burst
+        if row.rate_tat > latest:
+            row.rate_tat = latest
+            changed.append("rate_tat")
+    next_start_at = rule.rate.next_lease_at(row.rate_tat, row.rate_reserved, now) if rule.rate is not None else None
     if row.capacity != rule.capacity:
         row.capacity = rule.capacity
         changed.append("capacity")

@@ -292,7 +292,7 @@ def _reconcile_chunk(namespace_id: str, kind: str, value: str, after: str | None
     changes: dict[Pk, dict[str, Any]] = {}
     for row in rows:
         if cache_rule(row, policies.resolve(row.key), now):
-            changes[row.pk] = {"capacity": row.capacity, "next_start_at": row.next_start_at}
+            changes[row.pk] = {"capacity": row.capacity, "rate_tat": row.rate_tat, "next_start_at": row.next_start_at}
     if changes:
         update_each_by_pk(ConcurrencyKey, changes)
     return len(changes), last
