@@ -333,7 +333,13 @@ def parent_states(tasks: list[Task | None]) -> dict[str, str]:
     transaction ends them meanwhile (every ending holds the same lock)."""
     own = {task.id for task in tasks if task is not None}
     wanted = sorted({p for t in tasks if t is not None for p in t.depends_on or [] if p and p not in own})
-    return dict(Task.objects.filter(id__in=wanted).values_list("id", "state")) if wanted else {}
+    if not wanted:
+        return {}
+    # Only the callers' own namespace: a plan's tasks come here without the
+    # submit path's check (resolve_depends_on), and a foreign id must answer
+    # as an unknown one, never wait on (or reveal) another tenant's task.
+    namespaces = sorted({task.namespace_id for task in tasks if task is not None})
+    return dict(Task.objects.filter(id__in=wanted, namespace_id__in=namespaces).values_list("id", "state"))
 
 
 def decide(task: Task, accepted: dict[str, Task], states: dict[str, str], now: datetime) -> InvalidArgument | None:
