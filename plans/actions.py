@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.utils import timezone
 
 from orbit.audit import record_management_change
@@ -321,5 +321,11 @@ def fire_due_plans(now: datetime | None = None) -> int:
     )
     decided = 0
     for plan_id in due:
-        decided += _step_plan(plan_id, now)
+        try:
+            decided += _step_plan(plan_id, now)
+        except (OperationalError, InterfaceError):
+            raise  # the database, not the plan: the sweep's outage handling tells it
+        except Exception:
+            # One plan's fault must not keep every other due plan of the cell from firing.
+            logger.exception("plan %s: its due points could not be decided; tried again next step", plan_id)
     return decided

@@ -31,7 +31,11 @@ def points_from(schedule: dict[str, Any], anchor: datetime, start: datetime) -> 
             k += 1
     zone = ZoneInfo(schedule.get("timezone", "UTC"))
     for point in CronSim(schedule["cron"], (start - ONE_MICROSECOND).astimezone(zone)):
-        yield point.astimezone(UTC)
+        # Started inside a repeated hour (fold=1), cronsim answers the first
+        # occurrence of an ambiguous time, which lies before `start`: that
+        # point is past (and may be decided already); the day fired once there.
+        if point.astimezone(UTC) >= start:
+            yield point.astimezone(UTC)
 
 
 def first_point_after(schedule: dict[str, Any], anchor: datetime, moment: datetime) -> datetime:

@@ -38,9 +38,27 @@ _started = threading.Event()
 
 
 def run_sweep() -> int:
-    return (
-        recover_expired_leases() + sweep_deadlines() + fire_due_plans() + catch_up_policies() + run_follow_ups(settle)
+    """Every part of a sweep, each whatever another's fault: a part that
+    raises is reported after the others ran, unless the database is
+    unreachable (then the rest would only wait on it too)."""
+    parts: tuple[Callable[[], int], ...] = (
+        recover_expired_leases,
+        sweep_deadlines,
+        fire_due_plans,
+        catch_up_policies,
+        lambda: run_follow_ups(settle),
     )
+    done, fault = 0, None
+    for part in parts:
+        try:
+            done += part()
+        except Exception as exc:
+            if database_unreachable(exc):
+                raise
+            fault = fault or exc
+    if fault is not None:
+        raise fault
+    return done
 
 
 def database_unreachable(exc: BaseException) -> bool:
