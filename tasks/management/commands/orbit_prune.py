@@ -119,8 +119,15 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()
-        bound = now - parse_duration(options["finished_before"])
-        record_bound = now - parse_duration(options["idempotency_before"] or options["finished_before"])
+        bounds: dict[str, datetime] = {}
+        for option in ("finished_before", "idempotency_before"):
+            text = options[option] or options["finished_before"]
+            try:
+                bounds[option] = now - parse_duration(text)
+            except OverflowError:
+                flag = "--" + option.replace("_", "-")
+                raise CommandError(f"{flag} {text!r}: reaches before the year 1; give a shorter duration") from None
+        bound, record_bound = bounds["finished_before"], bounds["idempotency_before"]
         size = options["batch_size"]
         if not 1 <= size <= 10_000:
             raise CommandError("--batch-size: 1 to 10000")
