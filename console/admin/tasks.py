@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -30,7 +31,9 @@ def fact_url(name: str, value: Any) -> str:
     if name == "task_id":
         return change_url(Task, value)
     if name == "worker_id":
-        return reverse(f"admin:{WorkerIdentity._meta.app_label}_workeridentity_changelist") + f"?q={value}"
+        # Encoded: a worker_id may hold &, #, + or %, which would otherwise be the link's.
+        workers = reverse(f"admin:{WorkerIdentity._meta.app_label}_workeridentity_changelist")
+        return workers + "?" + urlencode({"q": value})
     return ""
 
 

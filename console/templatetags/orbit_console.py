@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -51,9 +52,15 @@ def ms(value: datetime | None) -> str:
     return format_ms(value)
 
 
+# Unicode's explicit direction controls (embeddings, overrides, isolates,
+# marks): "\u202e0001 DSU" would read "USD 1000". JSON writes them escaped.
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 @register.filter
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return BIDI_CONTROLS.sub(lambda found: f"\\u{ord(found[0]):04x}", text)
 
 
 @register.filter
