@@ -262,16 +262,17 @@ async def _in_daemon_thread(handler: Handler, execution: Execution) -> Any:
     returns later is dropped (the attempt is left to its lease).
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
+    # The outcome travels as a value, never as the future's exception: one set there is thrown
+    # into the attempt's task, and a thrown GeneratorExit closes every coroutine of the attempt
+    # instead of reaching the code that reports it (KeyboardInterrupt and SystemExit, re-raised
+    # by the task, would end the worker's loop).
+    future: asyncio.Future[tuple[Any, BaseException | None]] = loop.create_future()
     context = contextvars.copy_context()  # as to_thread does: the handler sees the caller's context
 
     def settle(value: Any, error: BaseException | None) -> None:
         if future.done():  # cancelled: the worker stopped without waiting for this handler
             return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+        future.set_result((value, error))
 
     def call() -> None:
         value: Any = None
@@ -287,7 +288,10 @@ async def _in_daemon_thread(handler: Handler, execution: Execution) -> Any:
             loop.call_soon_threadsafe(settle, value, error)
 
     threading.Thread(target=call, name=f"orbit-handler-{execution.attempt_id}", daemon=True).start()
-    return await future
+    value, error = await future
+    if error is not None:
+        raise error  # here, in this frame: it propagates to the caller as any exception does
+    return value
 
 
 class Attempts:
@@ -679,6 +683,18 @@ class Attempts:
             logger.info("orbit worker %s: handler for %s stopped: %s", self._worker_id, attempt.id, exc)
             return failure("FAILED", False, exc)
         except Exception as exc:
+            logger.warning("orbit worker %s: handler for %s raised", self._worker_id, attempt.id, exc_info=True)
+            return failure("FAILED", False, exc)
+        except BaseException as exc:
+            # The worker's own cancellation (a hard stop) abandons the attempt: no result.
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                raise asyncio.CancelledError from exc
+            # Anything else the handler raised (SystemExit, KeyboardInterrupt, GeneratorExit, its
+            # own CancelledError) is its outcome, as the README's table says: FAILED, reported
+            # now, and the worker goes on serving (it must not end every other attempt it holds).
             logger.warning("orbit worker %s: handler for %s raised", self._worker_id, attempt.id, exc_info=True)
             return failure("FAILED", False, exc)
         return success(value)

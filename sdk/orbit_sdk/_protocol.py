@@ -206,9 +206,19 @@ def failure(outcome: str, retryable: bool, exc: BaseException) -> dict[str, Any]
     return {
         "outcome": outcome,
         "retryable": retryable,
-        # A message is kept short enough for its frame (the server takes frames up to 1 MiB).
-        "error": {"type": type(exc).__name__, "message": str(exc)[:MAX_ERROR_MESSAGE]},
+        "error": {"type": type(exc).__name__, "message": _message_of(exc)},
     }
+
+
+def _message_of(exc: BaseException) -> str:
+    """``str(exc)``, as the result can carry it: kept short enough for its frame (the server
+    takes frames up to 1 MiB), valid UTF-8 (the server refuses a frame with a lone surrogate),
+    and a placeholder when ``str`` itself fails."""
+    try:
+        message = str(exc)[:MAX_ERROR_MESSAGE]
+    except Exception as problem:
+        return f"<str() of {type(exc).__name__} raised {type(problem).__name__}>"
+    return message.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def success(value: Any) -> dict[str, Any]:
@@ -225,7 +235,8 @@ def success(value: Any) -> dict[str, Any]:
             raise ValueError(f"{len(encoded)} bytes encoded, over the {MAX_OUTPUT_BYTES} byte limit")
         if _deeper_than(value, MAX_OUTPUT_DEPTH):
             raise ValueError(f"nested more than {MAX_OUTPUT_DEPTH} levels deep")
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
+        # RecursionError: nested past the encoder's recursion limit (before the depth check).
         # The handler finished (its effect happened) but the output cannot be reported: that
         # is an unknown outcome for the platform, not a failure that could be retried.
         return {

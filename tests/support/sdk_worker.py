@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 import orbit_sdk
 from tests.support.fake_server import FakeServer
 
+T = TypeVar("T")
+
 TOKEN = "orb_0123456789abcdef0123456789abcdef_secretsecretsecretsecret"
 
 
-def run(scenario: Callable[[], Coroutine[Any, Any, None]], timeout: float = 3.0) -> None:
-    asyncio.run(asyncio.wait_for(scenario(), timeout))
+def run(scenario: Callable[[], Coroutine[Any, Any, T]], timeout: float = 3.0) -> T:
+    return asyncio.run(asyncio.wait_for(scenario(), timeout))
 
 
 def make_worker(server: FakeServer, handlers: dict[Any, Any], **kwargs: Any) -> orbit_sdk.Worker:
