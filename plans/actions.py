@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from orbit.audit import record_management_change
 from orbit.db.rows import keyset_page, select_rows
-from orbit.errors import NotFound, OrbitError, QueueFull, StateConflict, require_revision
+from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict, require_revision
 from orbit.fields import is_resource_id
 from orbit.principal import Actor, Principal
 from orbit.timefmt import format_time
@@ -30,6 +30,7 @@ from plans.schedule import decide, first_point_after, points_from
 from plans.serializers import PlanTaskInput
 from queues.locks import lock_queue_states
 from queues.models import Queue
+from tasks.actions.dependencies import resolve_depends_on
 from tasks.actions.submit import admit_tasks
 
 logger = logging.getLogger("orbit.plans")
@@ -95,9 +96,21 @@ def _write_version(plan: Plan, body: PlanBody, now: datetime) -> PlanVersion:
     )
 
 
+def _check_dependencies(actor: Actor, body: PlanBody) -> None:
+    """The definition's depends_on, checked as a submit's: each id a task of
+    the plan's namespace (a foreign one answers as an unknown one), no
+    batch ref. A task pruned later makes its points SKIPPED, naming it."""
+    task = body.definition["task"]
+    if task.get("depends_on"):
+        _, refused = resolve_depends_on(actor.namespace_id, [None], False, {}, [(0, task)])
+        if refused:
+            raise InvalidArgument(f"definition.task.{refused[0].message}")
+
+
 def plan_create(*, actor: Actor, name: str, queue_id: str, body: PlanBody) -> dict[str, Any]:
     """Caller holds the transaction."""
     _locked_queue_state_accepting(actor, queue_id)
+    _check_dependencies(actor, body)
     now = timezone.now()
     plan = Plan(
         namespace_id=actor.namespace_id,
@@ -148,6 +161,7 @@ def plan_update(*, actor: Actor, plan_id: str, expected_revision: int, reason: s
     """A new immutable version; the schedule starts over from now (points of
     the old version not yet decided are dropped, never fired twice)."""
     plan = _locked_plan(actor, plan_id, expected_revision)
+    _check_dependencies(actor, body)
     before = plan_snapshot(plan, _current_version(plan))
     now = timezone.now()
     plan.version += 1

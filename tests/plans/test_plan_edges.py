@@ -13,7 +13,7 @@ import pytest
 
 import plans.actions
 from plans.actions import fire_due_plans
-from plans.models import Plan, PlanTrigger
+from plans.models import Plan, PlanTrigger, PlanVersion
 from plans.schedule import first_point_after, points_from
 from tasks.models import TaskDependency
 from tests.conftest import new_tenant
@@ -98,24 +98,41 @@ def test_creating_in_the_repeated_hour_answers_a_point_after_now(planner, monkey
 
 
 @pytest.mark.django_db
-def test_a_definition_cannot_depend_on_another_namespaces_task(planner):
-    """A plan's tasks go through admission without the submit path's
-    namespace check of depends_on: a plan could make tasks that wait on
-    another tenant's task, learn when and how it ended (the dependent is
-    CANCELLED naming its CANCELLED or FAILED state), and show up in that
-    tenant's dependents list. The create (or, at the latest, each trigger)
-    must treat the foreign id as an unknown one."""
+@pytest.mark.parametrize("whose", ["another namespace's", "no one's", "a batch ref"])
+def test_a_definition_depends_only_on_tasks_of_its_namespace(planner, whose):
+    """As a submit: a foreign id answers exactly as an unknown one, and a batch
+    ref names nothing outside a batch (SPEC §13)."""
     other = new_tenant(scopes=ALL_SCOPES)
-    other_queue = make_queue(other.client, "theirs")
-    foreign = submit_ok(other.client, other_queue["id"], "theirs-1")["id"]
+    entry = {
+        "another namespace's": lambda: submit_ok(other.client, make_queue(other.client, "theirs")["id"], "t")["id"],
+        "no one's": lambda: "0" * 32,
+        "a batch ref": lambda: "ref:first",
+    }[whose]()
     queue = make_queue(planner.client, "q")
-    definition = {"task": {**TASK, "depends_on": [foreign]}}
-    body = plan_body(queue["id"], definition=definition, misfire={"policy": "CATCH_UP", "catch_up_window_seconds": 600})
-    created = create_plan(planner.client, body, key="xdep")
-    if created.status_code == 400:
-        assert assert_error(created, 400, "INVALID_ARGUMENT") == "definition.task.depends_on[0]: task not found"
-        return
-    plan = assert_ok(created, 201)["plan"]
+    body = plan_body(queue["id"], definition={"task": {**TASK, "depends_on": [entry]}})
+    message = assert_error(create_plan(planner.client, body, key="xdep"), 400, "INVALID_ARGUMENT")
+    expected = "definition.task.depends_on[0]: " + (
+        "ref:NAME names an earlier item of the same POST /v1/tasks:batch"
+        if whose == "a batch ref"
+        else "task not found"
+    )
+    assert message == expected
+    assert not Plan.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_definition_that_names_another_namespaces_task_makes_no_dependent_of_it(planner):
+    """Should a definition name a foreign task all the same (a row written
+    past the create's check), its points are SKIPPED as for a task not found:
+    a plan's tasks must never wait on (nor learn how ended) another tenant's."""
+    other = new_tenant(scopes=ALL_SCOPES)
+    foreign = submit_ok(other.client, make_queue(other.client, "theirs")["id"], "theirs-1")["id"]
+    queue = make_queue(planner.client, "q")
+    body = plan_body(queue["id"], misfire={"policy": "CATCH_UP", "catch_up_window_seconds": 600})
+    plan = assert_ok(create_plan(planner.client, body, key="xdep"), 201)["plan"]
+    version = PlanVersion.objects.get(plan_id=plan["id"])
+    version.definition = {"task": {**TASK, "depends_on": [foreign]}}
+    version.save(update_fields=["definition"])
     fire_due_plans(at(plan["next_fire_at"].rstrip("Z")) + timedelta(seconds=1))
     assert not TaskDependency.objects.filter(depends_on_id=foreign).exists()
     (trigger,) = PlanTrigger.objects.filter(plan_id=plan["id"])
