@@ -99,10 +99,13 @@ def _write_version(plan: Plan, body: PlanBody, now: datetime) -> PlanVersion:
 def _check_dependencies(actor: Actor, body: PlanBody) -> None:
     """The definition's depends_on, checked as a submit's: each id a task of
     the plan's namespace (a foreign one answers as an unknown one), no
-    batch ref. A task pruned later makes its points SKIPPED, naming it."""
+    batch ref, in the credential's queue range. A task pruned later makes its
+    points SKIPPED, naming it."""
     task = body.definition["task"]
     if task.get("depends_on"):
-        _, refused = resolve_depends_on(actor.namespace_id, [None], False, {}, [(0, task)])
+        _, refused = resolve_depends_on(
+            actor.namespace_id, [None], False, {}, [(0, task)], queue_ids=actor.principal.queue_ids
+        )
         if refused:
             raise InvalidArgument(f"definition.task.{refused[0].message}")
 
@@ -204,7 +207,7 @@ def plan_retire(*, actor: Actor, plan_id: str, expected_revision: int, reason: s
     return _change(actor, plan, version, "plan.retired", reason, before)
 
 
-def _visible_plan(principal: Principal, plan_id: str) -> Plan:
+def visible_plan(principal: Principal, plan_id: str) -> Plan:
     plan = (
         Plan.objects.filter(id=plan_id, namespace_id=principal.namespace_id).first()
         if is_resource_id(plan_id)
@@ -216,7 +219,7 @@ def _visible_plan(principal: Principal, plan_id: str) -> Plan:
 
 
 def plan_get(*, principal: Principal, plan_id: str) -> dict[str, Any]:
-    plan = _visible_plan(principal, plan_id)
+    plan = visible_plan(principal, plan_id)
     return plan_snapshot(plan, _current_version(plan))
 
 
@@ -250,7 +253,7 @@ def trigger_list(
     *, principal: Principal, plan_id: str, after_id: int | None, limit: int
 ) -> tuple[list[dict[str, Any]], int | None]:
     """The plan's triggers in the order they were decided."""
-    plan = _visible_plan(principal, plan_id)
+    plan = visible_plan(principal, plan_id)
     rows, next_id = keyset_page(PlanTrigger.objects.filter(plan_id=plan.id), after_id, limit)
     return [trigger_snapshot(t) for t in rows], next_id
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,6 +14,8 @@ from orbit.principal import Actor
 from plans import actions
 from plans.serializers import PlanChangeInput, PlanCreateInput, PlanUpdateInput
 
+T = TypeVar("T")
+
 
 def body_of(fields: dict[str, Any], body: dict[str, Any]) -> actions.PlanBody:
     """Schedule and misfire as validated; the definition as sent (it is
@@ -24,6 +26,24 @@ def body_of(fields: dict[str, Any], body: dict[str, Any]) -> actions.PlanBody:
 
 
 class PlanCollectionView(OrbitView):
+    def mutate(
+        self,
+        request: Request,
+        *,
+        operation: str,
+        target: str,
+        validate: Callable[[dict[str, Any]], T],
+        effect: Callable[[Actor, T], tuple[int, dict[str, Any]]],
+    ) -> Response:
+        """A create names its queue in the body: the queue's range is checked
+        before the Idempotency-Key's record is looked up, as a submit's, so a
+        credential never gets the receipt of a plan outside its range replayed
+        (SPEC §2: permissions are checked again on replays)."""
+        queue_id = self.body(request).get("queue_id")
+        if isinstance(queue_id, str):
+            self.principal(request).require_queue(queue_id)
+        return super().mutate(request, operation=operation, target=target, validate=validate, effect=effect)
+
     @documented(data="PlanPage", operation_id="plans_list", paged=True)
     def get(self, request: Request) -> Response:
         """List plans.
@@ -94,6 +114,7 @@ class PlanUpdateView(OrbitView):
         operation="plan.update",
         data="PlanReceipt",
         as_sent=True,
+        check=actions.visible_plan,
         operation_id="plans_update",
     )
     def post(
@@ -134,6 +155,7 @@ def change_view(verb: Callable[..., dict[str, Any]], operation: str, doc: str) -
             scope="plans:manage",
             operation=operation,
             data="PlanReceipt",
+            check=actions.visible_plan,
             operation_id=f"plans_{verb_name}",
         )(change)
 

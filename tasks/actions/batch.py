@@ -105,7 +105,12 @@ def read_submissions(
             results[index] = error
     replayed = {index: result.data["task"]["id"] for index, result in enumerate(results) if isinstance(result, Receipt)}
     pending, refused = resolve_depends_on(
-        actor.namespace_id, [item.ref for item in items], any(item.in_batch for item in items), replayed, pending
+        actor.namespace_id,
+        [item.ref for item in items],
+        any(item.in_batch for item in items),
+        replayed,
+        pending,
+        queue_ids=actor.principal.queue_ids,
     )
     for index, refusal in refused.items():
         results[index] = refusal

@@ -226,12 +226,17 @@ def resolve_depends_on(
     in_batch: bool,
     replayed: dict[int, str],
     pending: list[tuple[int, dict[str, Any]]],
+    *,
+    queue_ids: frozenset[str] | None,
 ) -> tuple[list[tuple[int, dict[str, Any]]], dict[int, InvalidArgument]]:
     """The unlocked check of the pending items' depends_on (items by index:
     `refs` their batch refs, `replayed` the task ids of those answered from
     their record). Each `ref:NAME` becomes the task id of an earlier item that
     was replayed, or an EarlierItem for one being created now; each id must
-    name a task of the namespace (a foreign id answers as an unknown one).
+    name a task of the namespace in the caller's queue range `queue_ids`
+    (None: every queue). A foreign id, or one outside the range, answers as an
+    unknown one: its GET is 404, so naming it must neither reveal it nor let
+    its dependent (and that one's assignment) read its state and output.
     Returns the pending items with their depends_on resolved (new field
     dicts: a round decided again resolves again), and the refusals by index."""
     wanted = {
@@ -239,7 +244,10 @@ def resolve_depends_on(
     }
     if not wanted and not any(fields.get("depends_on") for _, fields in pending):
         return pending, {}
-    known = set(Task.objects.filter(namespace_id=namespace_id, id__in=sorted(wanted)).values_list("id", flat=True))
+    tasks = Task.objects.filter(namespace_id=namespace_id, id__in=sorted(wanted))
+    if queue_ids is not None:
+        tasks = tasks.filter(queue_id__in=sorted(queue_ids))
+    known = set(tasks.values_list("id", flat=True))
     accepted: list[tuple[int, dict[str, Any]]] = []
     refused: dict[int, InvalidArgument] = {}
     named: dict[str, int] = {}  # ref → the index of the earlier item that has it
