@@ -6,6 +6,8 @@ version is the key's token sequence (SPEC §11)."""
 
 from __future__ import annotations
 
+from urllib.parse import unquote_to_bytes
+
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -14,6 +16,7 @@ from orbit.api import openapi_objects as shapes
 from orbit.api.responses import ok, page
 from orbit.api.schema import documented
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
+from orbit.errors import InvalidArgument
 from tasks.actions import keys
 
 # A key, as tasks.serializers.ConcurrencyKeyField accepts it: no control characters.
@@ -127,4 +130,12 @@ class ConcurrencyKeyDetailView(OrbitView):
         The key's capacity, rate and policy as resolved now, who holds its permits by slot (the
         task and attempt, the token), its highest token issued and how many WAITING tasks wait for
         it; 404 for a key neither leased nor waited for."""
+        # The ASGI server decodes the path with U+FFFD for bytes that are not
+        # UTF-8, so "%FF" would read the key "\ufffd": check the raw bytes.
+        raw_path = getattr(request._request, "scope", {}).get("raw_path")
+        if raw_path:
+            try:
+                unquote_to_bytes(raw_path.partition(b"/v1/concurrency-keys/")[2]).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidArgument("key: must be percent-encoded UTF-8") from exc
         return ok(request, keys.key_get(principal=self.principal(request), key=key))

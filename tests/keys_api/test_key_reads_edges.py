@@ -1,0 +1,41 @@
+"""Edges of GET /v1/concurrency-keys/{key} on a live server (daphne): a path
+whose percent-encoding is not UTF-8 names no key. Daphne decodes the path
+with replacement characters, so without a check `%FF` would read the key
+"\ufffd" (SPEC §1: keys match byte for byte; §3: invalid UTF-8 → 400)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def http(tenant, orbit_server):
+    client = httpx.Client(base_url=orbit_server.url, headers={"Authorization": f"Bearer {tenant.token}"}, timeout=30)
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("encoded", ["%FF", "%ED%A0%80", "a%C3", "%EF%BF"])
+def test_a_key_path_that_is_not_utf8_is_invalid_not_the_replacement_key(http, encoded):
+    queue = http.post(
+        "/v1/queues", json={"name": "q", "max_concurrency": 2, "rate_per_second": 10}, headers={"Idempotency-Key": "q"}
+    ).json()["data"]["queue"]
+    for index, key in enumerate(["\ufffd", "\ufffd\ufffd\ufffd", "a\ufffd", "\ufffd\ufffd"]):
+        task = {
+            "queue_id": queue["id"],
+            "handler": "h",
+            "handler_version": "v1",
+            "payload_version": "v1",
+            "payload": {},
+            "concurrency_key": key,
+        }
+        assert http.post("/v1/tasks", json=task, headers={"Idempotency-Key": f"t{index}"}).status_code == 201
+    assert http.get("/v1/concurrency-keys/%EF%BF%BD").json()["data"]["key"] == "\ufffd"  # the real key still reads
+
+    response = http.get(f"/v1/concurrency-keys/{encoded}")
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and error["message"].startswith("key:"), error
