@@ -111,6 +111,8 @@ def say_on_stderr(line: str) -> None:
 def listen(host: str, port: int, backlog: int = BACKLOG, say: Callable[[str], None] = say_on_stderr) -> socket.socket:
     """The one listening socket, non-blocking (Twisted adopts it as it is). A port
     taken by server children of a supervisor that is gone is reclaimed (`reclaim_port`)."""
+    if not 0 <= port <= 65535:  # getaddrinfo would wrap it modulo 65536
+        raise ListenError(f"Listen failure: Couldn't listen on {host}:{port}: port must be 0-65535.")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
