@@ -58,6 +58,8 @@ from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any, TypeVar
 
+from django.conf import settings
+
 from orbit.errors import HeadersTooLarge, PayloadTooLarge
 from orbit.fields import new_id
 from server import reason_phrases
@@ -159,14 +161,29 @@ def body_too_large_response(limit: int) -> bytes:
 
 
 def _body_limit() -> int | None:
-    from django.conf import settings
-
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     return None if limit is None else int(limit)
 
 
 def _discard(*args: Any) -> None:
     return None
+
+
+def _answer_and_close(channel: Any, answer: bytes) -> None:
+    """Writes `answer` (a whole HTTP answer) and closes: nothing more of the
+    request is parsed or run."""
+    # Instance attributes shadow the class's: whatever Twisted's parser does with the
+    # rest of this read (a header, the body, a chunk's end) lands nowhere and runs nothing.
+    channel.dataReceived = channel.lineReceived = channel.rawDataReceived = _discard
+    channel.allContentReceived = _discard
+    if channel.transport is None:
+        return
+    channel.transport.write(answer)
+    channel.loseConnection()
+    if channel.abortTimeout is not None and channel._abortingCall is None:
+        # A peer that does not read keeps even a closing connection: abort it then,
+        # as Twisted's own idle timeout does (connectionLost cancels the call).
+        channel._abortingCall = channel.callLater(channel.abortTimeout, channel.forceAbortClient)
 
 
 def _refuse_body(channel: Any, limit: int) -> None:
@@ -176,16 +193,7 @@ def _refuse_body(channel: Any, limit: int) -> None:
         return
     channel._orbit_body_refused = True
     _disarm_head_deadline(channel)  # the head is complete: no 408 for it
-    # Instance attributes shadow the class's: whatever Twisted's parser does with the
-    # rest of this read (the body, a chunk's end) lands nowhere and runs nothing.
-    channel.dataReceived = channel.lineReceived = channel.rawDataReceived = _discard
-    channel.allContentReceived = _discard
-    if channel.transport is None:
-        return
-    channel.transport.write(body_too_large_response(limit))
-    channel.loseConnection()
-    if channel.abortTimeout is not None and channel._abortingCall is None:
-        channel._abortingCall = channel.callLater(channel.abortTimeout, channel.forceAbortClient)
+    _answer_and_close(channel, body_too_large_response(limit))
 
 
 def bounded_declared_body(all_headers_received: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -228,9 +236,8 @@ def bounded_body_chunks(handle_content_chunk: Callable[[Any, bytes], None]) -> C
 
 def _refuse_headers(channel: Any) -> None:
     """Answers 431 and closes: the rest of the request is not read."""
-    channel.transport.write(headers_too_large_response())
-    channel.dataReceived = channel.lineReceived = lambda *args: None
-    channel.loseConnection()
+    _disarm_head_deadline(channel)  # answered: no 408 after it
+    _answer_and_close(channel, headers_too_large_response())
 
 
 def bounded_headers(line_received: Callable[[Any, bytes], None]) -> Callable[[Any, bytes], None]:
@@ -284,13 +291,7 @@ def _head_deadline_passed(channel: Any) -> None:
     if channel.__dict__.get(_HEAD_STARTED) is None or channel.transport is None:
         return
     setattr(channel, _HEAD_STARTED, None)
-    channel.transport.write(HEADER_TIMEOUT_RESPONSE)
-    channel.dataReceived = channel.lineReceived = lambda *args: None
-    channel.loseConnection()
-    if channel.abortTimeout is not None and channel._abortingCall is None:
-        # A peer that does not read keeps even a closing connection: abort it then,
-        # as Twisted's own idle timeout does (connectionLost cancels the call).
-        channel._abortingCall = channel.callLater(channel.abortTimeout, channel.forceAbortClient)
+    _answer_and_close(channel, HEADER_TIMEOUT_RESPONSE)
 
 
 def head_deadline_on_connect(connection_made: Callable[[Any], None]) -> Callable[[Any], None]:
