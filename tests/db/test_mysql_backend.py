@@ -22,6 +22,7 @@ from MySQLdb.times import DateTime_or_None
 from orbit.db.mysql.base import datetime_or_none
 from orbit.db.rows import atomic_sent_together, insert_rows, new_row
 from orbit.models import Event
+from tests.support.other_connection import other_cursor
 
 SEQ = itertools.count(1)  # orbit_event cursors are unique per namespace
 
@@ -44,20 +45,9 @@ def sent() -> Iterator[list[str]]:
 
 
 def other_connection_sees(subject_id: str) -> bool:
-    settings = connection.settings_dict
-    other = MySQLdb.connect(
-        host=settings["HOST"] or "127.0.0.1",
-        port=int(settings["PORT"] or 3306),
-        user=settings["USER"],
-        passwd=settings["PASSWORD"],
-        db=settings["NAME"],
-    )
-    try:
-        cursor = other.cursor()
+    with other_cursor() as cursor:
         cursor.execute("SELECT COUNT(*) FROM orbit_event WHERE subject_id = %s", [subject_id])
         return cursor.fetchone()[0] == 1
-    finally:
-        other.close()
 
 
 def event(subject_id: str) -> None:

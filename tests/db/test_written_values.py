@@ -11,7 +11,6 @@ import json
 import unicodedata
 import zoneinfo
 
-import MySQLdb
 import pytest
 from django.db import DataError, IntegrityError, connection
 from django.test import override_settings
@@ -24,6 +23,7 @@ from tasks.actions.rounds import run_round
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.conftest import post_json
 from tests.support.api import assert_ok, make_queue
+from tests.support.other_connection import other_cursor
 from tests.support.tasks import get_task, submit_ok, task_body, worker_for
 
 pytestmark = [pytest.mark.mysql_only]
@@ -90,20 +90,9 @@ def stored_keys(namespace_id: str) -> dict[str, str]:
 
 def committed_keys(namespace_id: str) -> list[str]:
     """What another connection sees: only committed rows."""
-    settings = connection.settings_dict
-    other = MySQLdb.connect(
-        host=settings["HOST"] or "127.0.0.1",
-        port=int(settings["PORT"] or 3306),
-        user=settings["USER"],
-        passwd=settings["PASSWORD"],
-        db=settings["NAME"],
-    )
-    try:
-        cursor = other.cursor()
+    with other_cursor() as cursor:
         cursor.execute("SELECT `key` FROM orbit_idempotency_record WHERE namespace_id = %s", [namespace_id])
         return sorted(key for (key,) in cursor.fetchall())
-    finally:
-        other.close()
 
 
 # --- literals, byte for byte ---------------------------------------
