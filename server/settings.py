@@ -206,10 +206,12 @@ SPECTACULAR_SETTINGS = {
 ORBIT_LOG_LEVEL = os.environ.get("ORBIT_LOG_LEVEL", "").strip() or "WARNING"
 if ORBIT_LOG_LEVEL not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
     raise ValueError(f"ORBIT_LOG_LEVEL must be CRITICAL, ERROR, WARNING, INFO or DEBUG, not {ORBIT_LOG_LEVEL!r}")
-# Read by orbit/db/pool.py; checked here so that a malformed value is one line, not a traceback.
+# The database pool's threads per process (orbit/db/pool.py), parsed here so that a
+# malformed value is one line, not a traceback.
 _db_threads = os.environ.get("ORBIT_DB_THREADS", "8").strip()
 if not _db_threads.isdigit() or int(_db_threads) < 1:
     raise ValueError(f"ORBIT_DB_THREADS must be a whole number of at least 1, not {_db_threads!r}")
+ORBIT_DB_THREADS = int(_db_threads)
 
 LOGGING = {
     "version": 1,

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from orbit import cells
@@ -23,7 +23,7 @@ from orbit.errors import Unavailable
 
 T = TypeVar("T")
 
-DB_THREADS = int(os.environ.get("ORBIT_DB_THREADS", "8"))
+DB_THREADS: int = settings.ORBIT_DB_THREADS
 # Every request of a server process (an HTTP request, a worker frame, a lease)
 # is answered within this bound: past it, UNAVAILABLE, whatever the database
 # does. A frozen (not dead) server never answers; a serving connection gives
