@@ -237,6 +237,7 @@ def serve(args: list[str]) -> int:
         print(supervisor.announce_line(addresses, options.processes, described), flush=True)
 
     if options.processes == 1:
+        server.stop_on_hangup()
         return server.run(["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce)
     problem = supervisor.endpoint_problem(daphne_args)
     if problem is not None:

@@ -101,9 +101,11 @@ def die_with_parent(parent: int) -> None:
 
 def run_child(argv: list[str], ready_fd: int, parent: int) -> int:
     """One of the supervisor's processes: daphne on its socket, "ready" on `ready_fd`
-    once it listens. SIGINT is ignored (Twisted then leaves it alone): a terminal's
-    Ctrl-C reaches the supervisor, which stops every child with SIGTERM."""
+    once it listens. SIGINT and SIGHUP are ignored (Twisted then leaves SIGINT
+    alone): a terminal's Ctrl-C or hang-up reaches the supervisor too, which
+    stops every child with SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     die_with_parent(parent)
 
     def ready(_addresses: list[tuple[str, int]]) -> None:
@@ -113,10 +115,17 @@ def run_child(argv: list[str], ready_fd: int, parent: int) -> int:
     return run(argv, on_listening=ready)
 
 
+def stop_on_hangup() -> None:
+    """SIGHUP stops a lone server process as SIGTERM does (Twisted's graceful
+    stop), where its default would end the process mid-round."""
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: os.kill(os.getpid(), signal.SIGTERM))
+
+
 def main() -> None:
     if READY_FD_ENV in os.environ:
         ready_fd, parent = int(os.environ.pop(READY_FD_ENV)), int(os.environ.pop(PARENT_ENV, "0"))
         sys.exit(run_child(sys.argv[1:], ready_fd, parent))
+    stop_on_hangup()
     CommandLineInterface.entrypoint()
 
 

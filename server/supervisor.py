@@ -18,10 +18,11 @@ too, so a counter never goes back when one is restarted (orbit.metrics).
 The supervisor:
 - announces once, when every child listens (each writes a line to its own
   pipe, `READY_FD_ENV`);
-- forwards SIGTERM and SIGINT to the children as SIGTERM (daphne's graceful
-  stop) and waits for them, at most `STOP_SECONDS`, then SIGKILLs what is left
-  and exits 0; the children ignore SIGINT (a terminal's Ctrl-C reaches the
-  whole process group; the supervisor's SIGTERM is the one stop they get);
+- forwards SIGTERM, SIGINT and SIGHUP to the children as SIGTERM (daphne's
+  graceful stop) and waits for them, at most `STOP_SECONDS`, then SIGKILLs what
+  is left and exits 0; the children ignore SIGINT and SIGHUP (a terminal's
+  Ctrl-C or hang-up reaches the whole process group; the supervisor's SIGTERM
+  is the one stop they get);
 - restarts a child that dies while serving, after a backoff (`FIRST_BACKOFF`,
   doubled after each quick death up to `MAX_BACKOFF`), with one line on stderr;
 - exits 1 when a child dies before the first announcement (it cannot serve).
@@ -68,6 +69,10 @@ READY_FD_ENV = "ORBIT_SERVE_READY_FD"  # a child writes "ready\n" there once it 
 PARENT_ENV = "ORBIT_SERVE_SUPERVISOR"  # the supervisor's pid, for PR_SET_PDEATHSIG
 BACKLOG = 1024
 STOP_SECONDS = 30.0
+# Each stops the server gracefully: SIGHUP too, as a terminal's hang-up or a
+# service manager's reload must not cut rounds short (the settings are read at
+# start, so there is nothing to reload).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 10.0
 STEADY_SECONDS = 30.0  # a child that served this long is restarted after FIRST_BACKOFF again
@@ -329,15 +334,15 @@ class Supervisor:
         for end in (wake_read, wake_write):
             os.set_blocking(end, False)
         self.selector.register(wake_read, selectors.EVENT_READ, None)
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD)}
+        previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, signal.SIGCHLD)}
         old_wakeup = signal.set_wakeup_fd(wake_write)
 
         def stop(signum: int, _frame: object) -> None:
             if self.stop_signal is None:
                 self.stop_signal = signum
 
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
+        for stop_signal in STOP_SIGNALS:
+            signal.signal(stop_signal, stop)
         signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select
         if len(self.children) > 1:
             self.wakeup_dir = tempfile.mkdtemp(prefix="orbit-wakeups-")

@@ -5,6 +5,7 @@ serve as one line on stderr with exit status 1, never a traceback."""
 from __future__ import annotations
 
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -51,6 +52,17 @@ def serve(env: dict[str, str], *args: str, timeout: float = 30) -> subprocess.Co
     )
 
 
+def started(arguments: list[str], env: dict[str, str], stdout: Path, stderr: Path) -> subprocess.Popen[bytes]:
+    """`manage.py` with `arguments`, once it has printed its first line."""
+    with stdout.open("w") as out, stderr.open("w") as err:
+        process = subprocess.Popen([sys.executable, "manage.py", *arguments], cwd=ROOT, env=env, stdout=out, stderr=err)
+    deadline = time.monotonic() + 30
+    while not stdout.read_text() and time.monotonic() < deadline:
+        assert process.poll() is None, stderr.read_text()
+        time.sleep(0.05)
+    return process
+
+
 def assert_one_line_failure(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert result.stdout == ""
@@ -64,19 +76,9 @@ def assert_one_line_failure(result: subprocess.CompletedProcess[str], *fragments
 def test_serve_prints_one_start_up_line_and_warns_about_the_development_key(env, tmp_path: Path):
     port = free_port()
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
-    with stdout.open("w") as out, stderr.open("w") as err:
-        process = subprocess.Popen(
-            [sys.executable, "manage.py", "serve"],  # the address: ORBIT_HTTP_ADDR's
-            cwd=ROOT,
-            env={**env, "ORBIT_HTTP_ADDR": f"127.0.0.1:{port}"},  # and no ORBIT_SECRET_KEY
-            stdout=out,
-            stderr=err,
-        )
+    # The address: ORBIT_HTTP_ADDR's, and no ORBIT_SECRET_KEY.
+    process = started(["serve"], {**env, "ORBIT_HTTP_ADDR": f"127.0.0.1:{port}"}, stdout, stderr)
     try:
-        deadline = time.monotonic() + 30
-        while not stdout.read_text() and time.monotonic() < deadline:
-            assert process.poll() is None, stderr.read_text()
-            time.sleep(0.05)
         first = stdout.read_text()
         match = START_LINE.fullmatch(first.rstrip("\n"))
         assert match and first.count("\n") == 1, first
@@ -140,3 +142,24 @@ def test_a_port_in_use_is_one_line_and_exit_1(env):
 def test_the_address_defaults_to_orbit_http_addr(env):
     # A bad value is reported before anything is started.
     assert_one_line_failure(serve({**env, **SECRET, "ORBIT_HTTP_ADDR": "nowhere"}), "ORBIT_HTTP_ADDR")
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_lone_server_stops_gracefully_on_sigterm_and_on_a_hang_up(env, tmp_path: Path, stop: signal.Signals):
+    """A terminal's hang-up (or a service manager's reload) stops the server as
+    SIGTERM does, with exit 0 and its log flushed, rather than killing it."""
+    port = free_port()
+    stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
+    arguments = ["serve", "--processes", "1", "-b", "127.0.0.1", "-p", str(port)]
+    process = started(arguments, {**env, **SECRET}, stdout, stderr)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        process.send_signal(stop)
+        assert process.wait(timeout=30) == 0, stderr.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = stdout.read_text().splitlines()
+    assert START_LINE.fullmatch(lines[0]) and len(lines) == 2 and '"GET /healthz' in lines[1], lines
+    assert "Traceback" not in stderr.read_text()

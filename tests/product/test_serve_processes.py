@@ -124,6 +124,20 @@ def test_sigterm_stops_every_process_with_exit_0(served: Served):
     assert "Traceback" not in served.stderr.read_text()
 
 
+def test_a_hang_up_is_ignored_by_the_children_and_stops_the_supervisor_as_sigterm_does(served: Served):
+    """A terminal's hang-up reaches the whole process group: the children keep
+    serving until the supervisor, on its own SIGHUP, stops them gracefully."""
+    kids = children(served.process.pid)
+    for child in kids:
+        os.kill(child, signal.SIGHUP)
+    time.sleep(0.5)
+    assert all(alive(pid) for pid in kids) and served.get() == 200
+    served.process.send_signal(signal.SIGHUP)
+    assert served.process.wait(timeout=40) == 0, served.stderr.read_text()
+    wait_until(lambda: not any(alive(pid) for pid in kids), 10, "every child gone")
+    assert "Traceback" not in served.stderr.read_text() and "exited with" not in served.stderr.read_text()
+
+
 def test_a_killed_child_is_restarted_and_the_other_serves_meanwhile(served: Served):
     supervisor = served.process.pid
     originals = children(supervisor)
