@@ -21,7 +21,18 @@ DEVELOPMENT_SECRET_KEY = "orbit-development-only-secret-key-change-me"
 SECRET_KEY = os.environ.get("ORBIT_SECRET_KEY") or DEVELOPMENT_SECRET_KEY
 # `orbit serve` warns when this is true outside scripts/run.
 ORBIT_DEVELOPMENT_SECRET_KEY = SECRET_KEY == DEVELOPMENT_SECRET_KEY
-DEBUG = os.environ.get("ORBIT_DEBUG", "") == "1"
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """An ORBIT_* switch: "1" is on, "0" is off, unset or empty is `default`; anything
+    else is refused, so that a mistyped value does not silently mean either."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name} must be 1 or 0, not {value!r}")
+    return default if not value else value == "1"
+
+
+DEBUG = env_flag("ORBIT_DEBUG")
 ALLOWED_HOSTS = ["*"]
 
 INSTALLED_APPS = [
@@ -221,14 +232,6 @@ LOGGING = {
 }
 
 
-def env_flag(name: str) -> bool:
-    """An ORBIT_* switch: "1" is on; unset, empty or "0" is off; anything else is refused."""
-    value = os.environ.get(name, "").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"{name} must be 1 or 0, not {value!r}")
-    return value == "1"
-
-
 def env_seconds(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -262,6 +265,10 @@ ORBIT_HTTP_ADDR = os.environ.get("ORBIT_HTTP_ADDR", "127.0.0.1:8080")
 # The platform operator's bearer token for GET /metrics (console/metrics_view.py);
 # unset, metrics are off (404). Tenant credentials never read them.
 ORBIT_METRICS_TOKEN = os.environ.get("ORBIT_METRICS_TOKEN", "") or None
+
+# Whether this process sweeps expired leases and deadlines and fires plans
+# (tasks/maintenance.py); "0" where another node does it.
+ORBIT_MAINTENANCE = env_flag("ORBIT_MAINTENANCE", default=True)
 
 # SQLite has no column or table comments; MySQL, the production store, gets them all.
 SILENCED_SYSTEM_CHECKS = ["fields.W163", "models.W046"]

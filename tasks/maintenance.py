@@ -13,11 +13,11 @@ Any other failure is a fault: its traceback is logged each time."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 from orbit import cells
@@ -129,7 +129,7 @@ def maintenance_loop(stop: threading.Event, cell: str | None = None) -> None:
 def start_background_maintenance() -> None:
     """Starts the sweep thread once per process (ORBIT_MAINTENANCE=0 turns it
     off, e.g. in tests that import the ASGI app in-process)."""
-    if _started.is_set() or os.environ.get("ORBIT_MAINTENANCE", "1") == "0":
+    if _started.is_set() or not settings.ORBIT_MAINTENANCE:
         return
     _started.set()
     for cell in cells.each():

@@ -35,6 +35,11 @@ def serve(**overrides: str) -> subprocess.CompletedProcess[str]:
         ("ORBIT_DB_THREADS", "0"),
         ("ORBIT_DB_THREADS", "-3"),
         ("ORBIT_LOG_LEVEL", "LOUD"),
+        # A switch mistyped must not silently mean on or off: "no" would sweep.
+        ("ORBIT_MAINTENANCE", "no"),
+        ("ORBIT_MAINTENANCE", "false"),
+        ("ORBIT_DEBUG", "true"),
+        ("ORBIT_TLS", "yes"),
     ],
 )
 def test_a_malformed_setting_stops_the_start_in_one_line_naming_it(name: str, value: str) -> None:
