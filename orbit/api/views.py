@@ -7,6 +7,7 @@ import binascii
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
+from urllib.parse import unquote_to_bytes
 
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -27,6 +28,10 @@ MAX_PAGE_SIZE = 500
 
 
 class OrbitView(APIView):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        check_query_encoding(request._request.META.get("QUERY_STRING", ""))
+
     # Orbit's authentication classes set a Principal as request.user, not a Django user.
     @staticmethod
     def principal(request: Request) -> Principal:
@@ -67,6 +72,20 @@ class OrbitView(APIView):
             effect=lambda validated: effect(actor, validated),
         )
         return ok(request, receipt.data, status=receipt.status)
+
+
+def check_query_encoding(query: str) -> None:
+    """400 naming the parameter whose name or value is not percent-encoded UTF-8.
+    Django decodes those bytes to U+FFFD, so `?prefix=%FF` would read as
+    "\ufffd" and filter by a character the caller never sent."""
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        for raw in (name, value):
+            try:
+                unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                shown = unquote_to_bytes(name.replace("+", " ")).decode("utf-8", "backslashreplace")
+                raise InvalidArgument(f"{shown}: must be percent-encoded UTF-8") from exc
 
 
 def validated(serializer_class: type[serializers.Serializer], body: dict[str, Any]) -> dict[str, Any]:

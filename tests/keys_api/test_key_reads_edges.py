@@ -1,5 +1,5 @@
-"""Edges of GET /v1/concurrency-keys/{key} on a live server (daphne): a path
-whose percent-encoding is not UTF-8 names no key. Daphne decodes the path
+"""Edges of GET /v1/concurrency-keys on a live server (daphne): a path or a
+query parameter whose percent-encoding is not UTF-8 names no key. Daphne decodes the path
 with replacement characters, so without a check `%FF` would read the key
 "\ufffd" (SPEC §1: keys match byte for byte; §3: invalid UTF-8 → 400)."""
 
@@ -39,3 +39,16 @@ def test_a_key_path_that_is_not_utf8_is_invalid_not_the_replacement_key(http, en
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["code"] == "INVALID_ARGUMENT" and error["message"].startswith("key:"), error
+
+
+@pytest.mark.parametrize("encoded", ["%FF", "%ED%A0%80", "a%C3", "%EF%BF"])
+def test_a_query_parameter_that_is_not_utf8_is_invalid_not_the_replacement_character(http, encoded):
+    """`?prefix=%FF` would otherwise list the keys starting with "\ufffd"."""
+    assert http.get("/v1/concurrency-keys?prefix=%EF%BF%BD").status_code == 200  # the real character still reads
+
+    for path in (f"/v1/concurrency-keys?prefix={encoded}", f"/v1/tasks?queue_id={encoded}", f"/v1/queues?x{encoded}=1"):
+        response = http.get(path)
+        assert response.status_code == 400, (path, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "INVALID_ARGUMENT" and error["message"].endswith(": must be percent-encoded UTF-8"), error
+    assert http.get(f"/v1/concurrency-keys?prefix={encoded}").json()["error"]["message"].startswith("prefix:")
