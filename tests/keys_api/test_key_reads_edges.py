@@ -50,5 +50,6 @@ def test_a_query_parameter_that_is_not_utf8_is_invalid_not_the_replacement_chara
         response = http.get(path)
         assert response.status_code == 400, (path, response.text)
         error = response.json()["error"]
-        assert error["code"] == "INVALID_ARGUMENT" and error["message"].endswith(": must be percent-encoded UTF-8"), error
+        assert error["code"] == "INVALID_ARGUMENT", error
+        assert error["message"].endswith(": must be percent-encoded UTF-8"), error
     assert http.get(f"/v1/concurrency-keys?prefix={encoded}").json()["error"]["message"].startswith("prefix:")
