@@ -178,7 +178,13 @@ BATCH_REFUSED = shapes.closed(
         "idempotency_key": shapes.ref("IdempotencyKey"),
         "status": {"type": "integer", "enum": [400, 403, 404, 409, 413, 429, 503]},
         "error": shapes.closed({"code": shapes.enum(shapes.ALL_ERROR_CODES), "message": {"type": "string"}}),
-    }
+        "retry_after": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "with 429 and 503: the seconds a single submit's Retry-After would advise",
+        },
+    },
+    optional=("retry_after",),
 )
 
 BATCH_RESULTS = shapes.closed(

@@ -276,10 +276,12 @@ class TaskBatchView(OrbitView):
 
 def item_result(key: str, outcome: batch.Outcome) -> dict[str, Any]:
     if isinstance(outcome, OrbitError):
-        return {
+        refused = {
             "idempotency_key": key,
             "status": outcome.status,
             # escaped as the single route's error envelope is (an unknown field's name may be a lone surrogate)
             "error": {"code": outcome.code, "message": encodable(outcome.message)},
         }
+        # A single submit's Retry-After, per item: the batch's own answer is a 200.
+        return refused if outcome.retry_after is None else {**refused, "retry_after": outcome.retry_after}
     return {"idempotency_key": key, "status": outcome.status, **outcome.data}

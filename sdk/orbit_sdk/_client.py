@@ -7,12 +7,10 @@ how they send one.
 
 from __future__ import annotations
 
-import datetime
 import functools
 import inspect
 import json
 import os
-import re
 import types
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,7 +22,7 @@ from urllib.parse import quote
 import httpx
 
 from orbit_sdk._credentials import load_credentials
-from orbit_sdk._exceptions import APIError, ProtocolError, TransportError
+from orbit_sdk._exceptions import APIError, ProtocolError, TransportError, parse_retry_after
 from orbit_sdk._models import (
     Application,
     Attempt,
@@ -62,27 +60,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 USER_AGENT = "orbit-python/0.1"
-MAX_RETRY_AFTER = datetime.timedelta(hours=1)
 MAX_BATCH_ITEMS = 500  # the server's limit for POST /v1/tasks:batch
-_RETRY_AFTER_SECONDS = re.compile(r"[0-9]+")
-
-
-def parse_retry_after(value: str | None) -> datetime.timedelta:
-    """Integer seconds from a Retry-After header; missing, invalid or over one hour → 0.
-
-    An HTTP-date is not integer seconds and reads as 0 as well: the server only sends seconds.
-    """
-    if value is None:
-        return datetime.timedelta(0)
-    text = value.strip().lstrip("0") or "0"
-    # More than four digits is over an hour whatever they say (and int() refuses
-    # a string of over 4,300 digits).
-    if len(text) > 4 or not _RETRY_AFTER_SECONDS.fullmatch(text):
-        return datetime.timedelta(0)
-    seconds = int(text)
-    if seconds > MAX_RETRY_AFTER.total_seconds():
-        return datetime.timedelta(0)
-    return datetime.timedelta(seconds=seconds)
 
 
 def _code_for_status(status: int) -> str:

@@ -22,6 +22,7 @@ Any other exception raised by a handler is reported as FAILED, retryable=False, 
 from __future__ import annotations
 
 import datetime
+import re
 
 # SPEC §3: the code → HTTP status table. Used to give worker-protocol errors (which carry a code
 # but no HTTP status) the status their code stands for.
@@ -37,6 +38,28 @@ STATUS_OF_CODE = {
     "INTERNAL": 500,
     "UNAVAILABLE": 503,
 }
+
+
+MAX_RETRY_AFTER = datetime.timedelta(hours=1)
+_RETRY_AFTER_SECONDS = re.compile(r"[0-9]+")
+
+
+def parse_retry_after(value: str | None) -> datetime.timedelta:
+    """Integer seconds from a Retry-After header; missing, invalid or over one hour → 0.
+
+    An HTTP-date is not integer seconds and reads as 0 as well: the server only sends seconds.
+    """
+    if value is None:
+        return datetime.timedelta(0)
+    text = value.strip().lstrip("0") or "0"
+    # More than four digits is over an hour whatever they say (and int() refuses
+    # a string of over 4,300 digits).
+    if len(text) > 4 or not _RETRY_AFTER_SECONDS.fullmatch(text):
+        return datetime.timedelta(0)
+    seconds = int(text)
+    if seconds > MAX_RETRY_AFTER.total_seconds():
+        return datetime.timedelta(0)
+    return datetime.timedelta(seconds=seconds)
 
 
 class OrbitError(Exception):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
-from orbit_sdk._exceptions import APIError, ProtocolError
+from orbit_sdk._exceptions import APIError, ProtocolError, parse_retry_after
 
 T = TypeVar("T")
 
@@ -725,9 +725,9 @@ class BatchItemResult:
     """One item's result of ``submit_tasks``, in the order the items were sent.
 
     Accepted: ``task`` is set, ``status`` is 201 (or 200 with ``deduplicated=True``, a replay).
-    Refused: ``error`` is set (its ``code``, ``status_code`` and ``message``, and the batch's
-    ``request_id``) and nothing was stored for this key: fix the item, or after ``QUEUE_FULL``
-    wait, and send it again with the same key.
+    Refused: ``error`` is set (its ``code``, ``status_code``, ``message`` and ``retry_after``, and
+    the batch's ``request_id``) and nothing was stored for this key: fix the item, or after
+    ``QUEUE_FULL`` wait ``error.retry_after``, and send it again with the same key.
     """
 
     idempotency_key: str
@@ -749,6 +749,7 @@ class BatchItemResult:
         if error is not None:
             error = _object(error, f"{what}.error")
             message = error.get("message")
+            advice = obj.get("retry_after")  # integer seconds, as a single submit's Retry-After header
             return cls(
                 idempotency_key=key,
                 status=status,
@@ -757,6 +758,7 @@ class BatchItemResult:
                     status_code=status,
                     message=message if isinstance(message, str) else "",
                     request_id=request_id,
+                    retry_after=parse_retry_after(str(advice) if type(advice) is int else None),
                 ),
             )
         return cls(

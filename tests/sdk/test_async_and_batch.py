@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import inspect
 import json
 from typing import Any
@@ -226,6 +227,7 @@ def test_submit_tasks_sends_each_item_with_its_key_and_reads_each_result():
                         "idempotency_key": "c",
                         "status": 429,
                         "error": {"code": "QUEUE_FULL", "message": "queue is full"},
+                        "retry_after": 1,
                     },
                 ]
             }
@@ -259,6 +261,7 @@ def test_submit_tasks_sends_each_item_with_its_key_and_reads_each_result():
         "queue is full",
         REQUEST_ID,
     )
+    assert refused.error.retry_after == datetime.timedelta(seconds=1)  # as a single submit's Retry-After
     assert isinstance(refused, BatchItemResult)
 
 

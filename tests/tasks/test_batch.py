@@ -116,6 +116,9 @@ def test_batch_items_fail_alone_and_refused_items_store_nothing(tenant):
         "code": "QUEUE_FULL",
         "message": "queue unfinished task limit reached; retry later using the original identity",
     }
+    # a single submit's Retry-After, on the item it applies to, and on no other
+    assert results[2]["retry_after"] == 1
+    assert [("retry_after" in r) for r in results] == [False, False, True, False, False]
     assert results[3]["error"]["code"] == "IDEMPOTENCY_CONFLICT"
     assert not IdempotencyRecord.objects.filter(key__in=["bad", "full", "nowhere"]).exists()
     assert QueueState.objects.get(queue_id=queue["id"]).unfinished_tasks == 2
