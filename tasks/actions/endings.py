@@ -21,7 +21,6 @@ from tasks.actions import rollup
 from tasks.actions.context import WorkerContext, deadline_failure, refuse_revoked
 from tasks.actions.permits import (
     Held,
-    WriteBook,
     lock_attempt_chain,
     lock_attempt_chains,
     lock_task_chain,
@@ -30,6 +29,7 @@ from tasks.actions.permits import (
     settle,
 )
 from tasks.actions.serialize import task_detail
+from tasks.actions.writebook import WriteBook
 from tasks.models import ACTIVE_ATTEMPT_STATES, SWEPT_STATES, Attempt, AttemptState, Task, TaskState
 from tasks.wakeups import wake_after_commit
 

@@ -67,7 +67,8 @@ from tasks.actions.batch import Submission
 from tasks.actions.context import Configuration, WorkerContext
 from tasks.actions.dispatch import DeadlinePassed, LeaseOutcome, StartRequest
 from tasks.actions.endings import ResultReport
-from tasks.actions.permits import WriteBook, keys_by_namespace
+from tasks.actions.permits import keys_by_namespace
+from tasks.actions.writebook import WriteBook
 from tasks.locks import keeping_key_rows, key_rows_ahead, lock_application_state
 from tasks.models import Attempt, Task, WorkerIdentity
 

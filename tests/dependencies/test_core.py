@@ -4,15 +4,17 @@ transition in the ending's own transaction, CANCEL and RUN, refs in a batch."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from orbit.models import Event
 from tasks.actions import rounds
-from tasks.actions.dependencies import INLINE_EDGES, run_follow_ups
+from tasks.actions.dependencies import FOLLOW_UP_CHUNK, INLINE_EDGES, run_follow_ups
 from tasks.actions.permits import settle
 from tasks.models import DependencySettlement, Task, TaskDependency
 from tests.conftest import new_tenant, post_json
 from tests.support.api import assert_error, make_queue
-from tests.support.dependencies import run_one
+from tests.support.dependencies import fan_out, moves_of, run_one
 from tests.support.tasks import (
     assert_invariants,
     cancel,
@@ -108,6 +110,39 @@ def test_a_failed_dependency_cancels_its_dependents_transitively_in_the_same_tra
     assert state_of(runner["id"]) == "WAITING"
     assigned = rounds.lease_tasks(worker=worker_for(tenant, queue["id"]), limit=10)
     assert [a["dependencies"][0]["state"] for a in assigned] == ["FAILED"]
+    assert_invariants()
+
+
+@pytest.mark.parametrize("below", [False, True], ids=["the join a leaf", "the join with a dependent"])
+def test_a_diamond_under_a_failed_dependency_cancels_each_task_once(tenant, queue, below):
+    """A task that depends on the failed parent and on a sibling the parent's
+    failure cancels is reached twice, through each: it is cancelled once, and
+    the counters count it once (twice, the backlog counter went below zero)."""
+    parent = submit_ok(tenant.client, queue["id"], "parent", max_attempts=1)
+    middle = submit_ok(tenant.client, queue["id"], "middle", depends_on=[parent["id"]])
+    both = submit_ok(tenant.client, queue["id"], "both", depends_on=[parent["id"], middle["id"]])
+    leaves = [submit_ok(tenant.client, queue["id"], f"leaf-{n}", depends_on=[parent["id"]]) for n in range(3)]
+    if below:
+        leaves.append(submit_ok(tenant.client, queue["id"], "under-both", depends_on=[both["id"]]))
+    run_one(tenant, queue["id"], "FAILED")
+    ids = [middle["id"], both["id"], *(leaf["id"] for leaf in leaves)]
+    assert {task_id: state_of(task_id) for task_id in ids} == dict.fromkeys(ids, "CANCELLED")
+    paths = moves_of(ids)
+    assert all(path == [("BLOCKED", None), ("CANCELLED", "BLOCKED")] for path in paths.values()), paths
+    assert_invariants()
+
+
+def test_a_chunk_of_cancelled_dependents_is_written_in_a_few_statements(tenant, queue):
+    """A failed parent's 500-wide fan-out is cancelled by the follow-up in a bounded
+    number of statements, not three or more per dependent: the chunk holds the
+    application's counter row while it runs."""
+    parent = submit_ok(tenant.client, queue["id"], "parent", max_attempts=1)
+    dependents = fan_out(tenant, queue["id"], parent["id"], INLINE_EDGES + FOLLOW_UP_CHUNK)
+    run_one(tenant, queue["id"], "FAILED")
+    with CaptureQueriesContext(connection) as chunk:
+        assert run_follow_ups(settle) == 1
+    assert Task.objects.filter(id__in=dependents, state="CANCELLED").count() == len(dependents)
+    assert len(chunk.captured_queries) < 40, [q["sql"][:80] for q in chunk.captured_queries]
     assert_invariants()
 
 
