@@ -17,10 +17,11 @@ from typing import Any, cast
 
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -62,6 +63,31 @@ def format_ms(value: datetime | None) -> str:
     if value is None:
         return "—"
     return value.astimezone(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def may_view(request: HttpRequest, model: type[Model]) -> bool:
+    """What the model's own admin lets this user see (its list and pages)."""
+    try:
+        model_admin = admin.site.get_model_admin(model)
+    except NotRegistered:
+        return False
+    return model_admin.has_view_permission(request)
+
+
+def viewable_models(request: HttpRequest) -> frozenset[str]:
+    """The labels ("tasks.Attempt") of every model whose rows this user may
+    see. A page shows another model's rows (a panel, a name, a link to its
+    page) only when it is one of them: a least-privilege role that may view
+    tasks but not attempts must not read the attempts on a task's page."""
+    return frozenset(model._meta.label for model in admin.site._registry if may_view(request, model))
+
+
+def viewable(obj: Any, model: type[Model]) -> bool:
+    """Whether the user of this page may see `model`'s rows, as the row its
+    admin read carries it (console_viewable, set by ReadOnlyAdmin.get_object
+    and the lists); a row without it shows none (a display the admin did not
+    prepare leaks nothing)."""
+    return model._meta.label in getattr(obj, "console_viewable", frozenset())
 
 
 def change_url(model: Any, pk: Any) -> str:
@@ -120,6 +146,9 @@ def named_id_display(field: str, in_list: bool) -> Callable[[Any], SafeString | 
         value = getattr(obj, field)
         if not value:
             return "—"
+        if not viewable(obj, apps.get_model(model_name)):
+            # The id is this row's own column; the name and the page are the other model's.
+            return short_id(value) if in_list or not label_fields else value
         labels = getattr(obj, "console_labels", None)
         label = (labels if labels is not None else labels_of(field, {value})).get(value)
         if label is None:
@@ -147,9 +176,14 @@ class IndexOrderChangeList(ChangeList):
         capped = getattr(self.paginator, "capped", False)
         self.result_count_text = count_text(self.result_count, capped)
         self.result_list = list(self.result_list)
+        # Each row carries the models its user may view to the columns' displays
+        # (viewable()), as ReadOnlyAdmin.get_object does a page's row.
+        shown = viewable_models(request)
+        for row in self.result_list:
+            row.console_viewable = shown
         attach = getattr(self.model_admin, "attach_labels", None)
         if attach is not None:
-            attach(self.result_list)
+            attach(self.result_list, shown)
         decorate = getattr(self.model_admin, "decorate_results", None)
         if decorate is not None:
             decorate(request, self.result_list)
@@ -205,19 +239,25 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         # The model's id columns that name a row, and its booleans, each as a
         # display of this admin (list_display and the page take them by name).
         self.replaced_fields: dict[str, str] = {}
+        # The same on its page (a named id written whole).
+        self.page_fields: dict[str, str] = {}
         for model_field in model._meta.fields:
             name = model_field.name
-            if name in NAMED_IDS and not model_field.primary_key:
-                setattr(self, f"{name}_link", named_id_display(name, in_list=True))
-                setattr(self, f"{name}_page", named_id_display(name, in_list=False))
-                self.replaced_fields[name] = f"{name}_link"
+            # A foreign key (Namespace.application) by its id column, as the
+            # others: Django's own link to the row ignored the user's permissions.
+            column = model_field.attname
+            if column in NAMED_IDS and not model_field.primary_key:
+                setattr(self, f"{column}_link", named_id_display(column, in_list=True))
+                setattr(self, f"{column}_page", named_id_display(column, in_list=False))
+                self.replaced_fields[name] = f"{column}_link"
+                self.page_fields[name] = f"{column}_page"
             elif model_field.get_internal_type() == "BooleanField":
                 setattr(self, f"{name}_text", plain_boolean(name, str(model_field.verbose_name)))
                 self.replaced_fields[name] = f"{name}_text"
 
-    def attach_labels(self, rows: list[Any]) -> None:
-        """Every named id of a list page, one query per kind of id."""
-        fields = [name for name in self.replaced_fields if name in NAMED_IDS]
+    def attach_labels(self, rows: list[Any], shown: frozenset[str]) -> None:
+        """Every named id of a list page, one query per kind of id the user may view."""
+        fields = [name for name in self.replaced_fields if name in NAMED_IDS and NAMED_IDS[name][0] in shown]
         labels = {field: labels_of(field, {getattr(row, field) for row in rows}) for field in fields}
         for row in rows:
             row.console_labels = {
@@ -231,9 +271,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return [self.replaced_fields.get(name, name) if isinstance(name, str) else name for name in self.list_display]
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
-        page_names = {
-            name: f"{name}_page" if name in NAMED_IDS else replaced for name, replaced in self.replaced_fields.items()
-        }
+        page_names = {**self.replaced_fields, **self.page_fields}
         return [
             # Orbit's fieldsets are flat lists of names (get_fields), never nested tuples.
             (title, {**options, "fields": [page_names.get(cast(str, name), name) for name in options["fields"]]})
@@ -247,6 +285,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         if text.endswith(f"object ({obj.pk})"):
             return f"{self.opts.verbose_name} {obj.pk}"
         return text
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:
+        obj = super().get_object(request, object_id, from_field)
+        if obj is not None:
+            # Read by the page's displays (viewable()), which Django gives the row only.
+            obj.console_viewable = viewable_models(request)
+        return obj
 
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None

@@ -10,9 +10,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from console import data
-from console.admin_base import ReadOnlyAdmin, change_url, format_ms, link
+from console.admin_base import ReadOnlyAdmin, change_url, format_ms, link, may_view, short_id, viewable
 from orbit.models import Namespace
 from queues.models import Queue, QueueState
+from tasks.models import Task
 
 
 @admin.register(Queue)
@@ -53,6 +54,9 @@ class QueueAdmin(ReadOnlyAdmin):
 
     @admin.display(description="namespace")
     def namespace(self, queue: Queue) -> SafeString:
+        if not viewable(queue, Namespace):
+            # The queue's own column; the namespace's name and page are the namespace's.
+            return short_id(queue.namespace_id)
         row = self._row(queue)
         return link(change_url(Namespace, queue.namespace_id), row.namespace if row else queue.namespace_id)
 
@@ -106,7 +110,9 @@ class QueueAdmin(ReadOnlyAdmin):
         return data.human_age(row.oldest_waiting_seconds(getattr(queue, "console_now", timezone.now())))
 
     @admin.display(description="tasks")
-    def tasks(self, queue: Queue) -> SafeString:
+    def tasks(self, queue: Queue) -> SafeString | str:
+        if not viewable(queue, Task):
+            return "—"
         return link(reverse("admin:tasks_task_changelist") + f"?q={queue.id}", "tasks")
 
     @admin.display(description="now")
@@ -116,9 +122,15 @@ class QueueAdmin(ReadOnlyAdmin):
         if row is None:
             return format_html("—")
         now = timezone.now()
+        # The link to its tasks for a user who may view them; the figures are the queue's.
+        tasks = (
+            format_html(" · {}", link(reverse("admin:tasks_task_changelist") + f"?q={queue.id}", "its tasks"))
+            if viewable(queue, Task)
+            else ""
+        )
         return format_html(
             "BLOCKED {} · WAITING {} · LEASED {} · RUNNING {} · NEEDS_REVIEW {} · permits {} of {}"
-            " · starts this window {} of {}/s · oldest waiting {} · {}",
+            " · starts this window {} of {}/s · oldest waiting {}{}",
             f"{row.blocked:,}",
             f"{row.waiting:,}",
             f"{row.leased:,}",
@@ -129,7 +141,7 @@ class QueueAdmin(ReadOnlyAdmin):
             f"{row.window_count:,}",
             f"{row.rate_per_second:,}",
             data.human_age(row.oldest_waiting_seconds(now)),
-            link(reverse("admin:tasks_task_changelist") + f"?q={queue.id}", "its tasks"),
+            tasks,
         )
 
     # A list of field names is one of the layouts Django takes (the stubs' list is invariant).
@@ -154,11 +166,16 @@ class QueueStateAdmin(ReadOnlyAdmin):
     ordering = ("-unfinished_tasks",)
 
     def decorate_results(self, request: HttpRequest, states: list[QueueState]) -> None:
+        if not may_view(request, Queue):
+            return
         names = dict(Queue.objects.filter(id__in=[s.queue_id for s in states]).values_list("id", "name"))
         for state in states:
             state.queue_name = names.get(state.queue_id, state.queue_id)  # type: ignore[attr-defined]  # read by queue()
 
     @admin.display(description="queue")
     def queue(self, state: QueueState) -> SafeString:
+        if not viewable(state, Queue):
+            # Its own key column; the queue's name and page are the queue's.
+            return short_id(state.queue_id)
         name = getattr(state, "queue_name", state.queue_id)
         return link(reverse("admin:queues_queue_change", args=[state.queue_id]), name)

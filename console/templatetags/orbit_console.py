@@ -8,26 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from django import template
-from django.contrib import admin
-from django.contrib.admin.exceptions import NotRegistered
-from django.db.models import Model
-from django.http import HttpRequest
 
 from console import data
-from console.admin_base import change_url, format_ms, short_id
+from console.admin_base import change_url, format_ms, may_view, short_id
 from queues.models import Queue
 from tasks.models import Task
 
 register = template.Library()
-
-
-def may_view(request: HttpRequest, model: type[Model]) -> bool:
-    """What the model's own admin lets this user see (its list and pages)."""
-    try:
-        model_admin = admin.site.get_model_admin(model)
-    except NotRegistered:
-        return False
-    return model_admin.has_view_permission(request)
 
 
 @register.simple_tag(takes_context=True)
