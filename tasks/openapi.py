@@ -271,7 +271,8 @@ def payload_schema() -> Schema:
     return {
         # Any JSON but null (OpenAPI 3.0 has no "null" type to exclude).
         "anyOf": [
-            {"type": "object"},
+            # additionalProperties said: openapi-typescript declares a bare object one without keys.
+            {"type": "object", "additionalProperties": True},
             {"type": "array", "items": {}},
             {"type": "string"},
             {"type": "number"},

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -146,8 +147,22 @@ class ClosedBodies(OpenApiSerializerExtension):
             for field_class, field_schema in FIELD_SCHEMAS.items():
                 if isinstance(field, field_class):
                     schema["properties"][name] = field_schema()
+        for spec in schema["properties"].values():
+            _default_in_words(spec)
         rule = BODY_RULES.get(type(self.target).__name__)
         return rule(auto_schema, schema) if rule else schema
+
+
+def _default_in_words(spec: dict[str, Any]) -> None:
+    """An optional request field's default, said in its description instead of
+    `default`: openapi-typescript (default settings) declares every property
+    with a `default` required, so a TypeScript caller could not leave out
+    `priority` or `retry.multiplier`, which the server fills in."""
+    if "default" not in spec:
+        return
+    default = spec.pop("default")
+    said = f"default {json.dumps(default)}"
+    spec["description"] = f"{spec['description']} ({said})" if spec.get("description") else said
 
 
 # --------------------------------------------------------------------------- answers

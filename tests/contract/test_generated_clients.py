@@ -187,7 +187,38 @@ def test_the_generated_python_client_runs_a_queue_task_error_round_trip(generate
     assert cancelled.parsed.data.task.state == models.TaskState.CANCELLED
 
 
-def test_the_typescript_declarations_compile(document, tmp_path):
+# What a TypeScript caller writes against the declarations: README's first
+# curl submit (an object payload; priority, max_attempts, lease_seconds and
+# retry left to the server's defaults), one with every field spelled out, a
+# batch item whose retry gives one field of three, and a key policy without
+# its defaulted capacity and burst.
+TYPESCRIPT_CALLER = """\
+import type { components, paths } from "./api";
+type Submit = paths["/v1/tasks"]["post"]["requestBody"]["content"]["application/json"];
+type Batch = paths["/v1/tasks:batch"]["post"]["requestBody"]["content"]["application/json"];
+type Policy = components["schemas"]["KeyPolicyCreateInput"];
+
+export const readme: Submit = {
+  queue_id: "0123456789abcdef0123456789abcdef",
+  handler: "echo",
+  handler_version: "v1",
+  payload_version: "v1",
+  payload: { hi: 1, nested: { list: [1, "two", null] } },
+};
+export const whole: Submit = { ...readme, priority: 5, max_attempts: 3, lease_seconds: 30, payload: [] };
+export const batch: Batch = {
+  tasks: [{ idempotency_key: "a", task: { ...readme, payload: "text", retry: { max_seconds: 60 } } }],
+};
+export const policy: Policy = { match: { prefix: "account/" }, rate: { starts: 2, per_seconds: 1 }, reason: "r" };
+"""
+
+
+def test_the_typescript_declarations_compile_and_take_what_a_caller_sends(document, tmp_path):
+    """The declarations compile, and a caller's request bodies type-check against
+    them: an object payload is an object with keys, and a field the server
+    fills in when it is left out (priority, retry's three, a policy's capacity)
+    is optional, not required as openapi-typescript makes a property with a
+    `default` (the document says defaults in words)."""
     bin_dir = npm_tools()
     declarations = tmp_path / "api.d.ts"
     started = time.monotonic()
@@ -195,6 +226,8 @@ def test_the_typescript_declarations_compile(document, tmp_path):
     generated_at = time.monotonic()
     run([str(bin_dir / "tsc"), "--noEmit", "--strict", str(declarations)], cwd=tmp_path)
     print(f"openapi-typescript: {generated_at - started:.1f}s, tsc --noEmit: {time.monotonic() - generated_at:.1f}s")
+    (tmp_path / "caller.ts").write_text(TYPESCRIPT_CALLER)
+    run([str(bin_dir / "tsc"), "--noEmit", "--strict", str(declarations), "caller.ts"], cwd=tmp_path)
     text = declarations.read_text()
     for operation in ("queues_configure", "tasks_list", "tasks_submit", "concurrency_keys_get"):
         assert f"{operation}: {{" in text, operation

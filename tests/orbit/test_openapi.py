@@ -400,3 +400,24 @@ def test_the_depends_on_pattern_is_the_fields_rule(entry, in_batch):
     except InvalidArgument:
         accepted = False
     assert accepted == in_batch == bool(re.search(pattern, entry)), entry
+
+
+def test_request_fields_say_their_defaults_in_words_and_any_json_is_an_open_object():
+    """openapi-typescript (default settings) declares a property with a `default`
+    required and a bare {"type": "object"} an object without keys: a TypeScript
+    caller could neither leave out `priority` nor send `{"hi": 1}` as a payload."""
+    schemas = document()["components"]["schemas"]
+    inputs = {name: schema for name, schema in schemas.items() if name.endswith("Input")}
+    assert {"SubmitTaskInput", "RetryInput", "KeyPolicyCreateInput", "KeyRateInput", "PlanTaskInput"} <= set(inputs)
+    defaulted = [
+        f"{name}.{prop}"
+        for name, schema in inputs.items()
+        for prop, spec in schema.get("properties", {}).items()
+        if "default" in spec
+    ]
+    assert defaulted == []
+    assert schemas["SubmitTaskInput"]["properties"]["priority"]["description"].endswith("default 5")
+    assert schemas["RetryInput"]["properties"]["multiplier"]["description"] == "default 2.0"
+    for name in ("SubmitTaskInput", "PlanTaskInput"):
+        branches = schemas[name]["properties"]["payload"]["anyOf"]
+        assert {"type": "object", "additionalProperties": True} in branches, branches
