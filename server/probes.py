@@ -331,4 +331,8 @@ async def readyz(request: HttpRequest) -> JsonResponse:
         body: dict[str, Any] = {"request_id": request_id_of(request), "data": data}
         return _no_store(JsonResponse(body, json_dumps_params=COMPACT_JSON))
     body = error_body(request_id_of(request), "UNAVAILABLE", f"not ready: {found.public}")
-    return _no_store(JsonResponse(body, status=503, json_dumps_params=COMPACT_JSON))
+    unready = _no_store(JsonResponse(body, status=503, json_dumps_params=COMPACT_JSON))
+    # Logged above once per change: Django's django.request line for each 5xx
+    # would repeat it on every poll (a probe a second, an hour's outage).
+    unready._has_been_logged = True  # type: ignore[attr-defined]  # django.utils.log.log_response's mark
+    return unready

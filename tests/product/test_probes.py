@@ -4,6 +4,7 @@ readiness answer even when the database server is frozen."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -105,6 +106,17 @@ def test_readyz_is_503_when_the_database_server_is_unreachable(readiness, caplog
     assert_unavailable(response, "not ready: database unreachable")
     assert "127.0.0.1" not in response.content.decode() and str(port) not in response.content.decode()
     assert_logged(caplog, f"cannot reach the database server at 127.0.0.1:{port}")
+
+
+@pytest.mark.django_db
+def test_a_probe_polling_through_an_outage_logs_it_once(readiness, caplog):
+    """A load balancer polls /readyz every second: an hour's outage is one line
+    (the detail, when it begins), not Django's "Service Unavailable" per poll."""
+    readiness(mysql_settings(closed_port()))
+    for _ in range(5):
+        assert api_client(None).get("/readyz").status_code == 503
+    said = [(r.name, r.levelname) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert said == [("server.probes", "WARNING")], [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.django_db
