@@ -238,7 +238,9 @@ def serve(args: list[str]) -> int:
 
     if options.processes == 1:
         server.stop_on_hangup()
-        return server.run(["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce)
+        return server.run(
+            ["-b", host, "-p", str(port), *daphne_args, APPLICATION], on_listening=announce, on_listen_failure=fail
+        )
     problem = supervisor.endpoint_problem(daphne_args)
     if problem is not None:
         return fail(problem)

@@ -56,10 +56,16 @@ def endpoint_from_string(reactor: Any, description: str) -> Any:
 daphne.server.serverFromString = endpoint_from_string
 
 
-def run(argv: list[str], on_listening: Callable[[list[tuple[str, int]]], None] | None = None) -> int:
+def run(
+    argv: list[str],
+    on_listening: Callable[[list[tuple[str, int]]], None] | None = None,
+    on_listen_failure: Callable[[str], object] | None = None,
+) -> int:
     """daphne with `argv` (its own arguments); `on_listening` is called with the
     bound (host, port) pairs once every endpoint listens, before the first
-    request is served. The exit status: 1 when an endpoint could not listen."""
+    request is served, and `on_listen_failure` (instead of daphne's log line)
+    with "Listen failure: …" when one cannot. The exit status: 1 when an
+    endpoint could not listen."""
 
     class ListeningServer(Server):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -68,6 +74,13 @@ def run(argv: list[str], on_listening: Callable[[list[tuple[str, int]]], None] |
                 # synchronously), and not at all when one failed (abort_start).
                 kwargs["ready_callable"] = lambda: on_listening(list(self.listening_addresses))
             super().__init__(*args, **kwargs)
+
+        def listen_error(self, failure: Any) -> None:
+            if on_listen_failure is None:
+                super().listen_error(failure)
+                return
+            on_listen_failure(f"Listen failure: {failure.getErrorMessage()}")
+            self.stop()
 
     cli = CommandLineInterface()
     cli.server_class = ListeningServer

@@ -127,16 +127,15 @@ def test_a_malformed_dsn_is_one_line_and_exit_1(env):
     assert_one_line_failure(result, "ORBIT_MYSQL_DSN must look like mysql://")
 
 
-def test_a_port_in_use_is_one_line_and_exit_1(env):
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_port_in_use_is_one_line_and_exit_1(env, processes):
+    """The same line whether the supervisor or daphne itself finds the port taken."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = serve({**env, **SECRET}, "-b", "127.0.0.1", "-p", str(port))
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr and result.stdout == ""
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and "Listen failure" in lines[0] and str(port) in lines[0], lines
+        result = serve({**env, **SECRET}, "-b", "127.0.0.1", "-p", str(port), "--processes", processes)
+    assert_one_line_failure(result, f"orbit serve: Listen failure: Couldn't listen on 127.0.0.1:{port}: ")
 
 
 def test_the_address_defaults_to_orbit_http_addr(env):
