@@ -270,8 +270,12 @@ def test_a_killed_cell_answers_503_for_its_tenants_only_and_recovers(installatio
         beta_seconds = time.monotonic() - began
         ready = httpx.get(f"{installation.server.url}/readyz", timeout=5)  # type: ignore[union-attr]
         scrape, scrape_seconds = installation.scrape()
+        listing = installation.manage("orbit_cells", check=False)
     finally:
         installation.private.start()
+    # The report names the dead cell, and its status says something is wrong.
+    assert listing.returncode == 1 and listing.stderr == "CommandError: cell b does not answer\n", listing
+    assert "  unreachable: " in listing.stdout.split("cell b (")[1] and "  reachable; " in listing.stdout
     # The scrape answers without the dead cell: its queues are missing and orbit_cell_up says so.
     assert scrape.status_code == 200 and scrape_seconds < 3.0, (scrape.status_code, scrape_seconds)
     assert 'orbit_cell_up{cell="a"} 1.0' in scrape.text and 'orbit_cell_up{cell="b"} 0.0' in scrape.text

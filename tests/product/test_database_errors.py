@@ -115,6 +115,17 @@ def test_a_database_never_migrated_is_one_line_saying_run_migrate(env, empty_dat
 
 
 @pytest.mark.mysql_only
+def test_orbit_cells_reports_a_database_that_does_not_answer_and_exits_1(env):
+    """A status report a monitor runs: the report on stdout, and the status says
+    whether the installation answers."""
+    result = orbit(with_database(env, "orbit_no_such_database"), "orbit_cells")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "unreachable: OperationalError" in result.stdout and "Unknown database" in result.stdout
+    assert result.stderr == "CommandError: the database does not answer\n"
+    assert orbit(env, "orbit_cells").returncode == 0
+
+
+@pytest.mark.mysql_only
 def test_traceback_asks_for_the_traceback(env):
     result = orbit(with_database(env, "orbit_no_such_database"), "migrate", "--traceback")
     assert result.returncode == 1 and "Traceback" in result.stderr
