@@ -21,7 +21,9 @@ Invariants the code relies on:
 * A result is re-sent, same content, until ``task.result.ok`` (or a definite refusal), across
   reconnects; the server answers replays from its record.
 * Every held attempt (leased, running or reporting) is renewed once a third of its remaining
-  lease has passed (never later than ``renew_seconds``), so short leases are kept too.
+  lease has passed (never later than ``renew_seconds``), so short leases are kept too. A renewal
+  answered "not now" (UNAVAILABLE, INTERNAL) is asked again after a doubling delay, still within
+  a third of what is left of the lease; any other unexpected answer waits for the next turn.
 * A renewal that reports ``cancel_requested``, or a lost lease, reaches the handler through
   its :class:`Execution`.
 """
@@ -188,6 +190,7 @@ class Attempt:
         self.cancel_requested = False
         self.release_reason: str | None = None  # set when a protocol error is found before Start
         self.renewing = False
+        self.renew_backoff = TRANSIENT_BACKOFF  # after a renewal answered "not now"; doubles
         self.execution: Execution | None = None
         self.attempt_number = assignment.attempt_number or 0
         self.lease_expires_at = assignment.lease_expires_at
@@ -764,6 +767,7 @@ class Attempts:
         finally:
             attempt.renewing = False
         if reply.get("type") == "task.renew.ok":
+            attempt.renew_backoff = TRANSIENT_BACKOFF
             expires = lease_end(reply, "task.renew.ok")
             if expires is not None:
                 attempt.lease_expires_at = expires
@@ -774,7 +778,26 @@ class Attempts:
                 attempt.cancel_requested = True
                 if attempt.execution is not None:
                     attempt.execution._mark_cancel_requested()
-        elif error_code(reply) == "LEASE_LOST":
+            return
+        code = error_code(reply)
+        if code == "LEASE_LOST":
             self._lose(attempt, "renew answered LEASE_LOST")
+        elif code in TRANSIENT_CODES:
+            # "Not now" (the server is overloaded, a cell moving): asked again after a doubling
+            # delay, as a Start refused so is, and never later than a third of what is left of
+            # the lease (schedule_renewal), so a renewal still goes out before the lease ends.
+            delay = min(attempt.renew_backoff, self._link.renew_seconds)
+            attempt.renew_backoff = min(delay * 2, self._link.renew_seconds)
+            attempt.schedule_renewal(delay)
+            logger.warning(
+                "orbit worker %s: renew of %s answered %s; asking again within %.1f s",
+                self._worker_id,
+                attempt.id,
+                code,
+                attempt.renew_due - time.monotonic(),
+            )
         else:
+            # Unexpected: logged, and the renewal waits for its next turn (sending it again on
+            # every tick would only repeat the same question several times a second).
             logger.warning("orbit worker %s: renew of %s answered %s", self._worker_id, attempt.id, reply)
+            attempt.schedule_renewal(self._link.renew_seconds)

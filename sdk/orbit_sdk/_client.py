@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 import types
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -21,6 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
+from orbit_sdk._checks import check_seconds, check_token
 from orbit_sdk._credentials import load_credentials
 from orbit_sdk._exceptions import APIError, ProtocolError, TransportError, parse_retry_after
 from orbit_sdk._models import (
@@ -52,7 +54,9 @@ from orbit_sdk._models import (
     TaskBlockers,
     TaskLink,
     UpdatePlanRequest,
+    _text,
     _uint64_text,
+    _whole,
 )
 from orbit_sdk._transport import KeepAliveTransport, environment_names_a_proxy
 
@@ -98,24 +102,89 @@ def _api_error(response: httpx.Response) -> APIError:
     )
 
 
-def _check_idempotency_key(key: str) -> str:
-    if not isinstance(key, str) or not 1 <= len(key) <= 255 or not all(0x20 <= ord(ch) <= 0x7E for ch in key):
+def _check_idempotency_key(key: object) -> str:
+    """Every mutating call's key, checked before anything is sent: a missing one (None) too,
+    which the server would only refuse after a round trip."""
+    if not isinstance(key, str):
+        raise TypeError(
+            f"Idempotency-Key must be a string of 1-255 printable ASCII characters, got {type(key).__name__}"
+        )
+    if not 1 <= len(key) <= 255 or not all(0x20 <= ord(ch) <= 0x7E for ch in key):
         raise ValueError("Idempotency-Key must be 1-255 printable ASCII characters")
     return key
 
 
-def _segment(value: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ValueError("resource id must be a non-empty string")
-    return quote(value, safe="")
-
-
-def _key_segment(key: str) -> str:
-    """A concurrency key as one path segment. Every character but the unreserved ones is
-    percent-encoded ("/" too), and so are the dots of a key that is "." or "..": a URL parser
-    would otherwise take it for a dot segment and drop it (httpx does), asking for another path."""
-    segment = _segment(key)
+def _segment(value: object, name: str) -> str:
+    """An id (or a concurrency key) as one path segment. Every character but the unreserved
+    ones is percent-encoded ("/" too), and so are the dots of a value that is "." or "..": a URL
+    parser would otherwise take it for a dot segment and drop it (httpx does), asking for
+    another path (``get_task(".")`` for ``GET /v1/tasks``, the task list)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+    if not value:
+        raise ValueError(f"{name} must be a non-empty string")
+    segment = quote(value, safe="")
     return segment.replace(".", "%2E") if segment in (".", "..") else segment
+
+
+_MAX_NESTING = 500  # levels of a body searched for what JSON cannot carry (json.dumps recurses too)
+_INSTEAD = {"set": "a list", "frozenset": "a list", "datetime": "a string", "date": "a string", "bytes": "a string"}
+
+
+def _member(where: str, key: object) -> str:
+    if isinstance(key, str) and key.isidentifier():
+        return f"{where}.{key}" if where else key
+    return f"{where}[{key!r}]"
+
+
+def _not_json(value: object, where: str, active: set[int], depth: int) -> Exception | None:
+    """The first thing in `value` that the request body's JSON cannot carry, as the error to
+    raise, naming where it is (``payload.when``, ``tasks[0].task.payload[2]``); None if none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return ValueError(f"{where}: a string with a lone surrogate is not UTF-8, so not JSON text")
+        return None
+    if value is None or isinstance(value, int):  # bool too
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ValueError(f"{where}: {value!r} is not a JSON number")
+    if not isinstance(value, dict | list | tuple):
+        instead = _INSTEAD.get(type(value).__name__)
+        return TypeError(f"{where}: a {type(value).__name__} is not JSON" + (f"; give {instead}" if instead else ""))
+    if depth >= _MAX_NESTING:
+        return ValueError(f"{where}: nested too deeply to encode")
+    if id(value) in active:
+        return ValueError(f"{where}: refers back to itself (a circular reference)")
+    active.add(id(value))
+    try:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                inside = _member(where, key)
+                if not (key is None or isinstance(key, str | int | float)):
+                    return TypeError(f"{inside}: a key must be a string, not a {type(key).__name__}")
+                problem = _not_json(key, inside, active, depth + 1) or _not_json(item, inside, active, depth + 1)
+                if problem is not None:
+                    return problem
+        else:
+            for index, item in enumerate(value):
+                problem = _not_json(item, f"{where}[{index}]", active, depth + 1)
+                if problem is not None:
+                    return problem
+    finally:
+        active.discard(id(value))
+    return None
+
+
+def _unencodable(call: _Call[Any], exc: Exception) -> Exception:
+    """The error for a body json.dumps refused (`exc`), naming the field it stems from."""
+    assert call.body is not None
+    problem = _not_json(call.body, "", set(), 0)
+    if problem is not None:
+        return problem
+    kind = TypeError if isinstance(exc, TypeError) else ValueError
+    return kind(f"{call.method} {call.path}: the request body cannot be encoded as JSON: {exc}")
 
 
 def _body_of(request: Any, kind: type[Any]) -> dict[str, Any]:
@@ -191,20 +260,35 @@ class _Call(Generic[T]):
     params: Mapping[str, Any] | None = None
 
 
+class _Unkeyed:
+    """What a call that takes no Idempotency-Key passes for one (None is a missing key)."""
+
+
+_UNKEYED = _Unkeyed()
+
+
 def _call(
     method: str,
     path: str,
     parse: Callable[[Any], T],
     *,
-    key: str | None = None,
+    key: str | _Unkeyed = _UNKEYED,
     body: Mapping[str, Any] | None = None,
     params: Mapping[str, Any] | None = None,
 ) -> _Call[T]:
-    return _Call(method, path, lambda data, _request_id: parse(data), key=key, body=body, params=params)
+    checked = None if isinstance(key, _Unkeyed) else _check_idempotency_key(key)
+    return _Call(method, path, lambda data, _request_id: parse(data), key=checked, body=body, params=params)
 
 
 def _as_is(data: Any) -> Any:
     return data
+
+
+def _raw_call(
+    method: str, path: str, key: str | None, body: Mapping[str, Any] | None, params: Mapping[str, Any] | None
+) -> _Call[Any]:
+    """A request on any path; `key` None sends none (a read)."""
+    return _call(method, path, _as_is, key=_UNKEYED if key is None else key, body=body, params=params)
 
 
 class _Verb(Generic[P, T]):
@@ -278,7 +362,13 @@ def _batch_items(tasks: BatchItems) -> list[BatchItem]:
 
 
 def _batch_entry(item: BatchItem) -> dict[str, Any]:
-    entry = {"idempotency_key": item.idempotency_key, "task": _body_of(item.task, SubmitTaskRequest)}
+    try:
+        task = _body_of(item.task, SubmitTaskRequest)
+    except (TypeError, ValueError) as exc:
+        if type(exc) not in (TypeError, ValueError):
+            raise
+        raise type(exc)(f"batch item {item.idempotency_key!r}: {exc}") from None
+    entry = {"idempotency_key": item.idempotency_key, "task": task}
     return entry if item.ref is None else {**entry, "ref": item.ref}
 
 
@@ -299,13 +389,14 @@ def _batch_results(keys: list[str]) -> Callable[[Any, str], list[BatchItemResult
 class _BaseClient:
     """What both clients share: argument checks, request encoding, answer decoding, verbs."""
 
-    def __init__(self, url: str, token: str) -> None:
-        # Checked here, not left to the first request: a header httpx cannot send would
-        # surface as a TransportError, which says "outcome unknown, send again".
+    def __init__(self, url: str, token: str, timeout: float | None) -> None:
+        # Checked here, not left to the first request: a header httpx cannot send, or a timeout
+        # a socket cannot take, would surface as a TransportError, which says "outcome unknown,
+        # send again", or from deep inside the socket module.
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
-        if not isinstance(token, str) or not token or not all(0x21 <= ord(ch) <= 0x7E for ch in token):
-            raise ValueError("token must be a non-empty string of printable ASCII without spaces")
+        token = check_token(token)
+        self._timeout = check_seconds(timeout, "timeout", allow_none=True)
         self.url = url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": USER_AGENT}
 
@@ -314,12 +405,16 @@ class _BaseClient:
 
     def _encode(self, call: _Call[Any]) -> tuple[httpx.URL, bytes | None, dict[str, Any] | None, dict[str, str]]:
         headers = {}
-        if call.key is not None:
-            headers["Idempotency-Key"] = _check_idempotency_key(call.key)
+        if call.key is not None:  # checked when the call was described (_call)
+            headers["Idempotency-Key"] = call.key
         content = None
         if call.body is not None:
             headers["Content-Type"] = "application/json"
-            content = json.dumps(call.body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+            try:
+                text = json.dumps(call.body, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+                content = text.encode()
+            except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+                raise _unencodable(call, exc) from None
         query = {name: value for name, value in (call.params or {}).items() if value is not None}
         try:
             url = _full_url(self.url, call.path)
@@ -358,7 +453,7 @@ class _BaseClient:
 
     @_Verb
     def get_queue(self, queue_id: str) -> _Call[Queue]:
-        return _call("GET", f"/v1/queues/{_segment(queue_id)}", Queue.from_json)
+        return _call("GET", f"/v1/queues/{_segment(queue_id, 'queue_id')}", Queue.from_json)
 
     @_Verb
     def list_queues(self, page_size: int | None = None, page_token: str | None = None) -> _Call[Page[Queue]]:
@@ -368,21 +463,30 @@ class _BaseClient:
     @_Verb
     def configure_queue(self, queue_id: str, key: str, request: ConfigureQueueRequest) -> _Call[CreateQueueResult]:
         """Full replacement of the queue's controls, checked against ``expected_revision``."""
-        path = f"/v1/queues/{_segment(queue_id)}:configure"
+        path = f"/v1/queues/{_segment(queue_id, 'queue_id')}:configure"
         return _call("POST", path, CreateQueueResult.from_json, key=key, body=_body_of(request, ConfigureQueueRequest))
 
     @_Verb
     def retire_queue(self, queue_id: str, key: str, expected_revision: int, reason: str) -> _Call[CreateQueueResult]:
         """Retire a paused, empty queue for good (reads keep working, the name stays taken)."""
-        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
-        return _call("POST", f"/v1/queues/{_segment(queue_id)}:retire", CreateQueueResult.from_json, key=key, body=body)
+        body = {
+            "expected_revision": _uint64_text(expected_revision, "expected_revision"),
+            "reason": _text(reason, "reason"),
+        }
+        return _call(
+            "POST",
+            f"/v1/queues/{_segment(queue_id, 'queue_id')}:retire",
+            CreateQueueResult.from_json,
+            key=key,
+            body=body,
+        )
 
     # ------------------------------------------------------------ application
 
     @_Verb
     def get_application(self, application_id: str) -> _Call[Application]:
         """The credential's own application: quotas and live counters (``applications:manage``)."""
-        return _call("GET", f"/v1/applications/{_segment(application_id)}", Application.from_json)
+        return _call("GET", f"/v1/applications/{_segment(application_id, 'application_id')}", Application.from_json)
 
     @_Verb
     def configure_application(
@@ -397,11 +501,11 @@ class _BaseClient:
         """Full replacement of the application's quotas, checked against ``expected_revision``."""
         body = {
             "expected_revision": _uint64_text(expected_revision, "expected_revision"),
-            "reason": reason,
-            "max_active_attempts": max_active_attempts,
-            "max_unfinished_tasks": max_unfinished_tasks,
+            "reason": _text(reason, "reason"),
+            "max_active_attempts": _whole(max_active_attempts, "max_active_attempts"),
+            "max_unfinished_tasks": _whole(max_unfinished_tasks, "max_unfinished_tasks"),
         }
-        path = f"/v1/applications/{_segment(application_id)}:configure"
+        path = f"/v1/applications/{_segment(application_id, 'application_id')}:configure"
         return _call("POST", path, ConfigureApplicationResult.from_json, key=key, body=body)
 
     @_Verb
@@ -418,7 +522,7 @@ class _BaseClient:
 
     @_Verb
     def get_plan(self, plan_id: str) -> _Call[Plan]:
-        return _call("GET", f"/v1/plans/{_segment(plan_id)}", Plan.from_json)
+        return _call("GET", f"/v1/plans/{_segment(plan_id, 'plan_id')}", Plan.from_json)
 
     @_Verb
     def list_plans(self, page_size: int | None = None, page_token: str | None = None) -> _Call[Page[Plan]]:
@@ -428,7 +532,7 @@ class _BaseClient:
     @_Verb
     def update_plan(self, plan_id: str, key: str, request: UpdatePlanRequest) -> _Call[PlanResult]:
         """A new immutable version; its schedule starts from now."""
-        path = f"/v1/plans/{_segment(plan_id)}:update"
+        path = f"/v1/plans/{_segment(plan_id, 'plan_id')}:update"
         return _call("POST", path, PlanResult.from_json, key=key, body=_body_of(request, UpdatePlanRequest))
 
     @_Verb
@@ -449,7 +553,7 @@ class _BaseClient:
         self, plan_id: str, page_size: int | None = None, page_token: str | None = None
     ) -> _Call[Page[PlanTrigger]]:
         """The plan's decided points, in the order they were decided."""
-        path = f"/v1/plans/{_segment(plan_id)}/triggers"
+        path = f"/v1/plans/{_segment(plan_id, 'plan_id')}/triggers"
         params = {"page_size": page_size, "page_token": page_token}
         return _call("GET", path, lambda data: _page(data, PlanTrigger.from_json), params=params)
 
@@ -481,7 +585,7 @@ class _BaseClient:
     @_Verb
     def get_task(self, task_id: str) -> _Call[Task]:
         """The task detail, payload included."""
-        return _call("GET", f"/v1/tasks/{_segment(task_id)}", Task.from_json)
+        return _call("GET", f"/v1/tasks/{_segment(task_id, 'task_id')}", Task.from_json)
 
     @_Verb
     def list_tasks(
@@ -507,7 +611,7 @@ class _BaseClient:
     @_Verb
     def get_task_blockers(self, task_id: str) -> _Call[TaskBlockers]:
         """Why the task is not running: every reason its next lease would not take it (a snapshot)."""
-        return _call("GET", f"/v1/tasks/{_segment(task_id)}/blockers", TaskBlockers.from_json)
+        return _call("GET", f"/v1/tasks/{_segment(task_id, 'task_id')}/blockers", TaskBlockers.from_json)
 
     @_Verb
     def list_dependencies(
@@ -515,7 +619,7 @@ class _BaseClient:
     ) -> _Call[Page[TaskLink]]:
         """The tasks this task waits for, in its ``depends_on`` order, a page at a time."""
         params = {"page_size": page_size, "page_token": page_token}
-        path = f"/v1/tasks/{_segment(task_id)}/dependencies"
+        path = f"/v1/tasks/{_segment(task_id, 'task_id')}/dependencies"
         return _call("GET", path, lambda data: _page(data, TaskLink.from_json), params=params)
 
     @_Verb
@@ -524,7 +628,7 @@ class _BaseClient:
     ) -> _Call[Page[TaskLink]]:
         """The tasks whose ``depends_on`` names this task, in the order they were submitted, a page at a time."""
         params = {"page_size": page_size, "page_token": page_token}
-        path = f"/v1/tasks/{_segment(task_id)}/dependents"
+        path = f"/v1/tasks/{_segment(task_id, 'task_id')}/dependents"
         return _call("GET", path, lambda data: _page(data, TaskLink.from_json), params=params)
 
     @_Verb
@@ -533,24 +637,24 @@ class _BaseClient:
     ) -> _Call[Page[Attempt]]:
         """A task's attempts in lease order, a page at a time."""
         params = {"page_size": page_size, "page_token": page_token}
-        path = f"/v1/tasks/{_segment(task_id)}/attempts"
+        path = f"/v1/tasks/{_segment(task_id, 'task_id')}/attempts"
         return _call("GET", path, lambda data: _page(data, Attempt.from_json), params=params)
 
     @_Verb
     def get_attempt(self, attempt_id: str) -> _Call[Attempt]:
-        return _call("GET", f"/v1/attempts/{_segment(attempt_id)}", Attempt.from_json)
+        return _call("GET", f"/v1/attempts/{_segment(attempt_id, 'attempt_id')}", Attempt.from_json)
 
     @_Verb
     def cancel_task(self, task_id: str, key: str, reason: str) -> _Call[CancelTaskResult]:
         """Cancel now if not started; a running task only gets ``cancel_requested``."""
-        path = f"/v1/tasks/{_segment(task_id)}:cancel"
-        return _call("POST", path, CancelTaskResult.from_json, key=key, body={"reason": reason})
+        path = f"/v1/tasks/{_segment(task_id, 'task_id')}:cancel"
+        return _call("POST", path, CancelTaskResult.from_json, key=key, body={"reason": _text(reason, "reason")})
 
     @_Verb
     def resolve_task(self, task_id: str, key: str, resolution: str, reason: str) -> _Call[ResolveTaskResult]:
         """Decide a NEEDS_REVIEW task: ``resolution`` is SUCCEEDED, FAILED or RETRY."""
-        path = f"/v1/tasks/{_segment(task_id)}:resolve"
-        body = {"resolution": resolution, "reason": reason}
+        path = f"/v1/tasks/{_segment(task_id, 'task_id')}:resolve"
+        body = {"resolution": _text(resolution, "resolution"), "reason": _text(reason, "reason")}
         return _call("POST", path, ResolveTaskResult.from_json, key=key, body=body)
 
     # ------------------------------------------------------- concurrency keys
@@ -566,7 +670,7 @@ class _BaseClient:
     @_Verb
     def get_concurrency_key(self, key: str) -> _Call[ConcurrencyKey]:
         """One key, compared byte for byte (percent-encoded here: ``/`` and any other character are fine)."""
-        return _call("GET", f"/v1/concurrency-keys/{_key_segment(key)}", ConcurrencyKey.from_json)
+        return _call("GET", f"/v1/concurrency-keys/{_segment(key, 'key')}", ConcurrencyKey.from_json)
 
     # ------------------------------------------------------------ key policies
 
@@ -578,7 +682,7 @@ class _BaseClient:
 
     @_Verb
     def get_key_policy(self, policy_id: str) -> _Call[KeyPolicy]:
-        return _call("GET", f"/v1/key-policies/{_segment(policy_id)}", KeyPolicy.from_json)
+        return _call("GET", f"/v1/key-policies/{_segment(policy_id, 'policy_id')}", KeyPolicy.from_json)
 
     @_Verb
     def list_key_policies(self, page_size: int | None = None, page_token: str | None = None) -> _Call[Page[KeyPolicy]]:
@@ -591,7 +695,7 @@ class _BaseClient:
         self, policy_id: str, key: str, request: ConfigureKeyPolicyRequest
     ) -> _Call[KeyPolicyResult]:
         """Full replacement of the policy's capacity and rate, checked against ``expected_revision``."""
-        path = f"/v1/key-policies/{_segment(policy_id)}:configure"
+        path = f"/v1/key-policies/{_segment(policy_id, 'policy_id')}:configure"
         body = _body_of(request, ConfigureKeyPolicyRequest)
         return _call("POST", path, KeyPolicyResult.from_json, key=key, body=body)
 
@@ -600,14 +704,20 @@ class _BaseClient:
         self, policy_id: str, key: str, expected_revision: int, reason: str
     ) -> _Call[KeyPolicyResult]:
         """Retire a policy for good: its keys fall back to the next rule, its match is free again."""
-        body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
-        path = f"/v1/key-policies/{_segment(policy_id)}:retire"
+        body = {
+            "expected_revision": _uint64_text(expected_revision, "expected_revision"),
+            "reason": _text(reason, "reason"),
+        }
+        path = f"/v1/key-policies/{_segment(policy_id, 'policy_id')}:retire"
         return _call("POST", path, KeyPolicyResult.from_json, key=key, body=body)
 
 
 def _change_plan(verb: str, plan_id: str, key: str, expected_revision: int, reason: str) -> _Call[PlanResult]:
-    body = {"expected_revision": _uint64_text(expected_revision, "expected_revision"), "reason": reason}
-    return _call("POST", f"/v1/plans/{_segment(plan_id)}:{verb}", PlanResult.from_json, key=key, body=body)
+    body = {
+        "expected_revision": _uint64_text(expected_revision, "expected_revision"),
+        "reason": _text(reason, "reason"),
+    }
+    return _call("POST", f"/v1/plans/{_segment(plan_id, 'plan_id')}:{verb}", PlanResult.from_json, key=key, body=body)
 
 
 class Client(_BaseClient):
@@ -619,7 +729,11 @@ class Client(_BaseClient):
     definite answer. Requests go through ``httpx.Client``, over HTTP/1.1 keep-alive
     connections of the standard library (``orbit_sdk._transport``), or httpx's own transport
     when the environment names a proxy; ``transport`` replaces that last step (e.g. with an
-    ``httpx.MockTransport`` in tests).
+    ``httpx.MockTransport`` in tests). ``timeout`` is in seconds, None for none.
+
+    What no request could carry (a token with a newline, a timeout of 0, a key that is None, an
+    id that is not a string, a request field of the wrong kind, a payload JSON cannot carry) is
+    a TypeError or ValueError naming it, raised before anything is sent.
     """
 
     def __init__(
@@ -627,14 +741,14 @@ class Client(_BaseClient):
         url: str,
         token: str,
         *,
-        timeout: float = 10.0,
+        timeout: float | None = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(url, token)
+        super().__init__(url, token, timeout)
         if transport is None and not environment_names_a_proxy():
             transport = KeepAliveTransport()
         self._http = _HttpClient(
-            base_url=self.url, headers=self._headers, timeout=timeout, transport=transport, follow_redirects=False
+            base_url=self.url, headers=self._headers, timeout=self._timeout, transport=transport, follow_redirects=False
         )
 
     @classmethod
@@ -642,7 +756,7 @@ class Client(_BaseClient):
         cls,
         path: str | os.PathLike[str] | None = None,
         *,
-        timeout: float = 10.0,
+        timeout: float | None = 10.0,
         transport: httpx.BaseTransport | None = None,
     ) -> Client:
         """A client from ``path`` or ``$ORBIT_CREDENTIALS_FILE`` (see :func:`load_credentials`)."""
@@ -686,7 +800,7 @@ class Client(_BaseClient):
         params: Mapping[str, Any] | None = None,
     ) -> Any:
         """The envelope's ``data`` of any request (for paths this client has no method for yet)."""
-        return self._send(_call(method, path, _as_is, key=key, body=body, params=params))
+        return self._send(_raw_call(method, path, key, body, params))
 
 
 class AsyncClient(_BaseClient):
@@ -702,12 +816,12 @@ class AsyncClient(_BaseClient):
         url: str,
         token: str,
         *,
-        timeout: float = 10.0,
+        timeout: float | None = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(url, token)
+        super().__init__(url, token, timeout)
         self._http = _AsyncHttpClient(
-            base_url=self.url, headers=self._headers, timeout=timeout, transport=transport, follow_redirects=False
+            base_url=self.url, headers=self._headers, timeout=self._timeout, transport=transport, follow_redirects=False
         )
 
     @classmethod
@@ -715,7 +829,7 @@ class AsyncClient(_BaseClient):
         cls,
         path: str | os.PathLike[str] | None = None,
         *,
-        timeout: float = 10.0,
+        timeout: float | None = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> AsyncClient:
         """A client from ``path`` or ``$ORBIT_CREDENTIALS_FILE`` (see :func:`load_credentials`)."""
@@ -759,4 +873,4 @@ class AsyncClient(_BaseClient):
         params: Mapping[str, Any] | None = None,
     ) -> Any:
         """The envelope's ``data`` of any request (for paths this client has no method for yet)."""
-        return await self._send(_call(method, path, _as_is, key=key, body=body, params=params))
+        return await self._send(_raw_call(method, path, key, body, params))

@@ -12,11 +12,11 @@ import asyncio
 import dataclasses
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import ConnectionClosed, InvalidHeader, InvalidStatus, InvalidURI, WebSocketException
 
 from orbit_sdk._exceptions import APIError, ProtocolError
 from orbit_sdk._protocol import TRANSIENT_CODES, decoded, encoded, error_code, fatal, seconds
@@ -37,6 +37,24 @@ CLOSE_MEANINGS = {
     4408: "assignments not acknowledged in time",
     4503: "the application moved to another cell",
 }
+
+
+class _Redacting(logging.LoggerAdapter[logging.Logger]):
+    """websockets' connection logger (``websockets.client``, as configured) without the bearer
+    token: at DEBUG it writes the handshake's request headers, Authorization included."""
+
+    def __init__(self, redact: Callable[[str], str]) -> None:
+        super().__init__(logging.getLogger("websockets.client"), {})
+        self._redact = redact
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if self.isEnabledFor(level):
+            text = str(msg)
+            if len(args) == 1 and isinstance(args[0], Mapping) and args[0]:
+                text %= args[0]  # as a LogRecord reads one mapping: "%(name)s"
+            elif args:
+                text %= args
+            self.logger.log(level, "%s", self._redact(text), **kwargs)
 
 
 class NoAnswer(Exception):
@@ -108,6 +126,7 @@ class Link:
         self._min_reconnect_delay = min_reconnect_delay
         self._max_reconnect_delay = max_reconnect_delay
         self._reconnect_delay = min_reconnect_delay
+        self._websockets_logger = _Redacting(self.redact)
         self._ids = itertools.count(1)
         self._generation = 0
         self.conn: Connection | None = None
@@ -123,6 +142,7 @@ class Link:
             self._events.check_finished()
             if self._done.is_set():
                 return
+            unusable: Exception | None = None
             try:
                 async with connect(
                     self._url,
@@ -130,21 +150,36 @@ class Link:
                     open_timeout=OPEN_TIMEOUT,
                     close_timeout=CLOSE_TIMEOUT,
                     max_size=None,
+                    logger=self._websockets_logger,
                 ) as ws:
                     await self._session(ws)
                 if not self._done.is_set():
                     self._log_close(ws)
             except HelloRefused as exc:
                 logger.warning(
-                    "orbit worker %s: %s; reconnecting in %.1f s", self._worker_id, exc, self._reconnect_delay
+                    "orbit worker %s: %s; reconnecting in %.1f s",
+                    self._worker_id,
+                    self.redact(str(exc)),
+                    self._reconnect_delay,
                 )
             except InvalidStatus as exc:
                 status = exc.response.status_code
                 if status in FATAL_HTTP_STATUSES:
                     raise APIError(FATAL_HTTP_STATUSES[status], status, f"handshake refused: HTTP {status}") from exc
                 logger.warning("orbit worker %s: handshake refused (HTTP %s); retrying", self._worker_id, status)
+            except (InvalidHeader, InvalidURI) as exc:
+                # Not a lost connection: the same handshake fails the same way every time. Raised
+                # below, outside this block, so that websockets' exception (whose text may quote
+                # the Authorization header) is not chained to it.
+                unusable = self._unusable_handshake(exc)
             except (OSError, TimeoutError, WebSocketException, NoAnswer) as exc:
-                logger.warning("orbit worker %s: connection lost (%s); reconnecting", self._worker_id, exc or type(exc))
+                logger.warning(
+                    "orbit worker %s: connection lost (%s); reconnecting",
+                    self._worker_id,
+                    self.redact(str(exc) or type(exc).__name__),
+                )
+            if unusable is not None:
+                raise unusable
             self._events.check_finished()
             if self._done.is_set():
                 return
@@ -156,6 +191,27 @@ class Link:
                 await asyncio.wait_for(self._done.wait(), timeout=delay)
             except TimeoutError:
                 pass
+
+    def redact(self, text: str) -> str:
+        """`text` without the bearer token (nor its secret part): for anything logged or raised
+        that quotes what a library said about the connection."""
+        secret = self._token.rpartition("_")[2]
+        text = text.replace(self._token, "[token]")
+        return text.replace(secret, "[secret]") if len(secret) >= 8 else text
+
+    def _unusable_handshake(self, exc: InvalidHeader | InvalidURI) -> Exception:
+        """What ends the run when the handshake cannot succeed however often it is tried."""
+        if isinstance(exc, InvalidHeader) and exc.name.lower() == "authorization":
+            # The value is never quoted: it is the bearer token.
+            return ValueError("token: the Authorization header cannot carry it; the worker cannot connect")
+        if isinstance(exc, InvalidURI):
+            what = f"the WebSocket URL (a redirect's, if the server sent one) is not usable: {exc.msg}"
+        else:
+            what = (
+                f"the server's answer to the WebSocket handshake has {self.redact(str(exc))}: the server, or a "
+                "proxy in front of it, does not accept WebSocket connections at this URL"
+            )
+        return ProtocolError(f"orbit worker {self._worker_id}: {what}; not retried")
 
     def _log_close(self, ws: ClientConnection) -> None:
         """Why the server closed, in its own words when it sent them (an error frame first)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Self, TypeVar
 
@@ -50,12 +50,12 @@ def parse_time(value: Any, field: str) -> datetime.datetime:
     return parsed.astimezone(datetime.UTC)
 
 
-def format_time(value: datetime.datetime) -> str:
+def format_time(value: datetime.datetime, field: str = "time") -> str:
     """RFC 3339 UTC with ``Z``; a naive datetime is refused rather than guessed at."""
     if not isinstance(value, datetime.datetime):
-        raise TypeError(f"expected a datetime, got {type(value).__name__}")
+        raise TypeError(f"{field} must be a datetime, got {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError("naive datetime: pass a timezone-aware value (e.g. datetime.now(UTC))")
+        raise ValueError(f"{field}: naive datetime: pass a timezone-aware value (e.g. datetime.now(UTC))")
     return value.astimezone(datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -144,6 +144,62 @@ def _str_tuple(obj: Mapping[str, Any], name: str, what: str) -> tuple[str, ...]:
 
 def _without_none(fields: Mapping[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
+
+
+# --------------------------------------------------------------------------- request fields
+#
+# A request field of the wrong kind is refused before anything is sent, naming the field: a
+# TypeError for the wrong type (what the SDK could not encode, or would send as another JSON
+# type than the server takes). Values (ranges, lengths, names) are the server's to judge: its
+# INVALID_ARGUMENT names the field too, and its rules stay in one place.
+
+
+def _kind(name: str, expected: str, value: object) -> TypeError:
+    return TypeError(f"{name} must be {expected}, got {type(value).__name__}")
+
+
+def _text(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise _kind(name, "a string", value)
+    return value
+
+
+def _opt_text(value: object, name: str) -> str | None:
+    return None if value is None else _text(value, name)
+
+
+def _whole(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _kind(name, "an int", value)
+    return value
+
+
+def _opt_whole(value: object, name: str) -> int | None:
+    return None if value is None else _whole(value, name)
+
+
+def _opt_number(value: object, name: str) -> int | float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _kind(name, "a number", value)
+    return value
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise _kind(name, "a bool", value)
+    return value
+
+
+def _json_object(value: object, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _kind(name, "a dict", value)
+    return dict(value)
+
+
+def _opt_time_text(value: Any, name: str) -> str | None:
+    return None if value is None else format_time(value, name)
 
 
 # --------------------------------------------------------------------------- resources
@@ -801,10 +857,10 @@ class CreateQueueRequest:
     def to_json(self) -> dict[str, Any]:
         return _without_none(
             {
-                "name": self.name,
-                "max_concurrency": self.max_concurrency,
-                "rate_per_second": self.rate_per_second,
-                "max_unfinished_tasks": self.max_unfinished_tasks,
+                "name": _text(self.name, "name"),
+                "max_concurrency": _whole(self.max_concurrency, "max_concurrency"),
+                "rate_per_second": _whole(self.rate_per_second, "rate_per_second"),
+                "max_unfinished_tasks": _opt_whole(self.max_unfinished_tasks, "max_unfinished_tasks"),
             }
         )
 
@@ -823,11 +879,11 @@ class ConfigureQueueRequest:
     def to_json(self) -> dict[str, Any]:
         return {
             "expected_revision": _uint64_text(self.expected_revision, "expected_revision"),
-            "reason": self.reason,
-            "paused": self.paused,
-            "max_concurrency": self.max_concurrency,
-            "rate_per_second": self.rate_per_second,
-            "max_unfinished_tasks": self.max_unfinished_tasks,
+            "reason": _text(self.reason, "reason"),
+            "paused": _flag(self.paused, "paused"),
+            "max_concurrency": _whole(self.max_concurrency, "max_concurrency"),
+            "rate_per_second": _whole(self.rate_per_second, "rate_per_second"),
+            "max_unfinished_tasks": _whole(self.max_unfinished_tasks, "max_unfinished_tasks"),
         }
 
 
@@ -845,11 +901,11 @@ class CreatePlanRequest:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name,
-            "queue_id": self.queue_id,
-            "schedule": self.schedule,
-            "misfire": self.misfire,
-            "definition": {"task": self.task},
+            "name": _text(self.name, "name"),
+            "queue_id": _text(self.queue_id, "queue_id"),
+            "schedule": _json_object(self.schedule, "schedule"),
+            "misfire": _json_object(self.misfire, "misfire"),
+            "definition": {"task": _json_object(self.task, "task")},
         }
 
 
@@ -866,10 +922,10 @@ class UpdatePlanRequest:
     def to_json(self) -> dict[str, Any]:
         return {
             "expected_revision": _uint64_text(self.expected_revision, "expected_revision"),
-            "reason": self.reason,
-            "schedule": self.schedule,
-            "misfire": self.misfire,
-            "definition": {"task": self.task},
+            "reason": _text(self.reason, "reason"),
+            "schedule": _json_object(self.schedule, "schedule"),
+            "misfire": _json_object(self.misfire, "misfire"),
+            "definition": {"task": _json_object(self.task, "task")},
         }
 
 
@@ -883,7 +939,11 @@ class RetryPolicy:
 
     def to_json(self) -> dict[str, Any]:
         return _without_none(
-            {"initial_seconds": self.initial_seconds, "multiplier": self.multiplier, "max_seconds": self.max_seconds}
+            {
+                "initial_seconds": _opt_number(self.initial_seconds, "retry.initial_seconds"),
+                "multiplier": _opt_number(self.multiplier, "retry.multiplier"),
+                "max_seconds": _opt_number(self.max_seconds, "retry.max_seconds"),
+            }
         )
 
 
@@ -892,9 +952,10 @@ class SubmitTaskRequest:
     """One task to submit. ``depends_on`` (SPEC §13): 1 to 1,000 distinct ids of tasks of the
     namespace (any queue) it waits for, BLOCKED until each has finished; in a ``submit_tasks``
     batch an entry may also be ``"ref:NAME"``, the ``ref`` of an earlier :class:`BatchItem` of
-    the same batch. ``on_dependency_failure``: ``"CANCEL"`` (the server's default: cancelled with
-    ``DEPENDENCY_FAILED`` once one fails or is cancelled) or ``"RUN"`` (runs after all have
-    finished, however they ended)."""
+    the same batch. A list, or any iterable of them: an iterator (a generator, ``map(...)``) is
+    read once, when the request is made. ``on_dependency_failure``: ``"CANCEL"`` (the server's
+    default: cancelled with ``DEPENDENCY_FAILED`` once one fails or is cancelled) or ``"RUN"``
+    (runs after all have finished, however they ended)."""
 
     queue_id: str
     handler: str
@@ -913,43 +974,62 @@ class SubmitTaskRequest:
     max_attempts: int | None = None
     retry: RetryPolicy | None = None
     lease_seconds: int | None = None
-    depends_on: Sequence[str] | None = None
+    depends_on: Iterable[str] | None = None
     on_dependency_failure: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        def when(value: datetime.datetime | None) -> str | None:
-            return None if value is None else format_time(value)
+    def __post_init__(self) -> None:
+        # An iterator (a generator, map(...)) is read once, here: the request is then the same
+        # every time it is sent, as re-sending with the same key requires.
+        if isinstance(self.depends_on, Iterator):
+            self.depends_on = tuple(self.depends_on)
 
+    def to_json(self) -> dict[str, Any]:
         body = {
-            "queue_id": self.queue_id,
-            "handler": self.handler,
-            "handler_version": self.handler_version,
-            "payload_version": self.payload_version,
-            "business_key": self.business_key,
-            "concurrency_key": self.concurrency_key,
-            "fairness_key": self.fairness_key,
-            "priority": self.priority,
-            "available_at": when(self.available_at),
-            "start_deadline_at": when(self.start_deadline_at),
-            "deadline_at": when(self.deadline_at),
-            "timeout_seconds": self.timeout_seconds,
-            "max_attempts": self.max_attempts,
-            "retry": None if self.retry is None else self.retry.to_json(),
-            "lease_seconds": self.lease_seconds,
+            "queue_id": _text(self.queue_id, "queue_id"),
+            "handler": _text(self.handler, "handler"),
+            "handler_version": _text(self.handler_version, "handler_version"),
+            "payload_version": _text(self.payload_version, "payload_version"),
+            "business_key": _opt_text(self.business_key, "business_key"),
+            "concurrency_key": _opt_text(self.concurrency_key, "concurrency_key"),
+            "fairness_key": _opt_text(self.fairness_key, "fairness_key"),
+            "priority": _opt_whole(self.priority, "priority"),
+            "available_at": _opt_time_text(self.available_at, "available_at"),
+            "start_deadline_at": _opt_time_text(self.start_deadline_at, "start_deadline_at"),
+            "deadline_at": _opt_time_text(self.deadline_at, "deadline_at"),
+            "timeout_seconds": _opt_whole(self.timeout_seconds, "timeout_seconds"),
+            "max_attempts": _opt_whole(self.max_attempts, "max_attempts"),
+            "retry": _retry_json(self.retry),
+            "lease_seconds": _opt_whole(self.lease_seconds, "lease_seconds"),
             "depends_on": _depends_on_json(self.depends_on),
-            "on_dependency_failure": self.on_dependency_failure,
+            "on_dependency_failure": _opt_text(self.on_dependency_failure, "on_dependency_failure"),
         }
-        # payload is required and may itself be JSON null: it is never dropped.
+        # payload is required and may itself be JSON null: it is never dropped. What JSON
+        # cannot carry in it (a datetime, a set, NaN, a lone surrogate) is found, and named,
+        # when the body is encoded (orbit_sdk._client).
         return {**_without_none(body), "payload": self.payload}
 
 
-def _depends_on_json(depends_on: Sequence[str] | None) -> list[str] | None:
+def _retry_json(retry: Any) -> dict[str, Any] | None:
+    if retry is None:
+        return None
+    if not isinstance(retry, RetryPolicy):
+        raise _kind("retry", "a RetryPolicy (e.g. RetryPolicy(initial_seconds=5))", retry)
+    return retry.to_json()
+
+
+def _depends_on_json(depends_on: Any) -> list[str] | None:
     # A bare string is a sequence of characters: refused rather than sent as one id per letter.
+    # Any other iterable of strings is taken (a list, a tuple, a generator read once).
     if depends_on is None:
         return None
-    if isinstance(depends_on, str | bytes) or not all(isinstance(entry, str) for entry in depends_on):
-        raise TypeError(f"depends_on must be a list of task ids or ref:NAME strings, got {depends_on!r}")
-    return list(depends_on)
+    expected = "a list of task ids or ref:NAME strings"
+    if isinstance(depends_on, str | bytes | bytearray | Mapping) or not isinstance(depends_on, Iterable):
+        raise TypeError(f"depends_on must be {expected} (any iterable of them), got {type(depends_on).__name__}")
+    entries = list(depends_on)
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, str):
+            raise TypeError(f"depends_on must be {expected}: depends_on[{index}] is a {type(entry).__name__}")
+    return entries
 
 
 REF_PREFIX = "ref:"
@@ -993,7 +1073,9 @@ class KeyMatch:
     def to_json(self) -> dict[str, str]:
         if (self.key is None) == (self.prefix is None):
             raise ValueError("KeyMatch takes exactly one of key or prefix")
-        return {"key": self.key} if self.key is not None else {"prefix": str(self.prefix)}
+        if self.key is not None:
+            return {"key": _text(self.key, "match.key")}
+        return {"prefix": _text(self.prefix, "match.prefix")}
 
     @classmethod
     def from_json(cls, value: Any, what: str = "policy.match") -> KeyMatch:
@@ -1057,7 +1139,11 @@ def _rate_json(rate: KeyRate | None) -> dict[str, int] | None:
         return None
     if not isinstance(rate, KeyRate):
         raise TypeError(f"rate must be a KeyRate, got {type(rate).__name__}")
-    return {"starts": rate.starts, "per_seconds": rate.per_seconds, "burst": rate.burst}
+    return {
+        "starts": _whole(rate.starts, "rate.starts"),
+        "per_seconds": _whole(rate.per_seconds, "rate.per_seconds"),
+        "burst": _whole(rate.burst, "rate.burst"),
+    }
 
 
 @dataclass
@@ -1075,9 +1161,9 @@ class CreateKeyPolicyRequest:
         return _without_none(
             {
                 "match": self.match.to_json(),
-                "capacity": self.capacity,
+                "capacity": _opt_whole(self.capacity, "capacity"),
                 "rate": _rate_json(self.rate),
-                "reason": self.reason,
+                "reason": _text(self.reason, "reason"),
             }
         )
 
@@ -1096,8 +1182,8 @@ class ConfigureKeyPolicyRequest:
         return _without_none(
             {
                 "expected_revision": _uint64_text(self.expected_revision, "expected_revision"),
-                "reason": self.reason,
-                "capacity": self.capacity,
+                "reason": _text(self.reason, "reason"),
+                "capacity": _whole(self.capacity, "capacity"),
                 "rate": _rate_json(self.rate),
             }
         )

@@ -20,7 +20,11 @@ import threading
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any
 
+from websockets.exceptions import InvalidURI
+from websockets.uri import parse_uri
+
 from orbit_sdk._attempts import Attempts, Handler
+from orbit_sdk._checks import check_positive_seconds, check_seconds, check_token
 from orbit_sdk._connection import Connection, Link, LinkEvents, NoAnswer
 from orbit_sdk._credentials import load_credentials
 from orbit_sdk._models import TaskInfo
@@ -50,6 +54,12 @@ class Worker:
     advertise ``[]`` (any handler) and assignments the worker cannot serve are released with
     reason ``"no handler"`` after a one-second hold (at once, the server would assign them
     straight back), with a warning once per handler and version.
+
+    ``request_timeout`` (how long a request waits for its reply), ``min_reconnect_delay`` and
+    ``max_reconnect_delay`` (the reconnect delay doubles from one to the other) are seconds:
+    finite numbers above zero, the minimum at most the maximum. They, the token (as the
+    Client checks it) and the url are checked here, a TypeError or ValueError naming what is
+    wrong: none of them fails later, inside the run, or makes it reconnect in a loop.
     """
 
     def __init__(
@@ -69,6 +79,21 @@ class Worker:
         namespace_id: str | None = None,
     ) -> None:
         self.url = websocket_url(url)
+        try:
+            parse_uri(self.url)  # what websockets will check on every connect
+        except InvalidURI as exc:
+            raise ValueError(f"url is not usable for the worker's WebSocket: {exc.msg}") from None
+        # The same check as the Client's: a token the Authorization header cannot carry would
+        # otherwise fail every connect, in a loop that no reconnect can end.
+        token = check_token(token)
+        request_timeout = check_positive_seconds(request_timeout, "request_timeout")
+        min_reconnect_delay = check_positive_seconds(min_reconnect_delay, "min_reconnect_delay")
+        max_reconnect_delay = check_positive_seconds(max_reconnect_delay, "max_reconnect_delay")
+        if min_reconnect_delay > max_reconnect_delay:
+            raise ValueError(
+                f"min_reconnect_delay ({min_reconnect_delay}) must not exceed "
+                f"max_reconnect_delay ({max_reconnect_delay})"
+            )
         if isinstance(queues, str):  # a list of one id was meant, not its characters
             raise ValueError("queues must be a list of queue ids, not a string")
         self.queues = list(queues)
@@ -79,6 +104,8 @@ class Worker:
         self.capacity = capacity
         self.concurrency_keys = bool(concurrency_keys)
         self.worker_id = worker_id if worker_id is not None else default_worker_id()
+        if not isinstance(self.worker_id, str):
+            raise TypeError(f"worker_id must be a string, got {type(self.worker_id).__name__}")
         if not 1 <= len(self.worker_id) <= 128 or not all(0x21 <= ord(ch) <= 0x7E for ch in self.worker_id):
             raise ValueError("worker_id must be 1-128 printable ASCII characters without spaces")
         self.version = version
@@ -240,7 +267,7 @@ class Worker:
         try:
             asyncio.run(self.run_async())
         except BaseException as exc:  # handed to join(); a thread has no caller to raise to
-            logger.error("orbit worker %s: run ended with %r", self.worker_id, exc)
+            logger.error("orbit worker %s: run ended with %s", self.worker_id, self._link.redact(repr(exc)))
             self._error = exc
 
     def drain(self) -> None:
@@ -268,8 +295,7 @@ class Worker:
         them, no result is sent for them, and a sync handler's daemon thread is not interrupted
         (it goes on until it returns, or until the process exits); its return value is dropped.
         """
-        if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
-            raise ValueError("timeout must be None or a number of seconds >= 0")
+        timeout = check_seconds(timeout, "timeout", allow_none=True, allow_zero=True)
         with self._control:
             loop = self._loop
             if loop is None:
@@ -286,8 +312,14 @@ class Worker:
         """Wait (from another thread) until ``run`` has ended; True if it has.
 
         For a worker started with :meth:`start`, raises the exception that ended its run, if any.
+        A worker never started (neither :meth:`start`, :meth:`run` nor :meth:`run_async` called
+        yet) has nothing to wait for: True at once, so ``stop(); join()`` in a ``finally`` does
+        not hang when an earlier step failed before the start.
         """
-        thread = self._thread
+        with self._control:
+            thread = self._thread
+            if thread is None and not self._ran:
+                return True
         if thread is None:
             return self._finished.wait(timeout)
         thread.join(timeout)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import inspect
 import json
+import re
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -207,6 +210,82 @@ def test_async_client_from_credentials_file(tmp_path, monkeypatch):
     assert recorder.requests[0].headers["Authorization"] == f"Bearer {TOKEN}"
 
 
+def is_key(arg: Any) -> bool:
+    """An Idempotency-Key of the VERBS table: "k1", "k2", …"""
+    return isinstance(arg, str) and re.fullmatch(r"k[0-9]+", arg) is not None
+
+
+KEYED = [(name, args) for name, args, _ in VERBS if any(is_key(arg) for arg in args)]
+IDS = {QUEUE_ID, APPLICATION["id"], PLAN_ID, TASK_ID, ATTEMPT_ID, POLICY["id"], KEY["key"]}
+# The verbs whose first argument is a path segment (list_tasks's queue_id is a query parameter).
+ADDRESSED = [
+    (name, args)
+    for name, args, _ in VERBS
+    if name != "list_tasks" and args and isinstance(args[0], str) and args[0] in IDS
+]
+
+
+def call_on_both_clients(name: str, args: tuple[Any, ...]) -> tuple[list[Exception], Recorder]:
+    """What `name(*args)` raised on a Client and on an AsyncClient (none: None), and what they sent."""
+    recorder = Recorder(ok({}))
+    raised: list[Exception] = []
+    try:
+        getattr(Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder)), name)(*args)
+    except Exception as exc:
+        raised.append(exc)
+
+    async def call() -> None:
+        async with AsyncClient("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder)) as client:
+            await getattr(client, name)(*args)
+
+    try:
+        asyncio.run(call())
+    except Exception as exc:
+        raised.append(exc)
+    return raised, recorder
+
+
+@pytest.mark.parametrize("key", [None, 42])
+@pytest.mark.parametrize(("name", "args"), KEYED, ids=[name for name, _ in KEYED])
+def test_every_mutating_verb_refuses_a_missing_or_non_string_key_before_sending(name, args, key):
+    assert len(KEYED) == 15  # every verb that takes an Idempotency-Key (submit_tasks: one per item)
+    args = tuple(key if is_key(arg) else arg for arg in args)
+    raised, recorder = call_on_both_clients(name, args)
+    assert [type(exc) for exc in raised] == [TypeError, TypeError], raised
+    assert all("Idempotency-Key" in str(exc) for exc in raised)
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize("key", [None, 42])
+def test_a_batch_item_with_a_missing_or_non_string_key_is_refused_before_sending(key):
+    raised, recorder = call_on_both_clients("submit_tasks", ([(key, REQUEST)],))
+    assert [type(exc) for exc in raised] == [TypeError, TypeError], raised
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize("dots", [".", ".."])
+@pytest.mark.parametrize(("name", "args"), ADDRESSED, ids=[name for name, _ in ADDRESSED])
+def test_no_id_can_address_another_endpoint(name, args, dots):
+    """Whatever the verb, an id (or concurrency key) of "." or ".." is one path segment with
+    its dots percent-encoded, in the place of the id: never resolved into another path."""
+    assert len(ADDRESSED) == 23
+    real = Recorder(ok({}))
+    with contextlib.suppress(ProtocolError):
+        getattr(Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(real)), name)(*args)
+    raised, recorder = call_on_both_clients(name, (dots, *args[1:]))
+    assert all(isinstance(exc, ProtocolError) for exc in raised)  # the canned answer, not the argument
+    expected = real.last.url.raw_path.replace(quote(args[0], safe="").encode(), dots.replace(".", "%2E").encode())
+    assert [request.url.raw_path for request in recorder.requests] == [expected, expected]
+
+
+@pytest.mark.parametrize(("name", "args"), ADDRESSED, ids=[name for name, _ in ADDRESSED])
+def test_an_id_that_is_not_a_string_is_a_type_error_before_sending(name, args):
+    raised, recorder = call_on_both_clients(name, (42, *args[1:]))
+    assert [type(exc) for exc in raised] == [TypeError, TypeError], raised
+    assert all("must be a string, got int" in str(exc) for exc in raised)
+    assert recorder.requests == []
+
+
 def test_a_verb_read_on_the_class_can_be_called_with_the_client():
     recorder = Recorder(ok(QUEUE))
     client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
@@ -263,6 +342,19 @@ def test_submit_tasks_sends_each_item_with_its_key_and_reads_each_result():
     )
     assert refused.error.retry_after == datetime.timedelta(seconds=1)  # as a single submit's Retry-After
     assert isinstance(refused, BatchItemResult)
+
+
+def test_a_batch_item_the_sdk_cannot_send_is_named_with_its_place_in_the_batch():
+    recorder = Recorder(ok({"results": []}))
+    client = Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(recorder))
+    when = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    unencodable = SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {"when": when})
+    with pytest.raises(TypeError, match=r"^tasks\[1\]\.task\.payload\.when: a datetime is not JSON"):
+        client.submit_tasks({"ok": REQUEST, "late": unencodable})
+    wrong_kind = SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}, priority="5")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^batch item 'second': priority must be an int, got str$"):
+        client.submit_tasks({"first": REQUEST, "second": wrong_kind})
+    assert recorder.requests == []
 
 
 def test_submit_tasks_takes_a_mapping_of_keys_to_requests():

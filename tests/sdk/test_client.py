@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
+from typing import Any
 
 import httpx
 import pytest
@@ -11,6 +13,7 @@ import pytest
 import orbit_sdk
 from orbit_sdk import (
     APIError,
+    AsyncClient,
     Client,
     ConfigureQueueRequest,
     CreatePlanRequest,
@@ -296,6 +299,70 @@ def test_an_invalid_idempotency_key_is_refused_before_sending(key):
     assert recorder.requests == []
 
 
+@pytest.mark.parametrize("key", [None, 42, b"submit-1"], ids=repr)
+def test_a_missing_or_non_string_idempotency_key_is_refused_before_sending(key: Any):
+    """A key that is None (an unset variable) or not a string is a TypeError naming the
+    Idempotency-Key, raised before anything is sent: the server would refuse a POST without
+    one only after a round trip."""
+    recorder = Recorder(ok({"deduplicated": False, "task": TASK_SUMMARY}))
+    with pytest.raises(TypeError, match="Idempotency-Key"):
+        client_for(recorder).submit_task(key, SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}))
+    assert recorder.requests == []
+
+
+def test_retry_given_as_a_dict_is_a_type_error_naming_retry():
+    """``retry`` takes a RetryPolicy; the HTTP API's object given as a dict (a natural guess) is
+    a TypeError that says so, raised before anything is sent."""
+    recorder = Recorder(ok({}))
+    request = SubmitTaskRequest(QUEUE_ID, "h", "v1", "v1", {}, retry={"initial_seconds": 5})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="retry must be a RetryPolicy"):
+        client_for(recorder).submit_task("k", request)
+    assert recorder.requests == []
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"payload": {"when": datetime.datetime(2030, 1, 1, tzinfo=UTC)}}, "payload.when"),
+        ({"payload": {"ids": {1, 2}}}, "payload.ids"),
+        ({"payload": {"ratio": math.nan}}, "payload.ratio"),
+        ({"payload": [1, {"limit": math.inf}]}, "payload[1].limit"),
+        ({"payload": {"text": "\ud800"}}, "payload.text"),
+        ({"payload": {"\ud800": 1}}, "payload['\\ud800']"),
+        ({"payload": {(1, 2): "pair"}}, "payload[(1, 2)]"),
+        ({"payload": b"raw"}, "payload"),
+        ({"available_at": "2030-01-01T00:00:00Z"}, "available_at"),
+        ({"deadline_at": 1893456000}, "deadline_at"),
+        ({"priority": "5"}, "priority"),
+        ({"max_attempts": 3.0}, "max_attempts"),
+        ({"lease_seconds": True}, "lease_seconds"),
+        ({"queue_id": None}, "queue_id"),
+        ({"business_key": 42}, "business_key"),
+        ({"retry": RetryPolicy(initial_seconds="5")}, "retry.initial_seconds"),  # type: ignore[arg-type]
+        ({"retry": RetryPolicy(max_seconds=math.nan)}, "retry.max_seconds"),
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_a_field_the_sdk_cannot_send_is_named_in_the_error(fields: dict[str, Any], name: str):
+    """A payload the SDK cannot encode as JSON (a datetime, a set, NaN or infinity, a lone
+    surrogate), or a field of the wrong kind (a time given as a string, a number as a string),
+    is a TypeError or ValueError that names the field, down to the place in the payload,
+    raised before anything is sent. (Values of the right kind are the server's to judge.)"""
+    recorder = Recorder(ok({}))
+    arguments: dict[str, Any] = {
+        "queue_id": QUEUE_ID,
+        "handler": "h",
+        "handler_version": "v1",
+        "payload_version": "v1",
+        "payload": {},
+    }
+    request = SubmitTaskRequest(**{**arguments, **fields})
+    with pytest.raises((TypeError, ValueError)) as raised:
+        client_for(recorder).submit_task("k", request)
+    assert str(raised.value).startswith(name), f"{type(raised.value).__name__}: {raised.value}"
+    assert recorder.requests == []
+
+
 def test_get_task_detail_and_summary_optional_fields():
     detail = {
         **TASK_SUMMARY,
@@ -439,6 +506,24 @@ def test_path_segments_are_quoted():
     recorder = Recorder(ok(QUEUE))
     client_for(recorder).get_queue("a/../b")
     assert recorder.last.url.raw_path == b"/v1/queues/a%2F..%2Fb"
+
+
+@pytest.mark.parametrize("task_id", [".", ".."])
+def test_a_dot_id_stays_one_path_segment(task_id: str):
+    """An id of "." or ".." has its dots percent-encoded, as a concurrency key's: a URL parser
+    would take it for a dot segment and resolve it (httpx does), and ``get_task(".")`` would
+    ask ``GET /v1/tasks``, the task list. The server answers such an id NOT_FOUND."""
+    recorder = Recorder(ok(TASK_SUMMARY))
+    client_for(recorder).get_task(task_id)
+    assert recorder.last.url.raw_path == b"/v1/tasks/" + task_id.replace(".", "%2E").encode()
+
+
+@pytest.mark.parametrize("task_id", [None, 42, b"55555555555555555555555555555555"], ids=repr)
+def test_an_id_that_is_not_a_string_is_a_type_error_naming_it(task_id: Any):
+    recorder = Recorder(ok(TASK_SUMMARY))
+    with pytest.raises(TypeError, match="task_id must be a string"):
+        client_for(recorder).get_task(task_id)
+    assert recorder.requests == []
 
 
 # --------------------------------------------------------------------------- errors
@@ -625,6 +710,30 @@ def test_a_client_that_could_never_send_is_refused_when_made(url, token, message
     # (not as a TransportError at the first call, which would say "outcome unknown, send again")
     with pytest.raises(ValueError, match=message):
         orbit_sdk.Client(url, token)
+
+
+@pytest.mark.parametrize("client_class", [Client, AsyncClient])
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [(-1, ValueError), (0, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("10", TypeError)]
+    + [(True, TypeError)],
+    ids=repr,
+)
+def test_a_timeout_that_cannot_work_is_refused_when_the_client_is_made(
+    client_class: type[Client] | type[AsyncClient], timeout: Any, error: type[Exception]
+):
+    """``timeout`` is None (no timeout) or a finite number of seconds above zero, checked when
+    the client is made as url and token are: not at the first request, deep inside the socket
+    module, nor as a TransportError ("outcome unknown, send again") for a request that could
+    never be sent."""
+    with pytest.raises(error, match="timeout"):
+        client_class("http://127.0.0.1:1", TOKEN, timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [None, 0.25, 30])
+def test_a_timeout_of_none_or_seconds_is_taken(timeout: float | None):
+    client = Client("http://127.0.0.1:1", TOKEN, timeout=timeout)
+    assert client._http.timeout == httpx.Timeout(timeout)
 
 
 def test_arguments_no_request_could_carry_are_refused_before_sending():

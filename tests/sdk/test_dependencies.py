@@ -54,6 +54,31 @@ def test_depends_on_that_is_not_a_list_of_strings_is_refused_before_sending(depe
     assert recorder.requests == []
 
 
+@pytest.mark.parametrize(
+    "given",
+    [lambda ids: (i for i in ids), lambda ids: map(str, ids), lambda ids: iter(ids)],
+    ids=["generator", "map", "iterator"],
+)
+def test_depends_on_given_as_an_iterator_is_sent_in_full_every_time(given: Any):
+    """``depends_on=(t.id for t in parents)`` (or ``map(...)``) sends every id, in order. The
+    iterator is read once, when the request is made, so sending the same request again with
+    the same key (after a TransportError) sends the same ids, not an empty list."""
+    recorder = Recorder(ok({"deduplicated": False, "task": TASK_SUMMARY}))
+    submit = request(depends_on=given([PARENT_A, PARENT_B]))
+    client = client_for(recorder)
+    client.submit_task("k", submit)
+    client.submit_task("k", submit)
+    assert [recorder.body(n)["depends_on"] for n in (0, 1)] == [[PARENT_A, PARENT_B]] * 2
+
+
+@pytest.mark.parametrize("depends_on", [42, 4.2, {PARENT_A: PARENT_B}], ids=repr)
+def test_depends_on_that_is_not_an_iterable_of_ids_is_a_type_error_naming_it(depends_on: Any):
+    recorder = Recorder(ok({}))
+    with pytest.raises(TypeError, match="depends_on must be a list of task ids"):
+        client_for(recorder).submit_task("k", request(depends_on=depends_on))
+    assert recorder.requests == []
+
+
 def test_batch_items_carry_their_ref_and_later_items_name_it():
     recorder = Recorder(ok(accepted("split", "part-1", "join")))
     split = BatchItem("split", request(), ref="split")

@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import json
 import logging
+import math
 import threading
 import time
 from typing import Any
@@ -19,6 +20,8 @@ from orbit_sdk._protocol import websocket_url
 from orbit_sdk._worker import default_worker_id
 from tests.support.fake_server import FakeAttempt, FakeServer
 from tests.support.sdk_worker import TOKEN, make_worker, recv_types, run, running
+
+SECRET = TOKEN.rsplit("_", 1)[1]  # the secret part of the bearer token
 
 
 def without_id(frame: dict[str, Any]) -> dict[str, Any]:
@@ -456,6 +459,58 @@ def test_lease_lost_on_renew_signals_an_async_handler_and_the_result_still_goes(
     run(scenario)
 
 
+@pytest.mark.parametrize(
+    ("code", "most"),
+    [("UNAVAILABLE", 4), ("INTERNAL", 4), ("INVALID_ARGUMENT", 3)],
+)
+def test_a_refused_renewal_is_not_sent_again_on_every_tick(code: str, most: int):
+    """A renewal answered "not now" (UNAVAILABLE, INTERNAL: the server is overloaded, a cell
+    moving) is asked again after a doubling delay, as a Start refused so is; any other
+    unexpected answer is logged and the renewal waits for its next turn. Either way the server
+    that refused is not asked four times a second per held attempt."""
+
+    async def scenario() -> int:
+        async with FakeServer(lease_seconds=30, renew_seconds=1.0) as server:
+            refusal = {"type": "error", "code": code, "message": "not now"}
+            server.renew_replies["a1"] = [dict(refusal) for _ in range(100)]
+            worker = make_worker(server, {("echo", "v1"): lambda execution: execution.wait_cancelled(2.6)})
+            server.assign("a1")
+            async with running(worker):
+                await asyncio.sleep(2.6)  # the first renewal is due after 1 s; 1.6 s of refusals follow
+            return len(server.received("task.renew", "a1"))
+
+    renewals = run(scenario, timeout=6)
+    assert 1 <= renewals <= most, f"{renewals} renewals in 1.6 s of {code} answers"
+
+
+def test_a_renewal_refused_unavailable_is_still_asked_again_before_the_lease_ends(monkeypatch):
+    """The backoff after a renewal answered UNAVAILABLE never waits past a third of what is
+    left of the lease: however long the backoff has grown, a renewal goes out before the lease
+    ends, more often as its end nears."""
+    monkeypatch.setattr(_attempts, "TRANSIENT_BACKOFF", 20.0)  # a backoff longer than the lease
+
+    async def scenario() -> list[float]:
+        async with FakeServer(lease_seconds=30, renew_seconds=30) as server:
+            server.renew_replies["a1"] = [{"type": "error", "code": "UNAVAILABLE", "message": "busy"}] * 100
+            ends = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=3)
+            lease = ends.isoformat().replace("+00:00", "Z")
+            worker = make_worker(server, {("echo", "v1"): lambda execution: execution.wait_cancelled(3)})
+            server.assign("a1", started=True, extra={"lease_expires_at": lease})
+            started = time.monotonic()
+            sent: list[float] = []
+            async with running(worker):
+                while time.monotonic() - started < 2.9:
+                    if len(server.received("task.renew", "a1")) > len(sent):
+                        sent.append(time.monotonic() - started)
+                    await asyncio.sleep(0.01)
+            return sent
+
+    sent = run(scenario, timeout=6)
+    # A third of the 3 s lease first (≈1 s), then within a third of what is left each time.
+    assert len(sent) >= 3, sent
+    assert all(later - earlier < 1.0 for earlier, later in zip(sent, sent[1:], strict=False)), sent
+
+
 # --------------------------------------------------------------------------- start ahead
 
 
@@ -890,6 +945,127 @@ def test_a_refused_hello_ends_run_with_an_api_error(spec, status):
             assert worker.join(0)
 
     run(scenario)
+
+
+@pytest.mark.parametrize("token", [TOKEN + "\n", " " + TOKEN, TOKEN.replace("_", " ", 1), "", "t\u00f6k", None])
+def test_a_token_the_authorization_header_cannot_carry_is_refused_like_the_clients(token: Any):
+    """A token read from a file or a Kubernetes secret (``open(path).read()``) ends with a
+    newline. ``Worker(url, token, ...)`` refuses it when made, with the Client's own check and
+    error (without quoting the token), rather than failing every connect for ever."""
+    with pytest.raises(ValueError, match="token must be a non-empty string of printable ASCII") as refused:
+        orbit_sdk.Worker("http://orbit.test", token, ["q1"], {"echo": lambda e: None})
+    with pytest.raises(ValueError) as client_refused:
+        orbit_sdk.Client("http://orbit.test", token)
+    assert str(refused.value) == str(client_refused.value)
+    assert SECRET not in str(refused.value)
+
+
+def test_a_handshake_that_cannot_carry_the_token_ends_the_run_and_no_log_line_quotes_it(caplog):
+    """The worker never writes the bearer token into its logs, nor into what ends its run.
+    Should websockets still refuse the Authorization header (its InvalidHeaderValue quotes the
+    header, token included), that is no lost connection to retry: the run ends at once with a
+    ValueError that names the token, not its value, and carries no websockets exception."""
+    caplog.set_level(logging.DEBUG, logger="orbit_sdk.worker")
+
+    async def scenario() -> tuple[ValueError, int]:
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): lambda e: None})
+            worker._link._token = TOKEN + "\n"  # past the check Worker() makes
+            with pytest.raises(ValueError, match="token") as ended:
+                await asyncio.wait_for(worker.run_async(), 2.0)
+            return ended.value, server.connections
+
+    error, connections = run(scenario)
+    assert connections == 0
+    assert error.__cause__ is None and error.__context__ is None
+    texts = [record.getMessage() for record in caplog.records] + [str(error), repr(error)]
+    assert [text for text in texts if SECRET in text] == []
+
+
+def test_websockets_debug_log_of_the_handshake_leaves_the_token_out(caplog):
+    """At DEBUG, websockets logs the handshake's request headers (``websockets.client``, as
+    usual); the worker's connections log the Authorization header without the token."""
+    caplog.set_level(logging.DEBUG, logger="websockets.client")
+
+    async def scenario() -> None:
+        async with FakeServer() as server:
+            worker = make_worker(server, {("echo", "v1"): lambda e: None})
+            async with running(worker):
+                await server.wait_for(lambda: server.received("hello"))
+            assert server.auth_headers == [f"Bearer {TOKEN}"]  # what was sent is the token itself
+
+    run(scenario)
+    logged = [record.getMessage() for record in caplog.records if record.name == "websockets.client"]
+    assert "> Authorization: Bearer [token]" in logged
+    assert [text for text in logged if SECRET in text] == []
+
+
+def test_a_handshake_answer_that_is_not_websocket_ends_the_run_with_a_protocol_error():
+    """A server, or a proxy in front of it, that answers the handshake with an invalid Upgrade
+    header will answer so every time: the run ends with a ProtocolError after one attempt,
+    rather than reconnecting for ever as after a lost connection."""
+
+    async def scenario() -> int:
+        answered = 0
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal answered
+            answered += 1
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            worker = orbit_sdk.Worker(
+                f"http://127.0.0.1:{port}",
+                TOKEN,
+                ["q1"],
+                {"echo": lambda e: None},
+                min_reconnect_delay=0.02,
+                max_reconnect_delay=0.05,
+            )
+            with pytest.raises(orbit_sdk.ProtocolError, match="Upgrade header") as ended:
+                await asyncio.wait_for(worker.run_async(), 2.0)
+        assert SECRET not in str(ended.value)
+        return answered
+
+    assert run(scenario) == 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"min_reconnect_delay": 0},
+        {"min_reconnect_delay": -1},
+        {"max_reconnect_delay": 0},
+        {"request_timeout": 0},
+        {"request_timeout": -5},
+        {"request_timeout": "15"},
+        {"request_timeout": True},
+        {"request_timeout": math.nan},
+        {"max_reconnect_delay": math.inf},
+        {"min_reconnect_delay": None},
+        {"min_reconnect_delay": 5, "max_reconnect_delay": 1},
+    ],
+    ids=lambda options: ",".join(f"{name}={value!r}" for name, value in options.items()),
+)
+def test_timing_options_that_cannot_work_are_refused_naming_the_option(options: dict[str, Any]):
+    """``request_timeout``, ``min_reconnect_delay`` and ``max_reconnect_delay`` are seconds:
+    an int or a float, finite and above zero, the minimum delay at most the maximum. Anything
+    else is a TypeError (not a number) or ValueError naming the option, when the worker is made:
+    not a reconnect loop that never waits or never gets an answer in time, nor a TypeError
+    from inside the event loop later."""
+    name = next(iter(options))
+    with pytest.raises((ValueError, TypeError), match=name):
+        orbit_sdk.Worker("http://orbit.test", TOKEN, ["q1"], {"echo": lambda e: None}, **options)
+
+
+def test_a_url_websockets_could_not_connect_to_is_refused_when_the_worker_is_made():
+    with pytest.raises(ValueError, match="url"):
+        orbit_sdk.Worker("http://user@orbit.test", TOKEN, ["q1"], {"echo": lambda e: None})
 
 
 def test_stop_ends_run_while_disconnected():

@@ -1,13 +1,17 @@
 """Worker life cycle: graceful stop on SIGTERM/SIGINT, start()/stop()/join() for embedding,
-hellos answered "not now", and closes for cause (1009, 4408) that are logged and reconnected."""
+hellos answered "not now", reconnect backoff, and closes for cause (1009, 4408) that are logged
+and reconnected."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
+import socket
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -199,7 +203,51 @@ def test_stop_refuses_a_negative_timeout():
         worker.stop(timeout=-1)
 
 
+@pytest.mark.parametrize(("timeout", "error"), [("5", TypeError), (True, TypeError), (math.nan, ValueError)])
+def test_stop_refuses_a_timeout_that_is_not_a_finite_number_naming_it(timeout: Any, error: type[Exception]):
+    worker = orbit_sdk.Worker("http://h", TOKEN, ["q"], {"echo": lambda e: None})
+    with pytest.raises(error, match="timeout"):
+        worker.stop(timeout=timeout)
+
+
+def test_join_of_a_worker_never_started_returns_true_at_once():
+    """``stop(); join()`` in a ``finally`` whose ``start()`` never ran (an earlier step failed)
+    returns at once: a worker never started has nothing to wait for, and join says it is over."""
+    worker = orbit_sdk.Worker("http://orbit.test", TOKEN, ["q1"], {"echo": lambda e: None})
+    worker.stop()
+    joined: list[bool] = []
+    thread = threading.Thread(target=lambda: joined.append(worker.join()), daemon=True)
+    thread.start()
+    thread.join(1.0)
+    assert joined == [True], "join() of a worker that never ran is still blocking after 1 s"
+    assert worker.join(0) is True
+
+
 # --------------------------------------------------------------------------- reconnects
+
+
+def refused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again: connecting to it is refused
+
+
+def test_a_worker_whose_server_is_down_reconnects_with_a_growing_backoff(caplog):
+    """README: a worker reconnects "with a growing backoff". A first delay that could not grow
+    (``min_reconnect_delay=0``: twice 0 is 0) is refused when the worker is made, so a worker
+    whose server refuses connections never reconnects in a tight loop: even from a 10 ms delay
+    it tries a handful of times in its first second, fewer and fewer."""
+    url = f"http://127.0.0.1:{refused_port()}"
+    with pytest.raises(ValueError, match="min_reconnect_delay"):
+        orbit_sdk.Worker(url, TOKEN, ["q1"], {"echo": lambda e: None}, min_reconnect_delay=0)
+    caplog.set_level(logging.WARNING, logger="orbit_sdk.worker")
+    worker = orbit_sdk.Worker(url, TOKEN, ["q1"], {"echo": lambda e: None}, min_reconnect_delay=0.01)
+    worker.start()
+    time.sleep(1.0)
+    worker.stop(timeout=0)
+    assert worker.join(5)
+    attempts = sum("connection lost" in record.getMessage() for record in caplog.records)
+    assert 3 <= attempts <= 10, f"{attempts} connection attempts in one second against a refused port"
 
 
 def test_a_hello_answered_unavailable_is_retried_with_growing_backoff(caplog):
