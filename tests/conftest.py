@@ -3,7 +3,9 @@ from __future__ import annotations
 import os
 
 # In-process ASGI apps in tests must not sweep the test database in the
-# background; the live server subprocess turns it back on.
+# background; the live server subprocess turns it back on. The environment for
+# subprocesses that inherit it, the setting for this one (pytest-django has
+# read the settings before this file).
 os.environ["ORBIT_MAINTENANCE"] = "0"
 
 import json
@@ -20,6 +22,7 @@ from tests.support.factories import NamespaceFactory, make_credential
 # In-process API views run on the test's own connection, inside its transaction
 # (a live server subprocess uses the database pool as in production).
 settings.ORBIT_INLINE_DB = True
+settings.ORBIT_MAINTENANCE = False
 
 
 @dataclass
