@@ -2,8 +2,8 @@
 
 Removes the tasks that finished (SUCCEEDED, FAILED, CANCELLED) before now -
 DURATION, with their attempts, their dependency edges and their task events, then the idempotency
-records older than the retention (--idempotency-before, the same DURATION
-unless given) whose task, if they name one, is gone. Never a concurrency-key
+records that name a task once it is gone, and the others once older than the
+retention (--idempotency-before, the same DURATION unless given). Never a concurrency-key
 row (a key's row is its token sequence), never an unfinished or NEEDS_REVIEW
 task, never anything newer than the bound.
 
@@ -111,8 +111,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--idempotency-before",
             metavar="DURATION",
-            help="idempotency records older than this (default: --finished-before); a record whose task "
-            "still exists is kept",
+            help="idempotency records that name no task older than this (default: --finished-before); a "
+            "record naming a task goes with its task",
         )
         parser.add_argument("--dry-run", action="store_true", help="count what would go; remove nothing")
         parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH, help="ids per transaction (500)")
@@ -142,7 +142,7 @@ class Command(BaseCommand):
                     self.stdout.write(f"orbit_prune: cell {cell}")
                 self.prune_tasks(bound, size, tally)
                 self.prune_events(bound, size, tally)
-                self.prune_records(record_bound, size, tally)
+                self.prune_records(record_bound, bound, size, tally)
         verb = "would remove" if self.dry_run else "removed"
         kept = ", ".join(f"{count} {reason}" for reason, count in sorted(tally.kept.items())) or "nothing"
         self.stdout.write(
@@ -248,25 +248,32 @@ class Command(BaseCommand):
 
     # ------------------------------------------------------------------ idempotency records
 
-    def prune_records(self, bound: datetime, size: int, tally: Tally) -> None:
+    def prune_records(self, bound: datetime, task_bound: datetime, size: int, tally: Tally) -> None:
+        """Records that name a task go once their task is gone, those older than
+        either bound (a pruned task's submit, cancel and resolve were stored
+        before it finished, so before --finished-before); records of other
+        operations go once older than `bound` (--idempotency-before). A dry run
+        counts as gone the tasks its task pass would have removed."""
         scanned = 0
+        walk_bound = max(bound, task_bound)
         for page in batches(IdempotencyRecord, ("created_at", "response_data"), size):
             scanned += len(page)
-            old = [(record_id, task_of(data)) for record_id, created_at, data in page if created_at < bound]
-            named = {task_id for _, task_id in old if task_id}
+            old = [(row_id, created_at, task_of(data)) for row_id, created_at, data in page if created_at < walk_bound]
+            named = {task_id for _, _, task_id in old if task_id}
             existing = set(Task.objects.filter(id__in=named).values_list("id", flat=True)) if named else set()
             if self.dry_run:
-                existing -= self.finished_before(named, bound)
+                existing -= self.finished_before(named, task_bound)
             chosen = []
-            for record_id, task_id in old:
+            for record_id, created_at, task_id in old:
                 if task_id and task_id in existing:
                     tally.keep("idempotency records of a task still there")
-                    continue
-                chosen.append(record_id)
+                elif task_id or created_at < bound:
+                    chosen.append(record_id)
             if chosen:
-                tally.records += self.remove(IdempotencyRecord.objects.filter(id__in=chosen, created_at__lt=bound))
+                rows = IdempotencyRecord.objects.filter(id__in=chosen, created_at__lt=walk_bound)
+                tally.records += self.remove(rows)
             self.progress("idempotency records", scanned, tally.records)
-            if all(row[1] >= bound for row in page):
+            if all(row[1] >= walk_bound for row in page):
                 return
 
     # ------------------------------------------------------------------ plumbing
