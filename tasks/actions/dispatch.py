@@ -172,6 +172,11 @@ def _lease_pass(
     candidates, more = _best_candidates(worker, headroom, want, now, states)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
     permits = _KeyPermits.lock(worker, candidates, policies, now)
+    fair = any(states[queue_id].fair_shares for queue_id in headroom)
+    # A ready keyed task stands in its scan for the sibling that overtook it
+    # (next_in_line): ranked by that sibling, which is what it leases.
+    candidates.sort(key=lambda task: _lease_rank(permits.stand_in(task), fair, task))
+    successors_rank: tuple[Any, ...] | None = None
     taking = _Taking(
         requests,
         list(starting or [None] * len(requests)),
@@ -186,12 +191,21 @@ def _lease_pass(
         if len(taking.chosen) >= want:
             more = True
             break
+        if successors_rank is not None and _lease_rank(permits.stand_in(task), fair, task) > successors_rank:
+            # A key taken in this pass has a permit left for its next task,
+            # which ranks above this one: the next pass sees that task ready.
+            more = True
+            break
         if taking.queue_full(task.queue_id):
             continue
         turn = permits.turn(task, worker)
         if turn is not None and not taking.take(turn, permits):
             more = True  # every request left passed it over: its dispatcher's to lease
             break
+        successor = permits.leasable_successor(turn, worker) if turn is not None else None
+        if successor is not None and not taking.queue_full(successor.queue_id):
+            rank = _lease_rank(successor, fair, None)
+            successors_rank = rank if successors_rank is None else min(successors_rank, rank)
     if policies.rated and len(taking.chosen) < want:
         rate_reopens_in = _sooner(rate_reopens_in, _next_key_start_in(worker.namespace_id, now))
     if not taking.chosen:
@@ -201,6 +215,17 @@ def _lease_pass(
     served += [task for task, _ in taking.chosen if states[task.queue_id].fair_shares]
     again = len(taking.chosen) < want and permits.room_left(taking.chosen)
     return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments], again
+
+
+def _lease_rank(task: Task, fair: bool, scanned: Task | None) -> tuple[Any, ...]:
+    """A task's place in the lease order (SPEC §7: higher priority first, then
+    the oldest available); beside a fair queue, the fair round robin's rank of
+    the task the scan read (`scanned`, which has one) stands in for the rest,
+    and a task the scan did not read ranks ahead of every other of its
+    priority (the next pass reads it and places it)."""
+    if not fair:
+        return (-task.priority, task.available_at, task.id)
+    return (-task.priority,) if scanned is None else (-task.priority, scanned.fair_rank)
 
 
 def _sooner(seconds: float | None, other: float | None) -> float | None:
@@ -267,7 +292,10 @@ def _best_candidates(
             if fair:
                 fairness.rank_as_one_group(found)
         more = more or len(found) > take
-        candidates.extend(found[:take])
+        # The row read past the queue's share too: a keyed candidate refused
+        # (its key taken by another queue's task in this lease) leaves the
+        # queue's room to it, where the walk's queue_full keeps the share.
+        candidates.extend(found)
     if fair:
         candidates.sort(key=lambda t: (-t.priority, t.fair_rank))
     else:
@@ -352,6 +380,26 @@ class _KeyPermits:
                 return None  # the key's turn is the sibling's, for a worker that serves it
             task = sibling
         return _Turn(task, key_row, line)
+
+    def stand_in(self, task: Task) -> Task:
+        """The task a candidate leases if its turn comes: the sibling that
+        overtook it, or itself."""
+        line = self.lines.get(task.id)
+        overtaker = line.overtaker if line is not None else None
+        return task if overtaker is None else overtaker
+
+    def leasable_successor(self, turn: _Turn, worker: WorkerContext) -> Task | None:
+        """After `turn` was taken: its key's next task when the key still has a
+        permit for it now and this worker serves it (a capacity above 1)."""
+        successor = turn.line.successor if turn.line is not None else None
+        if successor is None or turn.key_row is None:
+            return None
+        rule = self.rules[turn.key_row.key]
+        if rule.capacity <= 1 or key_refusal(turn.key_row, rule, self.now) is not None:
+            return None
+        if worker.handlers and (successor.handler, successor.handler_version) not in worker.handlers:
+            return None
+        return successor
 
     def grant(self, key_row: ConcurrencyKey, task: Task, attempt: Attempt, now: datetime) -> None:
         """Gives the attempt a permit of the key, in memory: the lowest slot
