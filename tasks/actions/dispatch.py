@@ -176,7 +176,7 @@ def _lease_pass(
     # A ready keyed task stands in its scan for the sibling that overtook it
     # (next_in_line): ranked by that sibling, which is what it leases.
     candidates.sort(key=lambda task: _lease_rank(permits.stand_in(task), fair, task))
-    successors_rank: tuple[Any, ...] | None = None
+    successors_priority: int | None = None
     taking = _Taking(
         requests,
         list(starting or [None] * len(requests)),
@@ -191,9 +191,12 @@ def _lease_pass(
         if len(taking.chosen) >= want:
             more = True
             break
-        if successors_rank is not None and _lease_rank(permits.stand_in(task), fair, task) > successors_rank:
-            # A key taken in this pass has a permit left for its next task,
-            # which ranks above this one: the next pass sees that task ready.
+        if successors_priority is not None and permits.stand_in(task).priority < successors_priority:
+            # A key taken in this pass has a permit left for its next task, of
+            # a higher priority than this one: the next pass sees that task
+            # ready. (At equal priority the pass goes on, other keys' younger
+            # tasks before the older next task: a pass per permit would cut a
+            # lease of a capacity-4 key's work to a few tasks.)
             more = True
             break
         if taking.queue_full(task.queue_id):
@@ -204,8 +207,7 @@ def _lease_pass(
             break
         successor = permits.leasable_successor(turn, worker) if turn is not None else None
         if successor is not None and not taking.queue_full(successor.queue_id):
-            rank = _lease_rank(successor, fair, None)
-            successors_rank = rank if successors_rank is None else min(successors_rank, rank)
+            successors_priority = max(successors_priority or 0, successor.priority)
     if policies.rated and len(taking.chosen) < want:
         rate_reopens_in = _sooner(rate_reopens_in, _next_key_start_in(worker.namespace_id, now))
     if not taking.chosen:
@@ -217,15 +219,13 @@ def _lease_pass(
     return [LeaseOutcome(entries, rate_reopens_in, more) for entries in taking.assignments], again
 
 
-def _lease_rank(task: Task, fair: bool, scanned: Task | None) -> tuple[Any, ...]:
+def _lease_rank(task: Task, fair: bool, scanned: Task) -> tuple[Any, ...]:
     """A task's place in the lease order (SPEC §7: higher priority first, then
     the oldest available); beside a fair queue, the fair round robin's rank of
-    the task the scan read (`scanned`, which has one) stands in for the rest,
-    and a task the scan did not read ranks ahead of every other of its
-    priority (the next pass reads it and places it)."""
+    the task the scan read (`scanned`) stands in for the rest."""
     if not fair:
         return (-task.priority, task.available_at, task.id)
-    return (-task.priority,) if scanned is None else (-task.priority, scanned.fair_rank)
+    return (-task.priority, scanned.fair_rank)
 
 
 def _sooner(seconds: float | None, other: float | None) -> float | None:
