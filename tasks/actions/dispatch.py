@@ -169,12 +169,12 @@ def _lease_pass(
     headroom, rate_reopens_in = _queue_room(queues.values(), states, now)
     if not headroom:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests], False
-    candidates, more = _best_candidates(worker, headroom, want, now, states)
+    fair = any(states[queue_id].fair_shares for queue_id in headroom)
+    candidates, more = _best_candidates(worker, headroom, want, now, states, fair)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
     permits = _KeyPermits.lock(worker, candidates, policies, now)
-    fair = any(states[queue_id].fair_shares for queue_id in headroom)
-    # A ready keyed task stands in its scan for the sibling that overtook it
-    # (next_in_line): ranked by that sibling, which is what it leases.
+    # In lease order, once the keys are read: a ready keyed task stands in for
+    # the sibling that overtook it (next_in_line), ranked as what it leases.
     candidates.sort(key=lambda task: _lease_rank(permits.stand_in(task), fair, task))
     successors_priority: int | None = None
     taking = _Taking(
@@ -270,17 +270,22 @@ def _queue_room(
 
 
 def _best_candidates(
-    worker: WorkerContext, headroom: dict[str, int], want: int, now: datetime, states: dict[str, QueueState]
+    worker: WorkerContext,
+    headroom: dict[str, int],
+    want: int,
+    now: datetime,
+    states: dict[str, QueueState],
+    fair: bool,
 ) -> tuple[list[Task], bool]:
-    """The leasable tasks of the queues with room, locked, in lease order (at
-    most what the lease and each queue may take), and whether a queue had more.
+    """The leasable tasks of the queues with room, locked (at most what the
+    lease and each queue may take, and one more each), and whether a queue
+    had more; the caller puts them in lease order (_lease_rank).
 
-    A queue whose tasks carry fairness keys is ranked round robin between
-    them (tasks.actions.fairness); beside it, a plain queue's tasks are one
-    group never served. With no fair queue, the order is the plain one."""
+    With a fair queue among them (`fair`), a queue whose tasks carry fairness
+    keys is ranked round robin between them (tasks.actions.fairness); beside
+    it, a plain queue's tasks are one group never served."""
     candidates: list[Task] = []
     more = False  # a leasable candidate left over
-    fair = any(states[queue_id].fair_shares for queue_id in headroom)
     for queue_id, room in sorted(headroom.items()):
         take = min(want, room)
         # One row more than may be taken, to know whether there is more (only
@@ -296,10 +301,6 @@ def _best_candidates(
         # (its key taken by another queue's task in this lease) leaves the
         # queue's room to it, where the walk's queue_full keeps the share.
         candidates.extend(found)
-    if fair:
-        candidates.sort(key=lambda t: (-t.priority, t.fair_rank))
-    else:
-        candidates.sort(key=lambda t: (-t.priority, t.available_at, t.id))
     return candidates, more
 
 
@@ -373,13 +374,10 @@ class _KeyPermits:
             # the race), no start room, or the token space is spent: refuse
             # rather than wrap.
             return None
-        line = self.lines.get(task.id)
-        sibling = line.overtaker if line is not None else None
-        if sibling is not None:
-            if worker.handlers and (sibling.handler, sibling.handler_version) not in worker.handlers:
-                return None  # the key's turn is the sibling's, for a worker that serves it
-            task = sibling
-        return _Turn(task, key_row, line)
+        leased = self.stand_in(task)
+        if leased is not task and worker.handlers and (leased.handler, leased.handler_version) not in worker.handlers:
+            return None  # the key's turn is the sibling's, for a worker that serves it
+        return _Turn(leased, key_row, self.lines.get(task.id))
 
     def stand_in(self, task: Task) -> Task:
         """The task a candidate leases if its turn comes: the sibling that
