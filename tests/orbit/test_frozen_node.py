@@ -34,6 +34,24 @@ def counters_locked(application_id: str) -> bool:
         return cursor.fetchone() is None
 
 
+def idle_transaction_holds_locks(idle_for: float) -> bool:
+    """Whether another connection to this test database holds row locks in a transaction
+    idle for at least `idle_for` seconds, waiting for its client's next statement. Only such
+    a transaction is the database's to end: one whose statements are still running, a round's
+    last batch carrying its COMMIT stalled on another node's lock, commits however long its
+    client stays stopped, and its callers, answered 503 on waking, would find it kept (which
+    the retry with the same Idempotency-Key replays, but this test does not catch)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.innodb_trx AS trx"
+            " JOIN information_schema.processlist AS process ON process.id = trx.trx_mysql_thread_id"
+            " WHERE trx.trx_rows_locked > 0 AND process.db = DATABASE() AND process.command = 'Sleep'"
+            " AND process.time_ms >= %s",
+            [idle_for * 1000],
+        )
+        return int(cursor.fetchone()[0]) > 0
+
+
 def frozen_transactions(older_than: float) -> int:
     """Open InnoDB transactions of this test database's connections holding row locks,
     started at least `older_than` seconds ago (information_schema's view of them is
@@ -100,8 +118,8 @@ def test_a_node_frozen_mid_transaction_holds_other_nodes_back_only_seconds(orbit
             os.kill(frozen_node.process.pid, signal.SIGSTOP)
             time.sleep(0.002)
             if counters_locked(tenant.namespace.application_id):
-                time.sleep(0.1)  # still held: by the stopped process, not one finishing its commit
-                if counters_locked(tenant.namespace.application_id):
+                time.sleep(0.1)  # still held, and by a transaction that waits for the stopped process
+                if counters_locked(tenant.namespace.application_id) and idle_transaction_holds_locks(idle_for=0.05):
                     break
             os.kill(frozen_node.process.pid, signal.SIGCONT)
             time.sleep(0.003)
