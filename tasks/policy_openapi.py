@@ -45,8 +45,17 @@ KEY_POLICY = shapes.closed(
 
 
 def _exactly_one(auto_schema: Any, schema: Schema) -> Schema:
-    # tasks.policy_serializers.KeyMatchInput.validate: key or prefix, not both, not neither.
-    return {**schema, "minProperties": 1, "maxProperties": 1}
+    # tasks.policy_serializers.KeyMatchInput.validate: key or prefix, not both, not
+    # neither, and never "" (the concurrency key's "no key").
+    properties = {
+        name: {
+            **spec,
+            "minLength": 1,
+            "description": "not empty; no control characters, no whitespace at either end; compared byte for byte",
+        }
+        for name, spec in schema["properties"].items()
+    }
+    return {**schema, "properties": properties, "minProperties": 1, "maxProperties": 1}
 
 
 def register() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -149,8 +150,33 @@ class ClosedBodies(OpenApiSerializerExtension):
                     schema["properties"][name] = field_schema()
         for spec in schema["properties"].values():
             _default_in_words(spec)
+            _blank_in_one_branch(spec)
         rule = BODY_RULES.get(type(self.target).__name__)
         return rule(auto_schema, schema) if rule else schema
+
+
+# What drf-spectacular adds beside the schema of a string field that may be blank.
+_BLANK = {"type": "string", "maxLength": 0}
+
+
+def _blank_in_one_branch(spec: dict[str, Any]) -> None:
+    """A field that may be blank as one schema. drf-spectacular documents it as
+    `oneOf: [its schema, maxLength 0]`, and where its pattern takes "" too, ""
+    matches both branches: invalid under `oneOf`, so a validating client
+    refused the `concurrency_key: ""` the server takes."""
+    branches = spec.get("oneOf")
+    if not branches or len(branches) != 2 or branches[1] != _BLANK:
+        return
+    inner = branches[0]
+    try:
+        takes_blank = re.search(inner.get("pattern", ""), "") is not None and inner.get("minLength", 0) == 0
+    except re.error:  # an ECMA-only construct: not ours to judge
+        takes_blank = False
+    if not takes_blank:
+        spec["anyOf"] = spec.pop("oneOf")  # "" only through the second branch: either will do
+        return
+    del spec["oneOf"]
+    spec.update(inner)
 
 
 def _default_in_words(spec: dict[str, Any]) -> None:
