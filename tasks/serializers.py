@@ -60,17 +60,26 @@ class StrictNumberField(serializers.FloatField):
 class TimeField(StrictCharField):
     """RFC 3339 with an explicit offset; stored in UTC."""
 
-    default_error_messages = {"time": "must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z"}
+    default_error_messages = {
+        "time": "must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+        "range": "out of range: must be from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z in UTC",
+    }
 
     def to_internal_value(self, data: Any) -> datetime:  # type: ignore[override]
-        value = _utc_time(super().to_internal_value(data))
+        try:
+            value = _utc_time(super().to_internal_value(data))
+        except OverflowError:
+            self.fail("range")
         if value is None:
             self.fail("time")
         return value
 
     def plain_value(self, data: Any) -> Any:
         text = super().plain_value(data)
-        value = None if text is DEFER else _utc_time(text)
+        try:
+            value = None if text is DEFER else _utc_time(text)
+        except OverflowError:  # the full handler words it
+            return DEFER
         return DEFER if value is None else value
 
 
@@ -82,14 +91,15 @@ RFC3339_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)
 
 
 def _utc_time(text: str) -> datetime | None:
-    """`text` as an RFC 3339 time with an offset, in UTC; None if it is not one."""
+    """`text` as an RFC 3339 time with an offset, in UTC; None if it is not one.
+    OverflowError: it is one, but its offset moves it out of years 1-9999."""
     if not RFC3339_DATE_TIME.fullmatch(text):
         return None
     try:
         value = datetime.fromisoformat(f"{text[:10]}T{text[11:]}".replace("z", "Z"))
-        return None if value.tzinfo is None else value.astimezone(UTC)
-    except (ValueError, OverflowError):  # OverflowError: the offset moves it out of years 1-9999
+    except ValueError:
         return None
+    return None if value.tzinfo is None else value.astimezone(UTC)
 
 
 class ConcurrencyKeyField(StrictCharField):

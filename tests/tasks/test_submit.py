@@ -375,6 +375,17 @@ def test_times_other_than_rfc_3339_are_refused(tenant, queue, text):
     )
 
 
+@pytest.mark.parametrize("text", ["9999-12-31T23:59:59.999999-14:00", "0001-01-01T00:00:00+00:01"])
+def test_a_time_that_leaves_the_calendar_in_utc_is_out_of_range(tenant, queue, text):
+    """A well-formed time whose offset moves it past year 9999 (or before year 1)
+    in UTC, where it is stored: out of range, not "must be an RFC 3339 time"."""
+    response = submit(tenant.client, queue["id"], "t-1", available_at=text)
+    assert_invalid(response, "available_at")
+    assert response.json()["error"]["message"] == (
+        "available_at: out of range: must be from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z in UTC"
+    )
+
+
 def test_rfc_3339_times_in_either_case_and_with_any_fraction_are_taken(tenant, queue):
     task = submit_ok(tenant.client, queue["id"], "t-1", deadline_at="2030-01-01t00:00:00.123456789z")
     assert task["deadline_at"] == "2030-01-01T00:00:00.123456Z"

@@ -145,11 +145,11 @@ def deeply(levels: int) -> list:
         ("queue_id a lone surrogate", "queue_id: must be valid UTF-8 (no lone surrogates)"),
         (
             "time past year 9999 in UTC",
-            "deadline_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+            "deadline_at: out of range: must be from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z in UTC",
         ),
         (
             "time before year 1 in UTC",
-            "available_at: must be an RFC 3339 time with a time zone, e.g. 2026-01-02T03:04:05Z",
+            "available_at: out of range: must be from 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999999Z in UTC",
         ),
     ],
 )
