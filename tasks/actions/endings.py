@@ -22,6 +22,7 @@ from tasks.actions.context import WorkerContext, deadline_failure, refuse_revoke
 from tasks.actions.permits import (
     Held,
     lock_attempt_chain,
+    lock_attempt_chain_and_session,
     lock_attempt_chains,
     lock_task_chain,
     peek_attempt,
@@ -228,12 +229,19 @@ def release_attempt(
     (a result's start_next) and never acknowledged, so its handler never ran
     here: the Start is taken back with the lease (SPEC §6, nothing started
     that was never delivered). An attempt started by a task.start of its own
-    is never taken back."""
+    is never taken back, nor one that a newer connection of the worker_id
+    was offered at its hello (held, RUNNING): delivered there."""
     peek = _peek_held(worker, attempt_id, epoch)
 
     @outermost
     def apply() -> dict[str, Any]:
-        held = lock_attempt_chain(attempt_id, peek)
+        session: str | None = worker.session_id
+        if undelivered_start and worker.identity_id is not None:
+            # Locked: a hello taking the identity over lists the attempt as held
+            # either before this transaction (then it is not taken back) or after it.
+            held, session = lock_attempt_chain_and_session(attempt_id, peek, worker.identity_id)
+        else:
+            held = lock_attempt_chain(attempt_id, peek)
         assert held is not None
         # Read, not locked: credentials come before keys and tasks in the
         # global order, and a release grants nothing.
@@ -245,6 +253,8 @@ def release_attempt(
         started_ahead = attempt.state == AttemptState.RUNNING and attempt.started_at == attempt.leased_at
         if attempt.state == AttemptState.RUNNING and not (undelivered_start and started_ahead):
             raise StateConflict("attempt already started; report a result instead")
+        if attempt.state == AttemptState.RUNNING and session != worker.session_id:
+            raise StateConflict("attempt was offered to a newer connection of this worker_id; report its result there")
         if attempt.state not in (AttemptState.LEASED, AttemptState.RUNNING):
             raise LeaseLost("lease is no longer valid")
         attempt_fields: dict[str, Any] = {"error": {"code": "RELEASED", "message": reason}}

@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import Model
 
 from orbit.audit import emit_event
-from orbit.db.rows import lock_by_pk_together, read_by_pk
+from orbit.db.rows import lock_by_pk, lock_by_pk_together, read_by_pk
 from orbit.metrics import count_finished_attempt
 from queues.locks import lock_queue_states
 from tasks.actions.dependencies import settle_dependents
@@ -30,6 +30,7 @@ from tasks.models import (
     ConcurrencySlot,
     Task,
     TaskState,
+    WorkerIdentity,
 )
 
 
@@ -115,6 +116,19 @@ def lock_attempt_chain(attempt_id: str, peek: dict[str, Any] | None = None) -> H
     if peek is None:
         return None
     return lock_attempt_chains({attempt_id: peek}).get(attempt_id)
+
+
+def lock_attempt_chain_and_session(
+    attempt_id: str, peek: dict[str, Any], identity_id: int
+) -> tuple[Held | None, str | None]:
+    """lock_attempt_chain with a worker identity's row locked in its place in
+    the order (after the queue's state, before the keys): the chain, and the
+    session the identity belongs to now (None: no such identity)."""
+    lock_application_state(peek["application_id"])
+    lock_queue_states([peek["queue_id"]])
+    identity = lock_by_pk(WorkerIdentity, [identity_id]).get(identity_id)
+    held = lock_attempt_chains({attempt_id: peek}, counters_held=True).get(attempt_id)
+    return held, None if identity is None else identity.session_id
 
 
 def lock_task_chain(task_id: str) -> tuple[Task, Held | None] | None:

@@ -345,6 +345,20 @@ def test_a_release(tenant, keyed):
     assert_lock_order(queries, expect=[COUNTERS, "orbit_task", "orbit_attempt"])
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["unkeyed", "keyed"])
+def test_a_connection_handing_back_what_it_never_acknowledged(tenant, keyed):
+    # The take-back of a Start sent ahead also locks the worker identity (its session).
+    queue = make_queue(tenant.client, "take-back")
+    worker, (entry,) = leased(tenant, queue["id"], **({"concurrency_key": "object"} if keyed else {}))
+    assert worker.identity_id is not None
+    with captured() as queries:
+        endings.release_attempt(
+            worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"], reason="closed", undelivered_start=True
+        )
+    expected = [COUNTERS, "orbit_worker_identity", "orbit_task", "orbit_attempt"]
+    assert_lock_order(queries, expect=[*expected, *(["orbit_concurrency_key"] if keyed else [])])
+
+
 @pytest.mark.parametrize("state", ["waiting", "leased", "running"])
 def test_a_cancel(tenant, state):
     queue = make_queue(tenant.client, "cancel", rate_per_second=1000)

@@ -270,6 +270,35 @@ def test_a_start_ahead_acknowledged_is_left_to_its_lease(tenant, connect):
     assert Attempt.objects.get(id=handed["attempt_id"]).state == AttemptState.RUNNING
 
 
+@pytest.mark.parametrize("old_connection", ["goes away", "hands it back"])
+def test_a_start_ahead_a_newer_connection_resumed_is_never_taken_back_by_the_old(tenant, connect, old_connection):
+    """The old connection's list of what it never acknowledged knows nothing of
+    the newer one's hello, which offered the attempt (held, RUNNING) and resumed
+    it: taken back then, the task ran again elsewhere while it ran here."""
+    # given a task started ahead on a connection that never acknowledged it (half-open, say)
+    old, first, queue_id = running_first(tenant, connect, "w-moved", key=None)
+    _, handed = result_frames(old, first, start_next=True)
+    assert handed is not None and handed["state"] == "RUNNING"
+    # when the worker connects again under its worker_id and resumes it there
+    new = connect()
+    held = new.hello_as([queue_id], capacity=1, worker_id="w-moved")["held"]
+    assert [(entry["attempt_id"], entry["state"]) for entry in held] == [(handed["attempt_id"], "RUNNING")]
+    resumed = new.request("task.resume", attempt_id=handed["attempt_id"], epoch=handed["epoch"])
+    assert resumed["type"] == "task.resume.ok", resumed
+    # and the old connection then goes away, or hands back what it never acknowledged
+    if old_connection == "goes away":
+        drop_connection(old)
+        time.sleep(1)
+    else:
+        assert_error_frame(old.release(handed), "STATE_CONFLICT")
+    # then the attempt runs on where it was resumed, to its result: nothing else may lease it
+    attempt = Attempt.objects.get(id=handed["attempt_id"])
+    assert (attempt.state, attempt.number) == (AttemptState.RUNNING, 1)
+    assert Task.objects.get(id=handed["task"]["id"]).state == TaskState.RUNNING
+    reply = new.result(handed)
+    assert reply["type"] == "task.result.ok" and reply["task_state"] == "SUCCEEDED" and not reply.get("late"), reply
+
+
 def test_a_start_ahead_not_yet_acknowledged_can_be_handed_back(tenant, connect):
     worker, first, _ = running_first(tenant, connect, "w-hands-back")
     _, handed = result_frames(worker, first, start_next=True)
