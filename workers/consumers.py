@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
@@ -148,6 +149,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         # them back or the connection goes first (disconnect).
         self.undelivered: dict[str, int] = {}
         self.closed = False
+        # The close handshake has begun (the server's close frame sent, or a
+        # frame found the connection closing): nothing more reaches the worker,
+        # so nothing more is leased or handed on for it. `closed` follows once
+        # the connection is gone (disconnect).
+        self.closing = False
         self.unacked_bytes = 0
         self.draining = False
         self.wake = asyncio.Event()
@@ -284,7 +290,16 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool = False
     ) -> None:
         FRAMES_SENT.inc()
-        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:
+            # The close handshake has begun: the worker would never read the
+            # frame. Raised on, it would end the consumer before its disconnect.
+            self.closing = True
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        self.closing = True
+        await super().close(code=code, reason=reason)
 
     async def send_error(self, request_id: Any, error: OrbitError) -> None:
         frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message, **error.details}
@@ -329,6 +344,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         )
         self.capacity = hello["capacity"]
         held = await run_db(dispatch.held_assignments, worker=self.worker)
+        if self.closing:
+            # Decided while the connection closed (its hello deadline, say): no
+            # lease loop or heartbeat for a connection that is going. Its
+            # disconnect, handled next, ends the session.
+            raise StateConflict("the connection closed during its hello")
         self.held = {entry["attempt_id"] for entry in held}
         self.running = {entry["attempt_id"] for entry in held if entry["state"] == "RUNNING"}
         self.handlers, self.keyed = {}, set()
@@ -464,7 +484,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                 try:
                     await self.send_json({"type": "task.result.ok", "reply_to": message.get("id"), **recorded})
                     for entry in assignments:
-                        if self.closed:
+                        if self.closed or self.closing:
                             break
                         self.reserved -= 1
                         unsent -= 1
@@ -477,7 +497,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             # A refused lease (superseded, revoked, database down) is the
             # dispatcher's to find out and act on at its next lease.
         finally:
-            if self.closed:
+            if self.closed or self.closing:
                 # The connection went while this hand-off decided or sent:
                 # what it never delivered goes back (a Start included).
                 await self.hand_back(
@@ -579,7 +599,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
     async def dispatch_loop(self) -> None:
         """Leases while there is free capacity; sleeps until woken or the poll interval."""
         assert self.worker is not None
-        while True:
+        while not self.closing:
             try:
                 wait = POLL_INTERVAL_SECONDS
                 if self.draining:

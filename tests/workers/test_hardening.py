@@ -4,9 +4,12 @@ request, connections that do not read, and oversized input answered."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
+import os
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +22,7 @@ from tasks.models import Attempt, AttemptState, Task, TaskState, WorkerIdentity
 from tests.support.api import make_queue
 from tests.support.factories import make_credential
 from tests.support.keys import Worker, assert_no_violations, submit
+from tests.support.other_connection import other_cursor
 from tests.support.tasks import wait_until
 from workers import consumers
 
@@ -351,3 +355,66 @@ def test_a_connection_that_said_hello_outlives_the_hello_deadline(tenant, orbit_
     assert hello(worker, queue["id"], "w-hello-in-time")["type"] == "hello.ok"
     time.sleep(consumers.HELLO_TIMEOUT_SECONDS + 1.5)
     assert worker.request("drain")["type"] == "drain.ok"
+
+
+# --- 6. a connection closing while its hello is decided ---------------------
+
+
+def raw_connection(server: Any, token: str) -> socket.socket:
+    """A WebSocket connection on a bare socket: it reads nothing unless asked, so it
+    never answers the server's close frame (the server's side stays closing)."""
+    host, port = server.url.split("//")[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=5)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET /v1/workers/connect HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n".encode()
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 101 "), answer
+    return sock
+
+
+def masked_text_frame(text: str) -> bytes:
+    """A client's text frame (RFC 6455 §5.2), masked as a client's frames must be; under 64 KiB."""
+    payload, mask = text.encode(), os.urandom(4)
+    size = bytes([0x80 | len(payload)]) if len(payload) < 126 else bytes([0x80 | 126]) + struct.pack("!H", len(payload))
+    return b"\x81" + size + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_a_hello_decided_while_its_connection_closes_leaves_nothing_running(tenant, orbit_server, opened):
+    """Writing the hello's answer into a connection whose close handshake had begun
+    raised out of the consumer: the close was never handled, and the lease loop and
+    heartbeat the hello started went on for nobody, leasing tasks to the dead
+    connection and keeping its session alive."""
+    # given a worker identity whose row another transaction holds, so that a hello waits
+    queue = make_queue(tenant.client, "closing-in-hello", max_concurrency=10)
+    first = open_worker(orbit_server, tenant.token, opened)
+    assert hello(first, queue["id"], "w-closing")["type"] == "hello.ok"
+    first.close()
+    identity = WorkerIdentity.objects.get(namespace_id=tenant.namespace.id, worker_id="w-closing")
+    sock = raw_connection(orbit_server, tenant.token)
+    connected = time.monotonic()
+    try:
+        time.sleep(consumers.HELLO_TIMEOUT_SECONDS - 0.7)
+        with other_cursor() as cursor:
+            cursor.execute("SELECT id FROM orbit_worker_identity WHERE id = %s FOR UPDATE", [identity.pk])
+            # when its hello arrives just before the hello deadline closes the connection
+            hello_frame = {"type": "hello", "id": "h", "worker_id": "w-closing", "queues": [queue["id"]]}
+            sock.sendall(masked_text_frame(json.dumps({**hello_frame, "capacity": 4, "concurrency_keys": True})))
+            time.sleep(max(0.0, consumers.HELLO_TIMEOUT_SECONDS + 0.5 - (time.monotonic() - connected)))
+            # and is decided once the server's close frame is out, unanswered
+            cursor.connection.rollback()
+        wait_until(lambda: WorkerIdentity.objects.get(pk=identity.pk).session_id != identity.session_id, timeout=5)
+        for n in range(3):
+            submit(tenant, queue["id"], f"after-{n}")
+    finally:
+        sock.close()  # the client goes at last
+    # then its session ends and nothing is leased to it
+    wait_until(lambda: WorkerIdentity.objects.get(pk=identity.pk).seen_at is None, timeout=5)
+    time.sleep(1.0)
+    assert not Attempt.objects.filter(worker_id="w-closing").exists()
+    assert Task.objects.filter(queue_id=queue["id"], state=TaskState.WAITING).count() == 3
