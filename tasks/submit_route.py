@@ -79,6 +79,8 @@ def _plain_body(scope: dict[str, Any], meta: dict[str, str], raw: bytes) -> dict
         return None
     if meta.get("CONTENT_TYPE") != "application/json" or meta.get("HTTP_ACCEPT", "*/*") not in PLAIN_ACCEPT:
         return None
+    if "HTTP_CONTENT_ENCODING" in meta:  # the view refuses any but identity
+        return None
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     if len(raw) > LARGEST_BODY or (limit is not None and len(raw) > limit):
         return None

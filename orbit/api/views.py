@@ -31,6 +31,7 @@ class OrbitView(APIView):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         check_query_encoding(request._request.META.get("QUERY_STRING", ""))
+        check_content_encoding(request._request.META.get("HTTP_CONTENT_ENCODING", ""))
 
     # Orbit's authentication classes set a Principal as request.user, not a Django user.
     @staticmethod
@@ -86,6 +87,13 @@ def check_query_encoding(query: str) -> None:
             except UnicodeDecodeError as exc:
                 shown = unquote_to_bytes(name.replace("+", " ")).decode("utf-8", "backslashreplace")
                 raise InvalidArgument(f"{shown}: must be percent-encoded UTF-8") from exc
+
+
+def check_content_encoding(encoding: str) -> None:
+    """400 naming a Content-Encoding other than identity: bodies are read as
+    sent, and compressed bytes would be refused as the invalid UTF-8 they are."""
+    if encoding.strip().lower() not in ("", "identity"):
+        raise InvalidArgument(f"Content-Encoding: {encoding} is not supported; send the body uncompressed")
 
 
 def validated(serializer_class: type[serializers.Serializer], body: dict[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ message naming the field")."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import httpx
@@ -94,3 +95,35 @@ def test_a_payload_nested_as_deep_as_the_parser_goes_is_refused_by_name_not_a_50
     # and nothing was stored
     assert not Task.objects.filter(queue_id=queue_id).exists()
     assert QueueState.objects.get(queue_id=queue_id).unfinished_tasks == 0
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br, gzip"])
+@pytest.mark.parametrize("path", ["/v1/tasks", "/v1/tasks:batch", "/v1/queues"])
+def test_a_compressed_body_is_refused_naming_its_content_encoding(live, path, encoding):
+    # given a body sent compressed (Orbit reads bodies as sent)
+    http, queue_id = live
+    body = gzip.compress(json.dumps(numbered_task(queue_id, 1)).encode())
+    # when it is posted
+    headers = {**PLAIN, "Content-Encoding": encoding, "Idempotency-Key": f"zipped-{path}-{encoding}"}
+    response = http.post(path, content=body, headers=headers)
+    # then the refusal names the header, not the bytes it could not read, and nothing is stored
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["message"] == (
+        f"Content-Encoding: {encoding} is not supported; send the body uncompressed"
+    )
+    assert not Task.objects.filter(queue_id=queue_id).exists()
+
+
+def test_a_body_said_to_be_compressed_is_refused_even_when_it_reads_as_json(live):
+    http, queue_id = live
+    headers = {**PLAIN, "Content-Encoding": "gzip", "Idempotency-Key": "said-gzip"}
+    response = http.post("/v1/tasks", content=json.dumps(numbered_task(queue_id, 1)), headers=headers)
+    assert response.status_code == 400, response.text
+    assert not Task.objects.filter(queue_id=queue_id).exists()
+
+
+def test_an_identity_content_encoding_is_a_plain_body(live):
+    http, queue_id = live
+    headers = {**PLAIN, "Content-Encoding": "identity", "Idempotency-Key": "identity-1"}
+    response = http.post("/v1/tasks", content=json.dumps(numbered_task(queue_id, 1)), headers=headers)
+    assert response.status_code == 201, response.text
