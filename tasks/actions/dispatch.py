@@ -901,13 +901,9 @@ def renew_lease(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[s
     refuse_revoked([worker])  # credentials come before attempts in the global order
     attempt = lock_attempt(attempt_id)
     now = timezone.now()  # after the lock: the lease is judged as of now
-    if (
-        attempt is None
-        or not worker.owns_attempt(attempt)
-        or attempt.epoch != epoch
-        or attempt.state not in ACTIVE_ATTEMPT_STATES
-        or attempt.lease_expires_at <= now
-    ):
+    if attempt is None or not worker.owns_attempt(attempt):
+        raise LeaseLost("attempt is not held by this worker")  # as for one that does not exist
+    if attempt.epoch != epoch or attempt.state not in ACTIVE_ATTEMPT_STATES or attempt.lease_expires_at <= now:
         raise LeaseLost("lease is no longer valid")
     task = Task.objects.only("lease_seconds", "deadline_at", "cancel_requested").get(id=attempt.task_id)
     expires = lease_expiry(task, now)

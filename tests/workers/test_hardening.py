@@ -126,6 +126,7 @@ def test_attempts_outside_the_range_answer_as_unknown_attempts(tenant, orbit_ser
         refused = worker.request(kind, **ref, **extra)
         absent = worker.request(kind, **unknown, **extra)
         assert refused["type"] == "error", (kind, refused)
+        assert (refused["code"], refused["message"]) == ("LEASE_LOST", "attempt is not held by this worker"), kind
         assert {k: v for k, v in refused.items() if k != "reply_to"} == {
             k: v for k, v in absent.items() if k != "reply_to"
         }, kind
