@@ -247,9 +247,14 @@ class TaskBatchView(OrbitView):
         refs: set[str | None] = set()
         for index, entry in enumerate(entries):
             where = f"tasks[{index}]"
-            if not isinstance(entry, dict) or not {"idempotency_key", "task"} <= set(entry) <= BATCH_ENTRY_FIELDS:
+            if not isinstance(entry, dict) or not {"idempotency_key", "task"} <= set(entry):
                 raise InvalidArgument(f"{where}: must be an object with idempotency_key, task and optionally ref")
+            unknown = sorted(set(entry) - BATCH_ENTRY_FIELDS)
+            if unknown:
+                raise InvalidArgument(f"{where}.{unknown[0]}: unknown field")
             ref = entry.get("ref")
+            if "ref" in entry and ref is None:
+                raise InvalidArgument(f"{where}.ref: This field may not be null.")  # as every other optional field
             if ref is not None and (not isinstance(ref, str) or not REF_NAME.fullmatch(ref)):
                 raise InvalidArgument(f"{where}.ref: must be 1-64 letters, digits, '.', '_' or '-'")
             if ref is not None and ref in refs:

@@ -139,6 +139,9 @@ def test_batch_items_fail_alone_and_refused_items_store_nothing(tenant):
         ),
         ({"tasks": [{"idempotency_key": "a", "task": []}]}, "tasks[0].task"),
         ({"tasks": [], "extra": 1}, "extra"),
+        ({"tasks": [{"idempotency_key": "a", "task": {}, "ref": None}]}, "tasks[0].ref: This field may not be null."),
+        ({"tasks": [{"idempotency_key": "a", "task": {}, "ref": ""}]}, "tasks[0].ref: must be 1-64"),
+        ({"tasks": [{"idempotency_key": "a", "task": {}, "refs": "x"}]}, "tasks[0].refs: unknown field"),
     ],
 )
 def test_malformed_batches_are_refused_whole(tenant, body, field):
