@@ -30,7 +30,8 @@ MAX_PAGE_SIZE = 500
 class OrbitView(APIView):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        check_query_encoding(request._request.META.get("QUERY_STRING", ""))
+        request._request.GET  # noqa: B018 - parsed first: Django's bound on the count answers before check_query
+        check_query(request._request.META.get("QUERY_STRING", ""))
         check_content_encoding(request._request.META.get("HTTP_CONTENT_ENCODING", ""))
 
     # Orbit's authentication classes set a Principal as request.user, not a Django user.
@@ -75,18 +76,27 @@ class OrbitView(APIView):
         return ok(request, receipt.data, status=receipt.status)
 
 
-def check_query_encoding(query: str) -> None:
-    """400 naming the parameter whose name or value is not percent-encoded UTF-8.
-    Django decodes those bytes to U+FFFD, so `?prefix=%FF` would read as
-    "\ufffd" and filter by a character the caller never sent."""
+def check_query(query: str) -> None:
+    """400 naming the parameter whose name or value is not percent-encoded
+    UTF-8, or that is sent twice. Django decodes those bytes to U+FFFD, so
+    `?prefix=%FF` would read as "\ufffd" and filter by a character the caller
+    never sent; and it keeps the last of a repeated parameter, so
+    `?state=WAITING&state=LEASED` would list only what the caller named second."""
+    seen: set[str] = set()
     for part in query.split("&"):
-        name, _, value = part.partition("=")
-        for raw in (name, value):
+        if not part:  # "?a=1&&b=2": Django skips the empty part too
+            continue
+        raw_name, _, value = part.partition("=")
+        for raw in (raw_name, value):
             try:
                 unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
             except UnicodeDecodeError as exc:
-                shown = unquote_to_bytes(name.replace("+", " ")).decode("utf-8", "backslashreplace")
+                shown = unquote_to_bytes(raw_name.replace("+", " ")).decode("utf-8", "backslashreplace")
                 raise InvalidArgument(f"{shown}: must be percent-encoded UTF-8") from exc
+        name = unquote_to_bytes(raw_name.replace("+", " ")).decode("utf-8")
+        if name in seen:
+            raise InvalidArgument(f"{name}: must be sent once")
+        seen.add(name)
 
 
 def check_content_encoding(encoding: str) -> None:

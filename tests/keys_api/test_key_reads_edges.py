@@ -53,3 +53,30 @@ def test_a_query_parameter_that_is_not_utf8_is_invalid_not_the_replacement_chara
         assert error["code"] == "INVALID_ARGUMENT", error
         assert error["message"].endswith(": must be percent-encoded UTF-8"), error
     assert http.get(f"/v1/concurrency-keys?prefix={encoded}").json()["error"]["message"].startswith("prefix:")
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [
+        ("/v1/tasks?state=WAITING&state=LEASED", "state"),
+        ("/v1/tasks?page_size=1&page_size=2", "page_size"),
+        ("/v1/concurrency-keys?prefix=a&prefix=b", "prefix"),
+        ("/v1/events?after=1&after=2", "after"),
+        ("/v1/queues?page_token=&page_token=x", "page_token"),
+        ("/v1/tasks?queue%5Fid=a&queue_id=b", "queue_id"),
+    ],
+)
+def test_a_query_parameter_sent_twice_is_refused_not_the_last_one_taken(http, path, name):
+    """Django keeps the last of a repeated parameter: `?state=WAITING&state=LEASED`
+    listed only the LEASED tasks, a filter the caller did not ask for."""
+    response = http.get(path)
+    assert response.status_code == 400, (path, response.text)
+    assert response.json()["error"] == {
+        **response.json()["error"],
+        "code": "INVALID_ARGUMENT",
+        "message": f"{name}: must be sent once",
+    }
+
+
+def test_empty_parts_of_a_query_are_not_parameters(http):
+    assert http.get("/v1/tasks?page_size=1&&").status_code == 200
