@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from orbit.audit import record_management_change
@@ -39,6 +40,11 @@ logger = logging.getLogger("orbit.plans")
 # is continued by the next step.
 POINTS_PER_STEP = 500
 PLANS_PER_STEP = 50
+# Due plans a step reads at a time, past those held at a full queue.
+DUE_PAGE = 200
+# Transactions a step may spend on plans held at a full queue (one per queue
+# found full: the queue's other plans are passed over), however many are held.
+HELD_TRIES_PER_STEP = 200
 
 
 @dataclass(frozen=True)
@@ -273,14 +279,22 @@ def _plan_actor(plan: Plan) -> Actor:
     return Actor(principal=principal, request_id="")
 
 
+@dataclass(frozen=True)
+class Stepped:
+    """What one plan's step decided: its points recorded, and whether its
+    queue was full (its next point waits for room)."""
+
+    recorded: int = 0
+    held: bool = False
+
+
 @outermost
-def _step_plan(plan_id: str, now: datetime) -> int:
-    """Decides the due points of one plan in one transaction; returns how many.
-    The plan row is taken with SKIP LOCKED: a plan another node is deciding
-    is left to it."""
+def _step_plan(plan_id: str, now: datetime) -> Stepped:
+    """Decides the due points of one plan in one transaction. The plan row is
+    taken with SKIP LOCKED: a plan another node is deciding is left to it."""
     locked = select_rows(Plan, "id = %s AND state = %s", [plan_id, PlanState.ACTIVE], lock=True, skip_locked=True)
     if not locked or locked[0].next_fire_at is None or locked[0].next_fire_at > now:
-        return 0
+        return Stepped()
     plan = locked[0]
     version = _current_version(plan)
     due: list[datetime] = []
@@ -302,12 +316,13 @@ def _step_plan(plan_id: str, now: datetime) -> int:
     created = dict(zip([d.point for d in fired], outcomes, strict=True))
     records: list[PlanTrigger] = []
     cursor = following
+    held = False
     for decision in decisions:
         outcome = created.get(decision.point)
         if isinstance(outcome, QueueFull):
             # The full point stays the next cursor: no task, no record; the
             # next step decides it again by the same (frozen) policy.
-            cursor = decision.point
+            cursor, held = decision.point, True
             break
         record = PlanTrigger(
             plan_id=plan.id, namespace_id=plan.namespace_id, version=plan.version, scheduled_at=decision.point
@@ -323,26 +338,50 @@ def _step_plan(plan_id: str, now: datetime) -> int:
     plan.next_fire_at = cursor
     plan.updated_at = now
     plan.save(update_fields=["next_fire_at", "updated_at"])
-    return len(records)
+    return Stepped(len(records), held)
 
 
 def fire_due_plans(now: datetime | None = None) -> int:
-    """One step of the trigger loop: every active plan whose next point is due
-    decides its due points. Safe on every node at once (SKIP LOCKED on the
-    plan row, and a point is recorded once: unique per plan)."""
+    """One step of the trigger loop: the active plans whose next point is due
+    decide their due points, longest due first, up to PLANS_PER_STEP plans that
+    recorded one; returns the points recorded. Safe on every node at once (SKIP
+    LOCKED on the plan row, and a point is recorded once: unique per plan).
+
+    A plan held at a full queue keeps its point as the next one, and stays due:
+    the step reads on past it, and passes over the other plans of a queue it
+    found full this step, so however many plans wait for room, the others of
+    the cell fire on time."""
     now = now or timezone.now()
-    due = list(
-        Plan.objects.filter(state=PlanState.ACTIVE, next_fire_at__lte=now)
-        .order_by("next_fire_at")
-        .values_list("id", flat=True)[:PLANS_PER_STEP]
-    )
-    decided = 0
-    for plan_id in due:
-        try:
-            decided += _step_plan(plan_id, now)
-        except (OperationalError, InterfaceError):
-            raise  # the database, not the plan: the sweep's outage handling tells it
-        except Exception:
-            # One plan's fault must not keep every other due plan of the cell from firing.
-            logger.exception("plan %s: its due points could not be decided; tried again next step", plan_id)
-    return decided
+    due = Plan.objects.filter(state=PlanState.ACTIVE, next_fire_at__lte=now).order_by("next_fire_at", "id")
+    recorded = plans_recorded = held_tries = 0
+    full_queues: set[str] = set()
+    after: tuple[datetime, str] | None = None
+    while plans_recorded < PLANS_PER_STEP and held_tries < HELD_TRIES_PER_STEP:
+        page = (
+            due
+            if after is None
+            else due.filter(Q(next_fire_at__gt=after[0]) | Q(next_fire_at=after[0], id__gt=after[1]))
+        )
+        rows = list(page.values_list("id", "queue_id", "next_fire_at")[:DUE_PAGE])
+        for plan_id, queue_id, fire_at in rows:
+            after = (cast(datetime, fire_at), plan_id)  # due: next_fire_at <= now, never NULL
+            if queue_id in full_queues:
+                continue
+            try:
+                stepped = _step_plan(plan_id, now)
+            except (OperationalError, InterfaceError):
+                raise  # the database, not the plan: the sweep's outage handling tells it
+            except Exception:
+                # One plan's fault must not keep every other due plan of the cell from firing.
+                logger.exception("plan %s: its due points could not be decided; tried again next step", plan_id)
+                continue
+            recorded += stepped.recorded
+            plans_recorded += stepped.recorded > 0
+            if stepped.held:
+                full_queues.add(queue_id)
+                held_tries += 1
+            if plans_recorded >= PLANS_PER_STEP or held_tries >= HELD_TRIES_PER_STEP:
+                break
+        if len(rows) < DUE_PAGE:
+            break
+    return recorded

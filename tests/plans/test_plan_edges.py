@@ -191,3 +191,32 @@ def test_a_sweep_part_that_fails_keeps_no_other_part_from_running(monkeypatch):
     with pytest.raises(RuntimeError, match="deadlines failed"):
         maintenance.run_sweep()
     assert ran == ["leases", "deadlines", "plans", "policies", "follow-ups"]
+
+
+@pytest.mark.django_db
+def test_plans_held_at_a_full_queue_do_not_hold_back_the_others(planner, monkeypatch):
+    """A step decided the 50 plans due longest; a plan whose queue is full keeps its
+    point as the next one, so as many such plans took every step, and no other plan
+    of the cell fired (SKIP's "at most 10 s late" became never)."""
+    clock = SimpleNamespace(now=lambda: at("2026-11-02T12:00:00"))
+    monkeypatch.setattr(plans.actions, "timezone", clock)
+    # given more plans than a step decides, all due on a queue with room for one task
+    full = make_queue(planner.client, "full", max_unfinished_tasks=1)
+    held = [
+        assert_ok(create_plan(planner.client, plan_body(full["id"], name=f"held-{n}"), key=f"held-{n}"), 201)["plan"]
+        for n in range(plans.actions.PLANS_PER_STEP + 5)
+    ]
+    # and, due after them, a plan of another queue
+    clock.now = lambda: at("2026-11-02T12:00:30")
+    other = make_queue(planner.client, "other")
+    victim = assert_ok(create_plan(planner.client, plan_body(other["id"], name="victim"), key="victim"), 201)["plan"]
+    assert victim["next_fire_at"] > held[-1]["next_fire_at"]
+    # when the trigger loop steps once they are all due
+    fire_due_plans(at("2026-11-02T12:01:31"))
+    # then the full queue took one task, and the other plan fired all the same
+    assert PlanTrigger.objects.filter(plan_id=victim["id"], outcome="CREATED").count() == 1
+    assert PlanTrigger.objects.filter(plan_id__in=[plan["id"] for plan in held], outcome="CREATED").count() == 1
+    # and the held plans keep their points for when the queue has room
+    waiting = Plan.objects.filter(id__in=[plan["id"] for plan in held], next_fire_at=at("2026-11-02T12:01:00"))
+    assert waiting.count() == len(held) - 1
+    assert_invariants()
