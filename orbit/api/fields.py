@@ -23,7 +23,7 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
-from orbit.errors import InvalidArgument
+from orbit.errors import InvalidArgument, OrbitError
 from orbit.fields import UINT32_MAX, UINT64_MAX
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*")
@@ -310,6 +310,17 @@ class StrictSerializer(serializers.Serializer):
             return plan.serializer.validate(values)
         except (serializers.ValidationError, DjangoValidationError):
             return DEFER
+
+    def run_validation(self, data: Any = empty) -> Any:
+        """As a nested field (a plan's definition.task): an API error one of
+        its fields raised itself, naming the field alone (depends_on[i], the
+        payload's size), is named under this one, as DRF names its own."""
+        try:
+            return super().run_validation(data)
+        except OrbitError as error:
+            if self.parent is None or not self.field_name:
+                raise
+            raise type(error)(f"{self.field_name}.{error.message}", details=error.details) from None
 
     @classmethod
     def validated(cls, data: Any) -> Any:

@@ -196,6 +196,10 @@ INVALID = [
         lambda b: replaced(b, "2030-01-01T00:00:00Z", "definition", "task", "available_at"),
     ),
     ("definition.task.deadline_at", lambda b: replaced(b, "2030-01-01T00:00:00Z", "definition", "task", "deadline_at")),
+    # the field's own refusals by position, which DRF cannot name
+    ("definition.task.depends_on", lambda b: replaced(b, [], "definition", "task", "depends_on")),
+    ("definition.task.depends_on[0]", lambda b: replaced(b, ["zz"], "definition", "task", "depends_on")),
+    ("definition.task.depends_on[1]", lambda b: replaced(b, ["a" * 32] * 2, "definition", "task", "depends_on")),
     ("extra", lambda b: replaced(b, 1, "extra")),
 ]
 
@@ -230,3 +234,11 @@ def test_concurrent_creates_of_one_name_make_one_plan(planner, queue):
 
     assert sorted(race(8, send)) == [201] + [409] * 7
     assert Plan.objects.count() == 1 and PlanVersion.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_definitions_payload_over_the_limit_is_413_naming_it_in_the_definition(planner, queue):
+    body = replaced(plan_body(queue["id"]), {"blob": "x" * (256 * 1024)}, "definition", "task", "payload")
+    message = assert_error(create_plan(planner.client, body), 413, "PAYLOAD_TOO_LARGE")
+    assert message.startswith("definition.task.payload: "), message
+    assert Plan.objects.count() == 0
