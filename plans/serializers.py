@@ -44,8 +44,10 @@ class ScheduleInput(StrictSerializer):
             if len(attrs["cron"].split()) != 5:  # cronsim also reads a sixth field, of seconds
                 raise CronSimError("Wrong number of fields")
             next(CronSim(attrs["cron"], timezone.now().astimezone(ZoneInfo(name))))
-        except (CronSimError, StopIteration) as exc:
+        except CronSimError as exc:
             raise serializers.ValidationError({"cron": [f"must be a 5-field cron expression ({exc})"]}) from exc
+        except StopIteration as exc:  # every field valid, no date has them all (the 29th Monday #5 of February)
+            raise serializers.ValidationError({"cron": ["matches no date: no day has every field it names"]}) from exc
         return attrs
 
 

@@ -242,3 +242,10 @@ def test_a_definitions_payload_over_the_limit_is_413_naming_it_in_the_definition
     message = assert_error(create_plan(planner.client, body), 413, "PAYLOAD_TOO_LARGE")
     assert message.startswith("definition.task.payload: "), message
     assert Plan.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_cron_expression_no_date_matches_says_so(planner, queue):
+    body = replaced(plan_body(queue["id"]), {"cron": "0 0 */29 2 MON#5"}, "schedule")
+    message = assert_invalid(create_plan(planner.client, body), "schedule.cron")
+    assert message == "schedule.cron: matches no date: no day has every field it names"
