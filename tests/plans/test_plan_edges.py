@@ -220,3 +220,29 @@ def test_plans_held_at_a_full_queue_do_not_hold_back_the_others(planner, monkeyp
     waiting = Plan.objects.filter(id__in=[plan["id"] for plan in held], next_fire_at=at("2026-11-02T12:01:00"))
     assert waiting.count() == len(held) - 1
     assert_invariants()
+
+
+@pytest.mark.parametrize(
+    ("cron", "start", "expected"),
+    [
+        # every hour on the fall-back night: each of the 25 hours, the repeated one twice
+        (
+            "0 * * * *",
+            "2026-10-24T23:30:00",
+            ["2026-10-25T00:00:00", "2026-10-25T01:00:00", "2026-10-25T02:00:00"],
+        ),
+        # every two hours on the spring-forward night: 02:00 does not exist, 04:00 CEST is next
+        ("0 */2 * * *", "2026-03-28T22:30:00", ["2026-03-28T23:00:00", "2026-03-29T02:00:00"]),
+        # a fixed minute and hour: the skipped 02:00 fires at 03:00 CEST, the first time that exists
+        ("0 2 * * *", "2026-03-28T02:00:00", ["2026-03-29T01:00:00", "2026-03-30T00:00:00"]),
+    ],
+    ids=["hourly-fall-back", "every-two-hours-spring-forward", "fixed-spring-forward"],
+)
+def test_an_expression_repeating_within_the_day_keeps_to_the_clock_through_dst(cron, start, expected):
+    """cronsim's rule (and Debian cron's): with a `*` starting its minute or hour
+    field, an expression fires at the local times that exist, each occurrence of
+    a repeated one; with both fixed, a skipped time fires at the first that
+    exists, a repeated one once."""
+    schedule = {"cron": cron, "timezone": "Europe/Berlin"}
+    points = points_from(schedule, at(start), at(start))
+    assert [next(points) for _ in expected] == [at(text) for text in expected]
