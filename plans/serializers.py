@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import zoneinfo
 from functools import cache
 from typing import Any
@@ -25,6 +26,10 @@ MAX_CATCH_UP_WINDOW_SECONDS = 7 * 86400
 POLICIES = ("SKIP", "CATCH_UP", "LATEST")
 
 
+# A step on the month's last day (L/2, LW/3), which cronsim reads as the day alone.
+STEPPED_LAST_DAY = re.compile(r"LW?/", re.IGNORECASE)
+
+
 class ScheduleInput(StrictSerializer):
     cron = StrictCharField(required=False, max_length=255)
     timezone = StrictCharField(required=False, max_length=64)
@@ -41,8 +46,11 @@ class ScheduleInput(StrictSerializer):
         if name not in iana_zone_names():
             raise serializers.ValidationError({"timezone": ["must be an IANA time zone, e.g. Europe/Berlin"]})
         try:
-            if len(attrs["cron"].split()) != 5:  # cronsim also reads a sixth field, of seconds
+            fields = attrs["cron"].split()
+            if len(fields) != 5:  # cronsim also reads a sixth field, of seconds
                 raise CronSimError("Wrong number of fields")
+            if any(STEPPED_LAST_DAY.match(term) for term in fields[2].split(",")):
+                raise CronSimError("Bad day-of-month")  # cronsim takes L/2 as L: a step it ignores
             next(CronSim(attrs["cron"], timezone.now().astimezone(ZoneInfo(name))))
         except CronSimError as exc:
             raise serializers.ValidationError({"cron": [f"must be a 5-field cron expression ({exc})"]}) from exc

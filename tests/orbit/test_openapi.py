@@ -290,6 +290,9 @@ def test_reason_and_time_patterns_are_the_fields_rules():
         "* * * * * *",
         "@daily",
         "0 0 * * MON#6",
+        "0 0 L/2 * *",
+        "0 0 lw/3 * *",
+        "0 0 1,L/2 * *",
     ],
 )
 def test_the_cron_pattern_is_the_schedules_rule(cron):
