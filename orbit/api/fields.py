@@ -237,7 +237,8 @@ class _PlainPlan:
         writable = [field for field in self.serializer.fields.values() if not field.read_only]
         own_steps = (
             serializer_class.to_internal_value is StrictSerializer.to_internal_value
-            and serializer_class.run_validation is serializers.Serializer.run_validation
+            # StrictSerializer's own only names a nested field's errors: at the top, as DRF's
+            and serializer_class.run_validation is StrictSerializer.run_validation
             and serializer_class.run_validators is serializers.Serializer.run_validators
         )
         self.usable = (
