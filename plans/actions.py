@@ -11,6 +11,7 @@ cycle."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -341,6 +342,21 @@ def _step_plan(plan_id: str, now: datetime) -> Stepped:
     return Stepped(len(records), held)
 
 
+def _due_plans(now: datetime) -> Iterator[tuple[str, str]]:
+    """(plan id, queue id) of the active plans due at `now`, longest due first,
+    read DUE_PAGE at a time as the caller goes on."""
+    due = Plan.objects.filter(state=PlanState.ACTIVE, next_fire_at__lte=now).order_by("next_fire_at", "id")
+    page = due
+    while True:
+        rows = list(page.values_list("id", "queue_id", "next_fire_at")[:DUE_PAGE])
+        for plan_id, queue_id, _ in rows:
+            yield plan_id, queue_id
+        if len(rows) < DUE_PAGE:
+            return
+        _, _, last_at = rows[-1]
+        page = due.filter(Q(next_fire_at__gt=last_at) | Q(next_fire_at=last_at, id__gt=rows[-1][0]))
+
+
 def fire_due_plans(now: datetime | None = None) -> int:
     """One step of the trigger loop: the active plans whose next point is due
     decide their due points, longest due first, up to PLANS_PER_STEP plans that
@@ -352,36 +368,24 @@ def fire_due_plans(now: datetime | None = None) -> int:
     found full this step, so however many plans wait for room, the others of
     the cell fire on time."""
     now = now or timezone.now()
-    due = Plan.objects.filter(state=PlanState.ACTIVE, next_fire_at__lte=now).order_by("next_fire_at", "id")
     recorded = plans_recorded = held_tries = 0
     full_queues: set[str] = set()
-    after: tuple[datetime, str] | None = None
-    while plans_recorded < PLANS_PER_STEP and held_tries < HELD_TRIES_PER_STEP:
-        page = (
-            due
-            if after is None
-            else due.filter(Q(next_fire_at__gt=after[0]) | Q(next_fire_at=after[0], id__gt=after[1]))
-        )
-        rows = list(page.values_list("id", "queue_id", "next_fire_at")[:DUE_PAGE])
-        for plan_id, queue_id, fire_at in rows:
-            after = (cast(datetime, fire_at), plan_id)  # due: next_fire_at <= now, never NULL
-            if queue_id in full_queues:
-                continue
-            try:
-                stepped = _step_plan(plan_id, now)
-            except (OperationalError, InterfaceError):
-                raise  # the database, not the plan: the sweep's outage handling tells it
-            except Exception:
-                # One plan's fault must not keep every other due plan of the cell from firing.
-                logger.exception("plan %s: its due points could not be decided; tried again next step", plan_id)
-                continue
-            recorded += stepped.recorded
-            plans_recorded += stepped.recorded > 0
-            if stepped.held:
-                full_queues.add(queue_id)
-                held_tries += 1
-            if plans_recorded >= PLANS_PER_STEP or held_tries >= HELD_TRIES_PER_STEP:
-                break
-        if len(rows) < DUE_PAGE:
+    for plan_id, queue_id in _due_plans(now):
+        if queue_id in full_queues:
+            continue
+        try:
+            stepped = _step_plan(plan_id, now)
+        except (OperationalError, InterfaceError):
+            raise  # the database, not the plan: the sweep's outage handling tells it
+        except Exception:
+            # One plan's fault must not keep every other due plan of the cell from firing.
+            logger.exception("plan %s: its due points could not be decided; tried again next step", plan_id)
+            continue
+        recorded += stepped.recorded
+        plans_recorded += stepped.recorded > 0
+        if stepped.held:
+            full_queues.add(queue_id)
+            held_tries += 1
+        if plans_recorded >= PLANS_PER_STEP or held_tries >= HELD_TRIES_PER_STEP:
             break
     return recorded

@@ -194,10 +194,12 @@ def test_a_sweep_part_that_fails_keeps_no_other_part_from_running(monkeypatch):
 
 
 @pytest.mark.django_db
-def test_plans_held_at_a_full_queue_do_not_hold_back_the_others(planner, monkeypatch):
+@pytest.mark.parametrize("page", [plans.actions.DUE_PAGE, 7], ids=["one-page", "pages-of-7"])
+def test_plans_held_at_a_full_queue_do_not_hold_back_the_others(planner, monkeypatch, page):
     """A step decided the 50 plans due longest; a plan whose queue is full keeps its
     point as the next one, so as many such plans took every step, and no other plan
     of the cell fired (SKIP's "at most 10 s late" became never)."""
+    monkeypatch.setattr(plans.actions, "DUE_PAGE", page)
     clock = SimpleNamespace(now=lambda: at("2026-11-02T12:00:00"))
     monkeypatch.setattr(plans.actions, "timezone", clock)
     # given more plans than a step decides, all due on a queue with room for one task
