@@ -86,14 +86,14 @@ def check_query(query: str) -> None:
     for part in query.split("&"):
         if not part:  # "?a=1&&b=2": Django skips the empty part too
             continue
-        raw_name, _, value = part.partition("=")
-        for raw in (raw_name, value):
-            try:
-                unquote_to_bytes(raw.replace("+", " ")).decode("utf-8")
-            except UnicodeDecodeError as exc:
-                shown = unquote_to_bytes(raw_name.replace("+", " ")).decode("utf-8", "backslashreplace")
-                raise InvalidArgument(f"{shown}: must be percent-encoded UTF-8") from exc
-        name = unquote_to_bytes(raw_name.replace("+", " ")).decode("utf-8")
+        raw_name, _, raw_value = part.partition("=")
+        name_bytes = unquote_to_bytes(raw_name.replace("+", " "))
+        try:
+            name = name_bytes.decode("utf-8")
+            unquote_to_bytes(raw_value.replace("+", " ")).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            shown = name_bytes.decode("utf-8", "backslashreplace")
+            raise InvalidArgument(f"{shown}: must be percent-encoded UTF-8") from exc
         if name in seen:
             raise InvalidArgument(f"{name}: must be sent once")
         seen.add(name)
