@@ -10,6 +10,7 @@ still run away is stopped by the database (AdminStatementTimeout)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import cached_property
@@ -18,6 +19,7 @@ from typing import Any, cast
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.admin.exceptions import NotRegistered
+from django.contrib.admin.utils import display_for_field
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
 from django.db import connection
@@ -161,6 +163,26 @@ def named_id_display(field: str, in_list: bool) -> Callable[[Any], SafeString | 
     return admin.display(description=f"holder {description}" if field.startswith("holder_") else description)(display)
 
 
+# Unicode's explicit direction controls (embeddings, overrides, isolates,
+# marks): "\u202e0001 DSU" would read "USD 1000".
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape_direction_controls(text: str) -> str:
+    """JSON text with each direction control written as its escape, which
+    reads the same to a JSON parser and turns nothing around on the page."""
+    return BIDI_CONTROLS.sub(lambda found: f"\\u{ord(found[0]):04x}", text)
+
+
+def json_text(field: Any, empty: str) -> Callable[[Any], str]:
+    """A JSON column as Django's read-only page writes it, direction controls escaped."""
+
+    def display(obj: Any) -> str:
+        return escape_direction_controls(display_for_field(getattr(obj, field.name), field, empty))
+
+    return admin.display(description=str(field.verbose_name))(display)
+
+
 def plain_boolean(field: str, description: str) -> Callable[[Any], str]:
     """A boolean as words: Django's red ✗ read as an alarm on a normal state."""
 
@@ -254,6 +276,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
             elif model_field.get_internal_type() == "BooleanField":
                 setattr(self, f"{name}_text", plain_boolean(name, str(model_field.verbose_name)))
                 self.replaced_fields[name] = f"{name}_text"
+            elif model_field.get_internal_type() == "JSONField":
+                setattr(self, f"{name}_json", json_text(model_field, self.get_empty_value_display()))
+                self.replaced_fields[name] = f"{name}_json"
 
     def attach_labels(self, rows: list[Any], shown: frozenset[str]) -> None:
         """Every named id of a list page, one query per kind of id the user may view."""

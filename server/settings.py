@@ -192,6 +192,10 @@ STATIC_URL = "static/"
 STATIC_ROOT = os.environ.get("ORBIT_STATIC_ROOT") or None
 WHITENOISE_USE_FINDERS = True
 
+# Where the console's login lands when its `next` is missing or refused as off-site
+# (Django's default, /accounts/profile/, is no page of Orbit's).
+LOGIN_REDIRECT_URL = "admin:index"
+
 # A task payload may be 256 KiB encoded; the body around it carries its JSON
 # escaping and the other fields, so leave room before Django refuses to read.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 4 * 1024 * 1024

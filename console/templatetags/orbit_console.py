@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime
 from typing import Any
 
 from django import template
 
 from console import data
-from console.admin_base import change_url, format_ms, may_view, short_id
+from console.admin_base import change_url, escape_direction_controls, format_ms, may_view, short_id
 from queues.models import Queue
 from tasks.models import Task
 
@@ -39,15 +38,9 @@ def ms(value: datetime | None) -> str:
     return format_ms(value)
 
 
-# Unicode's explicit direction controls (embeddings, overrides, isolates,
-# marks): "\u202e0001 DSU" would read "USD 1000". JSON writes them escaped.
-BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
 @register.filter
 def pretty_json(value: Any) -> str:
-    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-    return BIDI_CONTROLS.sub(lambda found: f"\\u{ord(found[0]):04x}", text)
+    return escape_direction_controls(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
 
 
 @register.filter
