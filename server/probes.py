@@ -27,15 +27,17 @@ import copy
 import logging
 import math
 import threading
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import wraps
 from pathlib import Path
 from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.utils import load_backend
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from orbit import cells
 from orbit.api.errors import COMPACT_JSON, error_body
@@ -308,12 +310,37 @@ def _no_store(response: JsonResponse) -> JsonResponse:
     return response
 
 
+def read_only(
+    view: Callable[[HttpRequest], Coroutine[Any, Any, HttpResponse]],
+) -> Callable[[HttpRequest], Coroutine[Any, Any, HttpResponse]]:
+    """`view` for GET and HEAD; any other method 405 in the error envelope, as
+    every /v1 route answers it (a probe that says 200 to a POST tells a
+    misconfigured client nothing)."""
+
+    @wraps(view)
+    async def guarded(request: HttpRequest) -> HttpResponse:
+        if request.method in ("GET", "HEAD"):
+            return await view(request)
+        return method_not_allowed(request)
+
+    return guarded
+
+
+def method_not_allowed(request: HttpRequest) -> JsonResponse:
+    body = error_body(request_id_of(request), "INVALID_ARGUMENT", f'Method "{request.method}" not allowed.')
+    response = JsonResponse(body, status=405, json_dumps_params=COMPACT_JSON)
+    response["Allow"] = "GET, HEAD"
+    return response
+
+
+@read_only
 async def healthz(request: HttpRequest) -> JsonResponse:
     """GET /healthz: the process answers. No credential, no database."""
     body = {"request_id": request_id_of(request), "data": {"status": "ok"}}
     return _no_store(JsonResponse(body, json_dumps_params=COMPACT_JSON))
 
 
+@read_only
 async def readyz(request: HttpRequest) -> JsonResponse:
     """GET /readyz: 200 when the database answers within 1 s with every
     migration applied; else 503 UNAVAILABLE with the public reason (the

@@ -19,6 +19,8 @@ FAVICON = (
 
 
 def favicon(request: HttpRequest) -> HttpResponse:
+    if request.method not in ("GET", "HEAD"):
+        return probes.method_not_allowed(request)
     response = HttpResponse(FAVICON, content_type="image/svg+xml")
     response["Cache-Control"] = "public, max-age=86400"
     return response
