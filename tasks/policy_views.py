@@ -1,6 +1,6 @@
 """The key policy endpoints (SPEC §12): /v1/key-policies.
 
-Writes take keys:manage; reads take keys:manage, or tasks:read over every
+Writes take keys:manage, reads keys:manage or tasks:read, each over every
 queue (a policy is about keys, which every queue of the namespace shares).
 After a write commits, the view refreshes the key rows the policy matches
 (tasks.actions.policies.reconcile_policy) before it answers."""
@@ -17,7 +17,7 @@ from orbit.api.mutations import mutation
 from orbit.api.responses import ok, page
 from orbit.api.schema import documented
 from orbit.api.views import OrbitView, decode_page_token, encode_page_token, page_size_of
-from orbit.principal import Actor
+from orbit.principal import Actor, Principal
 from tasks.actions import policies
 from tasks.policy_serializers import KeyPolicyConfigureInput, KeyPolicyCreateInput, KeyPolicyRetireInput
 
@@ -30,6 +30,11 @@ def rule_of(fields: dict[str, Any]) -> policies.PolicyRule:
         capacity=fields.get("capacity", 1),
         rate=policies.PolicyRate(rate["starts"], rate["per_seconds"], rate.get("burst", 1)) if rate else None,
     )
+
+
+def over_all_queues(principal: Principal, *_policy_id: str) -> None:
+    """A write's check: the credential's range covers every queue, whatever policy it names."""
+    principal.require_all_queues()
 
 
 class ReconcilingView(OrbitView):
@@ -56,8 +61,8 @@ class KeyPolicyCollectionView(ReconcilingView):
     def get(self, request: Request) -> Response:
         """List key policies.
 
-        The namespace's key policies, retired ones too, in id order, one page at a time (keys:manage,
-        or tasks:read over all queues): pass a page's next_page_token as page_token for the next."""
+        The namespace's key policies, retired ones too, in id order, one page at a time (keys:manage
+        or tasks:read, over all queues): pass a page's next_page_token as page_token for the next."""
         items, last_id = policies.policy_list(
             principal=self.principal(request), after_id=decode_page_token(request), limit=page_size_of(request)
         )
@@ -67,6 +72,7 @@ class KeyPolicyCollectionView(ReconcilingView):
         KeyPolicyCreateInput,
         scope="keys:manage",
         operation="key_policy.create",
+        check=over_all_queues,
         data="KeyPolicyReceipt",
         created=True,
         operation_id="key_policies_create",
@@ -77,8 +83,8 @@ class KeyPolicyCollectionView(ReconcilingView):
         A capacity (1–1000, default 1) and optionally a start rate for one key (match.key) or for
         each key starting with a prefix (match.prefix), compared byte for byte: an exact key
         policy wins, else the longest matching prefix, else capacity 1 and no rate. A second live
-        policy with the same match is 409 STATE_CONFLICT. Needs keys:manage; 201 with the policy,
-        and the same Idempotency-Key with the same body replays that answer (200)."""
+        policy with the same match is 409 STATE_CONFLICT. Needs keys:manage over all queues; 201
+        with the policy, and the same Idempotency-Key with the same body replays that answer (200)."""
         ((kind, value),) = fields["match"].items()
         policy = policies.policy_create(
             actor=actor, kind=kind, value=value, rule=rule_of(fields), reason=fields["reason"]
@@ -91,7 +97,7 @@ class KeyPolicyDetailView(OrbitView):
     def get(self, request: Request, policy_id: str) -> Response:
         """Get a key policy.
 
-        Its match, capacity, rate and revision (keys:manage, or tasks:read over all queues); a
+        Its match, capacity, rate and revision (keys:manage or tasks:read, over all queues); a
         retired policy answers too, with retired_at. 404 for a policy of another namespace."""
         return ok(request, policies.policy_get(principal=self.principal(request), policy_id=policy_id))
 
@@ -101,6 +107,7 @@ class KeyPolicyConfigureView(ReconcilingView):
         KeyPolicyConfigureInput,
         scope="keys:manage",
         operation="key_policy.configure",
+        check=over_all_queues,
         data="KeyPolicyReceipt",
         operation_id="key_policies_configure",
     )
@@ -125,6 +132,7 @@ class KeyPolicyRetireView(ReconcilingView):
         KeyPolicyRetireInput,
         scope="keys:manage",
         operation="key_policy.retire",
+        check=over_all_queues,
         data="KeyPolicyReceipt",
         operation_id="key_policies_retire",
     )

@@ -207,10 +207,19 @@ def test_scopes(tenant):
     # neither scope
     nothing = api_client(make_credential(tenant.namespace, scopes=["queues:read"]).token)
     assert_error(nothing.get(POLICIES), 403, "PERMISSION_DENIED")
-    # keys:manage alone reads and writes, even over a queue range
-    manager = api_client(make_credential(tenant.namespace, scopes=["keys:manage"], queue_ids=[queue_id]).token)
+    # keys:manage alone reads and writes over all queues, and neither over a queue range:
+    # a policy governs keys that every queue's tasks hold
+    manager = api_client(make_credential(tenant.namespace, scopes=["keys:manage"]).token)
     assert len(assert_ok(manager.get(POLICIES))["items"]) == 1
     create_ok(manager, key="m-1", match={"key": "solo"})
+    narrowed = api_client(make_credential(tenant.namespace, scopes=["keys:manage"], queue_ids=[queue_id]).token)
+    range_refused = "credential's queue range does not cover all queues of the namespace"
+    assert assert_error(narrowed.get(POLICIES), 403, "PERMISSION_DENIED") == range_refused
+    assert assert_error(narrowed.get(f"{POLICIES}/{policy['id']}"), 403, "PERMISSION_DENIED") == range_refused
+    assert assert_error(create(narrowed, key="m-2"), 403, "PERMISSION_DENIED") == range_refused
+    assert assert_error(configure(narrowed, policy["id"]), 403, "PERMISSION_DENIED") == range_refused
+    assert assert_error(retire(narrowed, policy["id"]), 403, "PERMISSION_DENIED") == range_refused
+    assert assert_ok(tenant.client.get(f"{POLICIES}/{policy['id']}"))["revision"] == policy["revision"]
     # no credential
     assert_error(api_client(None).get(POLICIES), 401, "UNAUTHENTICATED")
 
