@@ -144,17 +144,8 @@ class Link:
                 return
             unusable: Exception | None = None
             try:
-                async with connect(
-                    self._url,
-                    additional_headers={"Authorization": f"Bearer {self._token}"},
-                    open_timeout=OPEN_TIMEOUT,
-                    close_timeout=CLOSE_TIMEOUT,
-                    max_size=None,
-                    logger=self._websockets_logger,
-                ) as ws:
-                    await self._session(ws)
-                if not self._done.is_set():
-                    self._log_close(ws)
+                if not await self._connect_until_done():
+                    return
             except HelloRefused as exc:
                 logger.warning(
                     "orbit worker %s: %s; reconnecting in %.1f s",
@@ -191,6 +182,41 @@ class Link:
                 await asyncio.wait_for(self._done.wait(), timeout=delay)
             except TimeoutError:
                 pass
+
+    async def _connect_until_done(self) -> bool:
+        """One connection, from its handshake to its end; False when `done` came before it
+        was ready. A stop does not wait for a handshake or a hello that a frozen or cut-off
+        server may never answer (up to OPEN_TIMEOUT and request_timeout): it cancels them.
+        A ready session watches `done` itself, and closes within CLOSE_TIMEOUT."""
+        serving = asyncio.create_task(self._connect_and_serve())
+        stopping = asyncio.create_task(self._done.wait())
+        try:
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not serving.done() and not self.ready.is_set():
+                serving.cancel()
+            await asyncio.wait({serving})
+        except asyncio.CancelledError:
+            serving.cancel()
+            raise
+        finally:
+            stopping.cancel()
+        if serving.cancelled():
+            return False
+        serving.result()  # what ended the connection, raised for run() to judge
+        return True
+
+    async def _connect_and_serve(self) -> None:
+        async with connect(
+            self._url,
+            additional_headers={"Authorization": f"Bearer {self._token}"},
+            open_timeout=OPEN_TIMEOUT,
+            close_timeout=CLOSE_TIMEOUT,
+            max_size=None,
+            logger=self._websockets_logger,
+        ) as ws:
+            await self._session(ws)
+        if not self._done.is_set():
+            self._log_close(ws)
 
     def redact(self, text: str) -> str:
         """`text` without the bearer token (nor its secret part): for anything logged or raised

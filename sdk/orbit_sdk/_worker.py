@@ -33,6 +33,9 @@ from orbit_sdk._protocol import hello_frame, websocket_url
 logger = logging.getLogger("orbit_sdk.worker")
 
 HandlerKey = tuple[str, str] | str
+# Mapping is invariant in its key: a table built beforehand is typed by the keys it holds
+# (dict[tuple[str, str], ...]), which Mapping[HandlerKey, ...] alone would refuse.
+Handlers = Mapping[tuple[str, str], Handler] | Mapping[str, Handler] | Mapping[HandlerKey, Handler]
 
 
 def default_worker_id() -> str:
@@ -67,7 +70,7 @@ class Worker:
         url: str,
         token: str,
         queues: Iterable[str],
-        handlers: Mapping[HandlerKey, Handler],
+        handlers: Handlers,
         capacity: int = 1,
         concurrency_keys: bool = True,
         *,
@@ -184,7 +187,7 @@ class Worker:
     def from_credentials_file(
         cls,
         queues: Iterable[str],
-        handlers: Mapping[HandlerKey, Handler],
+        handlers: Handlers,
         capacity: int = 1,
         concurrency_keys: bool = True,
         *,

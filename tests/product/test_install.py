@@ -20,6 +20,7 @@ import sys
 import tarfile
 import textwrap
 import time
+import tomllib
 import uuid
 import zipfile
 from collections.abc import Iterator
@@ -258,3 +259,10 @@ def test_both_distributions_build_versioned_wheels(server_venv: Path, source: Pa
         "orbit_sdk",
         "orbit_sdk-0.1.0.dist-info",
     }
+
+
+def test_the_sdk_declares_a_websockets_with_what_it_calls():
+    """The worker reads ClientConnection.close_code (websockets.asyncio), which websockets
+    added in 14.1; an older one ended the worker on the server's first close."""
+    dependencies = tomllib.loads((ROOT / "sdk" / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "websockets>=14.1" in dependencies, dependencies

@@ -4,6 +4,7 @@ what the clients return: a value from Client, a coroutine of that value from Asy
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -39,6 +40,15 @@ def test_callers_see_the_verbs_types(tmp_path):
                 reveal_type(await aclient.get_task("t"))
                 reveal_type(aclient.submit_tasks({"k": orbit_sdk.SubmitTaskRequest("q", "h", "v1", "v1", {})}))
                 client.get_task(42)
+
+            def resize(execution: orbit_sdk.Execution) -> dict[str, int]:
+                return {"resized": 1}
+
+            # Handler tables built before the worker are typed by the keys they hold.
+            by_version = {("image.resize", "v1"): resize}
+            orbit_sdk.Worker("http://127.0.0.1:8080", "orb_x_y", ["q"], by_version)
+            any_version = {"image.resize": resize}
+            orbit_sdk.Worker.from_credentials_file(["q"], any_version, path="c.json")
             """
         )
     )
@@ -48,6 +58,8 @@ def test_callers_see_the_verbs_types(tmp_path):
     assert 'sample.py:6: note: Revealed type is "orbit_sdk._models.Task"' in out, out
     assert 'Revealed type is "typing.Coroutine[Any, Any, list[orbit_sdk._models.BatchItemResult]]"' in out, out
     assert 'sample.py:8: error: Argument 1 has incompatible type "int"; expected "str"' in out, out
+    # the handler tables built first pass: no error after line 8
+    assert not [line for line in out.splitlines() if re.match(r"sample\.py:(9|\d\d+): error", line)], out
 
 
 def test_the_readme_blocks_pass_mypy_strict(tmp_path):

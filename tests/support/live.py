@@ -58,14 +58,20 @@ def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 class LiveServer:
+    """`python -m orbit.serve` on a port of its own, which stays the same across `start()`s."""
+
     def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(ROOT / ".local" / f"live-server-{self.port}.log", "w")  # noqa: SIM115
+        self.start()
+
+    def start(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "orbit.serve", "-b", "127.0.0.1", "-p", str(self.port), "orbit.asgi:application"],
             cwd=ROOT,
-            env=env,
+            env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
