@@ -230,8 +230,9 @@ class TaskBatchView(OrbitView):
     def post(self, request: Request) -> Response:
         """Submit several tasks at once.
 
-        1 to 500 tasks, each with its own idempotency_key (no Idempotency-Key header): every item
-        gets its own result, the created or replayed task or its error, in the order sent."""
+        1 to 500 tasks, each with its own idempotency_key (no Idempotency-Key header), their
+        depends_on lists 10,000 ids at most in all: every item gets its own result, the created or
+        replayed task or its error, in the order sent."""
         principal = self.principal(request)
         principal.require("tasks:submit")
         body = self.body(request)
@@ -245,6 +246,7 @@ class TaskBatchView(OrbitView):
         items: list[batch.Submission] = []
         seen: set[str] = set()
         refs: set[str | None] = set()
+        named = 0  # depends_on entries of the items so far
         for index, entry in enumerate(entries):
             where = f"tasks[{index}]"
             if not isinstance(entry, dict) or not {"idempotency_key", "task"} <= set(entry):
@@ -271,6 +273,13 @@ class TaskBatchView(OrbitView):
             seen.add(key)
             if not isinstance(entry["task"], dict):
                 raise InvalidArgument(f"{where}.task: must be a JSON object")
+            depends_on = entry["task"].get("depends_on")
+            named += len(depends_on) if isinstance(depends_on, list) else 0
+            if named > batch.MAX_BATCH_DEPENDENCIES:
+                raise InvalidArgument(
+                    f"{where}.task.depends_on: a batch names at most {batch.MAX_BATCH_DEPENDENCIES} "
+                    "dependencies in all; send the rest in another batch"
+                )
             items.append(
                 batch.Submission(key=key, body=entry["task"], request_id=actor.request_id, ref=ref, in_batch=True)
             )

@@ -28,6 +28,10 @@ from tasks.models import Task
 from tasks.serializers import SubmitTaskInput
 
 MAX_BATCH_ITEMS = 500
+# Every edge of a batch is written in its one transaction under the application's lock:
+# ten joins of 1,000. More (the body's 4 MiB carries 110,000 ids) held every round of the
+# application for seconds and outlived the request's deadline, a 503 however often retried.
+MAX_BATCH_DEPENDENCIES = 10_000
 # A twin request that commits one of our keys first makes the whole batch
 # transaction fail on the unique index; it is re-read and retried this often.
 TWIN_RETRIES = 3

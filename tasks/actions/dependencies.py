@@ -83,12 +83,12 @@ _inline = threading.local()
 SETTLING_FIELDS = ("id", "namespace_id", "queue_id", "state", "on_dependency_failure", "blocked_by", "concurrency_key")
 
 
-def dependency_failed(parent: Task) -> dict[str, Any]:
+def dependency_failed(parent_id: str, state: str) -> dict[str, Any]:
     return {
         "code": "DEPENDENCY_FAILED",
-        "message": f"dependency {parent.id} ended {parent.state}",
-        "task_id": parent.id,
-        "state": parent.state,
+        "message": f"dependency {parent_id} ended {state}",
+        "task_id": parent_id,
+        "state": state,
     }
 
 
@@ -153,7 +153,7 @@ def _cancel(dependents: list[Task], parent: Task, now: datetime, transition: Tra
     cascade may have cancelled it since it was locked (a diamond: the parent, a
     child, and a task that depends on both), and its own settling reads the
     leaves again."""
-    error = dependency_failed(parent)
+    error = dependency_failed(parent.id, parent.state)
     book = WriteBook()
     for dependent in dependents:
         if not dependent.has_dependents:
@@ -237,9 +237,12 @@ class EarlierItem:
     the same call: its task id is known once its row is prepared."""
 
     index: int  # into the call's pending list
+    name: str  # its ref, to name it should it not be accepted
 
 
 Dependency = str | EarlierItem
+# The refs a prepared task's depends_on named: task id → position → ref.
+EarlierRefs = dict[str, dict[int, str]]
 
 
 def resolve_depends_on(
@@ -318,7 +321,7 @@ def _resolved(
         return replayed[earlier]
     if earlier not in place:
         raise InvalidArgument(f"{where}: the item with ref {name} was not accepted")
-    return EarlierItem(place[earlier])
+    return EarlierItem(place[earlier], name)
 
 
 def _refuse_repeats(resolved: list[Dependency]) -> None:
@@ -332,22 +335,26 @@ def _refuse_repeats(resolved: list[Dependency]) -> None:
         seen[dependency] = at
 
 
-def link_dependencies(tasks: list[Task | None], items: list[dict[str, Any]]) -> None:
+def link_dependencies(tasks: list[Task | None], items: list[dict[str, Any]]) -> EarlierRefs:
     """Before any lock, on the rows prepared for `items` (not inserted yet):
     each task's depends_on (an EarlierItem replaced by that item's task id,
     "" for one without a row, which admission refuses), BLOCKED until
     admission decides; an earlier item of the call depended on knows it has
-    dependents before its row is written."""
+    dependents before its row is written. Returns the refs each task named,
+    by task id and position: admission names the ref of an earlier item it
+    refused."""
+    refs: EarlierRefs = {}
     for task, fields in zip(tasks, items, strict=True):
         wanted = fields.get("depends_on")
         if task is None or not wanted:
             continue
         task.on_dependency_failure = fields.get("on_dependency_failure", DependencyFailure.CANCEL)
         ids: list[str] = []
-        for entry in wanted:
+        for at, entry in enumerate(wanted):
             if isinstance(entry, EarlierItem):
                 earlier = tasks[entry.index]
                 ids.append(earlier.id if earlier is not None else "")
+                refs.setdefault(task.id, {})[at] = entry.name
                 if earlier is not None:
                     earlier.has_dependents = True
             else:
@@ -355,6 +362,7 @@ def link_dependencies(tasks: list[Task | None], items: list[dict[str, Any]]) -> 
         task.depends_on = ids
         task.state = TaskState.BLOCKED
         task.blocked_by = len(ids)
+    return refs
 
 
 def parent_states(tasks: list[Task | None]) -> dict[str, str]:
@@ -372,30 +380,36 @@ def parent_states(tasks: list[Task | None]) -> dict[str, str]:
     return dict(Task.objects.filter(id__in=wanted, namespace_id__in=namespaces).values_list("id", "state"))
 
 
-def decide(task: Task, accepted: dict[str, Task], states: dict[str, str], now: datetime) -> InvalidArgument | None:
+def decide(
+    task: Task, accepted: dict[str, Task], states: dict[str, str], refs: EarlierRefs, now: datetime
+) -> InvalidArgument | None:
     """Under the application's lock, in item order: the state a task with
     dependencies is admitted in (SPEC §13), from its dependencies' states
     (`accepted`: this call's tasks admitted so far, whose states count as
     they are now). BLOCKED while one is unfinished (`blocked_by` of them);
     else WAITING, or CANCELLED (DEPENDENCY_FAILED) after a failed or
     cancelled one under CANCEL. A refusal for a dependency that is gone (an
-    earlier item of the call not accepted, or a task pruned since the first
-    check)."""
-    parents: list[Task] = []
+    earlier item of the call not accepted, named by its ref, or a task
+    pruned since the first check)."""
+    failed: tuple[str, str] | None = None
+    unfinished = 0
     for at, parent_id in enumerate(task.depends_on or []):
         parent = accepted.get(parent_id)
-        if parent is None and parent_id in states:
-            parent = Task(id=parent_id, state=states[parent_id])
-        if parent is None:
+        state = parent.state if parent is not None else states.get(parent_id)
+        if state is None:
+            name = refs.get(task.id, {}).get(at)
+            if name is not None:
+                return InvalidArgument(f"depends_on[{at}]: the item with ref {name} was not accepted")
             return InvalidArgument(f"depends_on[{at}]: task not found")
-        parents.append(parent)
-    failed = next((p for p in parents if p.state in FAILED_DEPENDENCY_STATES), None)
-    unfinished = [p for p in parents if p.state not in FINAL_TASK_STATES]
+        if failed is None and state in FAILED_DEPENDENCY_STATES:
+            failed = (parent_id, state)
+        if state not in FINAL_TASK_STATES:
+            unfinished += 1
     if failed is not None and task.on_dependency_failure == DependencyFailure.CANCEL:
         task.state, task.blocked_by = TaskState.CANCELLED, 0
-        task.finished_at, task.last_error = now, dependency_failed(failed)
+        task.finished_at, task.last_error = now, dependency_failed(*failed)
     elif unfinished:
-        task.state, task.blocked_by = TaskState.BLOCKED, len(unfinished)
+        task.state, task.blocked_by = TaskState.BLOCKED, unfinished
     else:
         task.state, task.blocked_by = TaskState.WAITING, 0
     return None

@@ -21,7 +21,7 @@ from orbit.principal import Actor
 from queues.locks import lock_queue_states
 from queues.models import Queue, QueueState
 from tasks.actions.context import Configuration
-from tasks.actions.dependencies import decide, link_dependencies, parent_states, write_admitted
+from tasks.actions.dependencies import EarlierRefs, decide, link_dependencies, parent_states, write_admitted
 from tasks.actions.readiness import admit_readiness
 from tasks.actions.serialize import task_detail
 from tasks.locks import lock_application_state
@@ -110,6 +110,7 @@ class PreparedTasks:
     queues: dict[str, Queue]
     app_limit: int
     tasks: list[Task | None]  # per item; None: no such queue in the namespace
+    earlier_refs: EarlierRefs  # the batch refs each task's depends_on named
 
 
 def prepare_tasks(
@@ -135,7 +136,7 @@ def prepare_tasks(
     }
     app_limit = configuration.application(application_id).max_unfinished_tasks
     tasks = [new_task(actor, fields, now) if fields["queue_id"] in queues else None for fields in items]
-    link_dependencies(tasks, items)
+    earlier_refs = link_dependencies(tasks, items)
     rows = [task for task in tasks if task is not None]
     if rows:
         for task in rows:
@@ -143,7 +144,7 @@ def prepare_tasks(
         if before_insert is not None:
             before_insert(tasks)
         insert_rows(rows)
-    return PreparedTasks(now=now, queues=queues, app_limit=app_limit, tasks=tasks)
+    return PreparedTasks(now=now, queues=queues, app_limit=app_limit, tasks=tasks, earlier_refs=earlier_refs)
 
 
 def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | OrbitError]:
@@ -167,7 +168,7 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
         if task is None:
             outcomes.append(NotFound("queue not found"))
             continue
-        refusal = decide(task, accepted, parents, now) if task.depends_on else None
+        refusal = decide(task, accepted, parents, prepared.earlier_refs, now) if task.depends_on else None
         if refusal is not None:
             outcomes.append(refusal)
         elif not queue_states[task.queue_id].accepting:
