@@ -65,6 +65,7 @@ P = ParamSpec("P")
 
 USER_AGENT = "orbit-python/0.1"
 MAX_BATCH_ITEMS = 500  # the server's limit for POST /v1/tasks:batch
+MAX_BATCH_DEPENDENCIES = 10_000  # and for its items' depends_on lists together
 
 
 def _code_for_status(status: int) -> str:
@@ -575,11 +576,17 @@ class _BaseClient:
         item, in order: accepted (``task`` set, ``status`` 201, or 200 with ``deduplicated`` for
         a replay) or refused (``error`` set, nothing stored for that key). Each item is digested
         as a single ``submit_task`` would be, so a key replays across both. A batch the server
-        cannot read at all (a key or a ref twice, more than 500 items) raises :class:`APIError`;
-        this method refuses those before sending.
+        cannot read at all (a key or a ref twice, more than 500 items, more than 10,000
+        ``depends_on`` entries in all) raises :class:`APIError`; this method refuses those
+        before sending (ValueError).
         """
         items = _batch_items(tasks)
         body = {"tasks": [_batch_entry(item) for item in items]}
+        named = sum(len(entry["task"].get("depends_on") or ()) for entry in body["tasks"])
+        if named > MAX_BATCH_DEPENDENCIES:
+            raise ValueError(
+                f"submit_tasks takes at most {MAX_BATCH_DEPENDENCIES} depends_on entries in all, got {named}"
+            )
         return _Call("POST", "/v1/tasks:batch", _batch_results([item.idempotency_key for item in items]), body=body)
 
     @_Verb

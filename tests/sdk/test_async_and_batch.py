@@ -8,6 +8,7 @@ import datetime
 import inspect
 import json
 import re
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -375,6 +376,11 @@ def test_submit_tasks_takes_a_mapping_of_keys_to_requests():
         ([("", REQUEST)], ValueError, "Idempotency-Key"),
         ([("k", {"queue_id": QUEUE_ID})], TypeError, "request must be a SubmitTaskRequest"),
         (["k"], TypeError, "pairs of"),
+        (
+            {f"k{n}": replace(REQUEST, depends_on=[f"{m:032x}" for m in range(1000)]) for n in range(11)},
+            ValueError,
+            "at most 10000 depends_on entries in all, got 11000",
+        ),
     ],
 )
 def test_submit_tasks_refuses_a_batch_the_server_could_not_take_before_sending(tasks, error, match):
