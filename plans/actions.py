@@ -257,12 +257,16 @@ def trigger_snapshot(trigger: PlanTrigger) -> dict[str, Any]:
 
 
 def trigger_list(
-    *, principal: Principal, plan_id: str, after_id: int | None, limit: int
-) -> tuple[list[dict[str, Any]], int | None]:
-    """The plan's triggers in the order they were decided."""
+    *, principal: Principal, plan_id: str, after: datetime | None, limit: int
+) -> tuple[list[dict[str, Any]], datetime | None]:
+    """The plan's triggers in the order they were decided, which is their
+    points' order (a plan decides each point once, in time), a page after the
+    point `after`, and the point to continue after. Paged by the point, not by
+    the row's id: an application moved to another cell gets new ids there, and
+    a page token read before the move must go on where it stopped."""
     plan = visible_plan(principal, plan_id)
-    rows, next_id = keyset_page(PlanTrigger.objects.filter(plan_id=plan.id), after_id, limit)
-    return [trigger_snapshot(t) for t in rows], next_id
+    rows, next_point = keyset_page(PlanTrigger.objects.filter(plan_id=plan.id), after, limit, key="scheduled_at")
+    return [trigger_snapshot(t) for t in rows], next_point
 
 
 # --------------------------------------------------------------------------- the trigger loop

@@ -69,7 +69,7 @@ class PlanVersion(models.Model):
 
 
 class PlanTrigger(models.Model):
-    id = models.BigAutoField(primary_key=True, db_comment="自增主键，兼作分页游标")
+    id = models.BigAutoField(primary_key=True, db_comment="自增主键")
     plan_id = IdField(db_comment="所属计划ID")
     namespace_id = IdField(db_comment="所属命名空间ID")
     version = uint32("决定该触发点时使用的计划版本")
@@ -84,6 +84,6 @@ class PlanTrigger(models.Model):
     class Meta:
         db_table = "orbit_plan_trigger"
         db_table_comment = "计划触发记录：每个触发点一行，与生成的任务同事务写入"
+        # A plan's triggers are read in the order they were decided, paged by their point
+        # (ids are a cell's own: a move gives them new ones).
         constraints = [models.UniqueConstraint(fields=["plan_id", "scheduled_at"], name="uniq_plan_trigger_point")]
-        # A plan's triggers are read in the order they were decided (paged by id).
-        indexes = [models.Index(fields=["plan_id", "id"], name="idx_plan_trigger_plan")]

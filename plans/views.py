@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from rest_framework.request import Request
@@ -15,6 +16,7 @@ from plans import actions
 from plans.serializers import PlanChangeInput, PlanCreateInput, PlanUpdateInput
 
 T = TypeVar("T")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def body_of(fields: dict[str, Any], body: dict[str, Any]) -> actions.PlanBody:
@@ -100,11 +102,16 @@ class PlanTriggersView(OrbitView):
         oldest first, one page at a time."""
         principal = self.principal(request)
         principal.require("plans:manage")
-        after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,19}")
-        items, last_id = actions.trigger_list(
-            principal=principal, plan_id=plan_id, after_id=int(after) if after else None, limit=page_size_of(request)
+        # The last point of a page, in microseconds since 1970 (UTC).
+        after = decode_page_token(request, cursor_pattern=r"[1-9][0-9]{0,17}")
+        items, last = actions.trigger_list(
+            principal=principal,
+            plan_id=plan_id,
+            after=EPOCH + timedelta(microseconds=int(after)) if after else None,
+            limit=page_size_of(request),
         )
-        return ok(request, page(items, encode_page_token(str(last_id)) if last_id else ""))
+        cursor = str((last - EPOCH) // timedelta(microseconds=1)) if last else ""
+        return ok(request, page(items, encode_page_token(cursor) if cursor else ""))
 
 
 class PlanUpdateView(OrbitView):

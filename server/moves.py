@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from django.apps import apps
-from django.db import connections, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 
 from orbit import cells
 from orbit.db.pool import REQUEST_DEADLINE_SECONDS
@@ -178,7 +178,18 @@ def move_application(
             f"{placement.name} has moved to cell {placement.cell}; run the move again with --to {placement.cell}"
         )
     if placement.move_phase == DRAINING:
-        _drain_copy_and_switch(placement, timeout=timeout, say=say, clock=clock)
+        try:
+            # A target that does not answer is found before intake stops, and one that fails
+            # during the copy leaves the application served where it is.
+            connections[cells.alias_of(target)].ensure_connection()
+            _drain_copy_and_switch(placement, timeout=timeout, say=say, clock=clock)
+        except DatabaseError:
+            if placement.move_phase == DRAINING:
+                _call_off(placement)
+                say(
+                    f"{placement.name}: cell {target} failed; the move is called off and intake resumed (nothing moved)"
+                )
+            raise
     source = placement.moving_from
     with cells.in_cell(source):
         owned = Owned(app_id).read()
@@ -188,6 +199,14 @@ def move_application(
     placement.save(update_fields=["moving_from", "move_phase", "updated_at"])
     cells.forget(app_id)
     say(f"{placement.name}: {removed} rows removed from cell {source}; now served from cell {placement.cell}")
+
+
+def _call_off(placement: CellPlacement) -> None:
+    """Intake resumes in the source cell, and the directory forgets the move."""
+    with cells.in_cell(placement.cell):
+        Application.objects.filter(id=placement.application_id).update(moving=False)
+    placement.moving_to, placement.move_phase = "", ""
+    placement.save(update_fields=["moving_to", "move_phase", "updated_at"])
 
 
 def _drain_copy_and_switch(
@@ -200,15 +219,14 @@ def _drain_copy_and_switch(
             Application.objects.filter(id=app_id).update(moving=True)
         stopped = clock()
         say(f"{placement.name}: intake stopped in cell {source}; waiting for its running attempts to end")
-        deadline = stopped + timeout
+        # The timeout counts once every request admitted before the stop has ended.
+        deadline = stopped + SETTLE_SECONDS + timeout
         while True:
             active = ApplicationState.objects.filter(application_id=app_id).values_list("active_attempts", flat=True)
             if not any(active) and clock() - stopped >= SETTLE_SECONDS:
                 break
             if clock() >= deadline:
-                Application.objects.filter(id=app_id).update(moving=False)
-                placement.moving_to, placement.move_phase = "", ""
-                placement.save(update_fields=["moving_to", "move_phase", "updated_at"])
+                _call_off(placement)
                 raise MoveRefused(
                     f"{placement.name}: {sum(active)} attempts still active after {timeout:g} s;"
                     " the move is called off and intake resumed (nothing moved)"

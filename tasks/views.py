@@ -159,13 +159,10 @@ class TaskDependentsView(OrbitView):
         credential's queue range shows its id alone."""
         principal = self.principal(request)
         principal.require("tasks:read")
-        return numbered_page(
-            request,
-            r"[1-9][0-9]{0,17}",  # an edge's id (a BIGINT)
-            lambda after, limit: reads.dependent_list(
-                principal=principal, task_id=task_id, after_edge=after, limit=limit
-            ),
+        items, last = reads.dependent_list(
+            principal=principal, task_id=task_id, after=decode_page_token(request), limit=page_size_of(request)
         )
+        return ok(request, page(items, encode_page_token(last) if last else ""))
 
 
 class AttemptDetailView(OrbitView):

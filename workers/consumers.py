@@ -47,7 +47,13 @@ from orbit.principal import (
 from tasks.actions import dispatch, endings, rounds
 from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
 from tasks.actions.dispatch import LeaseOutcome
-from tasks.actions.identities import HEARTBEAT_SECONDS, end_session, mark_session_alive, register_worker
+from tasks.actions.identities import (
+    HEARTBEAT_SECONDS,
+    application_here,
+    end_session,
+    mark_session_alive,
+    register_worker,
+)
 from tasks.actions.rounds import SUPERSEDED
 from tasks.wakeups import registry
 from workers import frames
@@ -631,9 +637,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                                         continue
                                     if unavailable.message != cells.MOVED_AWAY:
                                         raise
-                                    # This connection entered the old cell: the worker's reconnect enters the new one.
-                                    await self.send_error(None, unavailable)
-                                    await self.close(code=CLOSE_MOVED)
+                                    await self.close_moved(unavailable)
                                     return
                                 assignments = outcome.assignments
                                 if outcome.rate_reopens_in is not None:
@@ -701,6 +705,12 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         await self.close(code=CLOSE_TIMEOUT)
         return True
 
+    async def close_moved(self, error: Unavailable) -> None:
+        """The application moved to another cell and this connection entered the
+        old one: the worker's reconnect enters the new one."""
+        await self.send_error(None, error)
+        await self.close(code=CLOSE_MOVED)
+
     async def close_superseded(self, error: StateConflict) -> None:
         """A newer connection of this worker_id took over (this one is a
         half-open leftover, or its worker reconnected): it leases no more."""
@@ -727,7 +737,11 @@ class WorkerConsumer(AsyncWebsocketConsumer):
                     mark_session_alive, identity_id=self.worker.identity_id, session_id=self.worker.session_id
                 )
                 if not current:
-                    await self.close_superseded(StateConflict(SUPERSEDED))
+                    if cells.configured() and not await run_db(application_here, self.principal.application_id):
+                        # Moved to another cell with the identity's row: not superseded, elsewhere.
+                        await self.close_moved(Unavailable(cells.MOVED_AWAY, retry_after=1))
+                    else:
+                        await self.close_superseded(StateConflict(SUPERSEDED))
                     return
                 await run_db(authenticate_token, self.token)
             except Unavailable:  # database too slow: the next beat tries again

@@ -11,6 +11,7 @@ from django.db import IntegrityError
 from django.utils import timezone
 
 from orbit.errors import NotFound, StateConflict, Unavailable
+from orbit.models import Application
 from orbit.principal import Principal
 from orbit.transactions import outermost
 from queues.models import Queue
@@ -125,6 +126,12 @@ def _create_identity(principal: Principal, worker_id: str, concurrency_keys: boo
 def mark_session_alive(*, identity_id: int, session_id: str) -> bool:
     """The connection's heartbeat; False once a newer hello superseded the session."""
     return bool(WorkerIdentity.objects.filter(pk=identity_id, session_id=session_id).update(seen_at=timezone.now()))
+
+
+def application_here(application_id: str) -> bool:
+    """Whether the cell entered still holds the application: a move to another
+    cell removes its rows, worker identities included, from the old one."""
+    return Application.objects.filter(id=application_id).exists()
 
 
 def end_session(*, identity_id: int, session_id: str) -> None:

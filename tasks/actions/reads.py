@@ -74,12 +74,22 @@ def dependency_list(
 
 
 def dependent_list(
-    *, principal: Principal, task_id: str, after_edge: int | None, limit: int
-) -> tuple[list[dict[str, Any]], int | None]:
+    *, principal: Principal, task_id: str, after: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
     """The tasks that depend on this one, in edge order (the order their
     edges were written, which is the order they were admitted), a page after
-    the edge `after_edge`, and the edge to continue after (None: the last page)."""
+    the dependent `after`, and the dependent to continue after (None: the last
+    page). The cursor names the dependent, not its edge's id: a move to another
+    cell gives the edges new ids (in the same order), and a page token read
+    before it must go on where it stopped."""
     task = visible_task(principal, task_id)
+    after_edge = None
+    if after is not None:
+        after_edge = (
+            TaskDependency.objects.filter(task_id=after, depends_on_id=task.id).values_list("id", flat=True).first()
+        )
+        if after_edge is None:  # pruned since: its place is gone with it
+            raise InvalidArgument("page_token: the task it continues after is gone; list again from the start")
     # Edge order within each half of the (depends_on_id, settled, id) index,
     # merged: a wide fan-out's page costs its own rows, not a sort of all of them.
     halves = [
@@ -94,7 +104,7 @@ def dependent_list(
     ]
     edges = sorted(halves[0] + halves[1])[: limit + 1]
     page = edges[:limit]
-    return _links(principal, [dependent for _, dependent in page]), (page[-1][0] if len(edges) > limit else None)
+    return _links(principal, [dependent for _, dependent in page]), (page[-1][1] if len(edges) > limit else None)
 
 
 def _links(principal: Principal, ids: list[str]) -> list[dict[str, Any]]:

@@ -20,7 +20,10 @@ class Command(BaseCommand):
             "--timeout",
             type=float,
             default=60.0,
-            help="seconds to wait for its running attempts to end before calling the move off (60)",
+            help=(
+                "seconds to wait for its running attempts to end before calling the move off (60), "
+                "counted once the requests admitted before intake stopped have ended"
+            ),
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
