@@ -221,7 +221,9 @@ class Link:
     def redact(self, text: str) -> str:
         """`text` without the bearer token (nor its secret part): for anything logged or raised
         that quotes what a library said about the connection."""
-        secret = self._token.rpartition("_")[2]
+        # orb_<id>_<secret>, and the secret may hold "_" itself (URL-safe base64).
+        parts = self._token.split("_", 2)
+        secret = parts[2] if len(parts) == 3 else self._token
         text = text.replace(self._token, "[token]")
         return text.replace(secret, "[secret]") if len(secret) >= 8 else text
 

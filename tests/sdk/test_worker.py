@@ -1120,3 +1120,12 @@ def test_blocking_run_in_its_own_thread_ends_after_a_drain_from_a_handler():
 def test_queues_given_as_a_string_is_refused_not_split_into_characters():
     with pytest.raises(ValueError, match="queues must be a list of queue ids, not a string"):
         orbit_sdk.Worker("http://orbit", "orb_x", "0123456789abcdef0123456789abcdef", {"echo": print})
+
+
+def test_a_secret_holding_an_underscore_is_redacted_whole():
+    """orb_<id>_<secret>: URL-safe base64 puts "_" in about half of all secrets; the part
+    after the last one alone was redacted, the rest of the secret left in the text."""
+    token = f"orb_{'a' * 32}_head_of_the_secret_and_its_tail"
+    worker = orbit_sdk.Worker("http://127.0.0.1:1", token, ["q"], {"h": lambda execution: None})
+    said = worker._link.redact("refused: head_of_the_secret_and_its_tail")
+    assert said == "refused: [secret]"
