@@ -64,9 +64,9 @@ def tenant(db: None) -> Tenant:
 @pytest.fixture
 def operator(client: Any) -> Any:
     """A logged-in superuser's Django test client (the console), showing the test's cell."""
-    from django.contrib.auth import get_user_model
+    from tests.support.operators import make_user
 
-    user = get_user_model().objects.create_superuser("operator", "op@example.com", "pw")
+    user = make_user("operator", "op@example.com", "pw", superuser=True)
     client.force_login(user)
     show_the_tests_cell(client.get)
     return client

@@ -9,7 +9,6 @@ import re
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
@@ -17,6 +16,7 @@ from django.urls import reverse
 from console import admin_base
 from tasks.models import Attempt, ConcurrencyKey, Task
 from tests.support.api import make_queue
+from tests.support.operators import make_user
 from tests.support.suite_cells import show_the_tests_cell
 from tests.support.tasks import lease_one, start, submit_ok
 
@@ -137,7 +137,7 @@ def test_capped_counts_read_with_a_plus(operator, tenant, monkeypatch):
 def test_users_and_groups_are_for_superusers_only(operator, client):
     assert operator.get("/admin/auth/user/").status_code == 200
     assert operator.get("/admin/auth/group/add/").status_code == 200
-    staff = get_user_model().objects.create_user("staff", "s@example.com", "pw", is_staff=True)
+    staff = make_user("staff", "s@example.com", "pw", is_staff=True)
     staff.user_permissions.set(Permission.objects.filter(content_type__app_label__in=["auth", "tasks", "queues"]))
     client.force_login(staff)
     assert client.get("/admin/auth/user/").status_code == 403
@@ -174,7 +174,7 @@ def test_every_orbit_model_refuses_add_change_and_delete(operator, busy):
 def test_the_dashboard_shows_queues_only_to_users_who_may_view_them(operator, busy):
     """Issue 35 (6): a staff user with no permission saw every queue's name and figures."""
     queue_id = busy["queue"]["id"]
-    staff = get_user_model().objects.create_user("nobody", "n@example.com", "pw", is_staff=True)
+    staff = make_user("nobody", "n@example.com", "pw", is_staff=True)
     client = Client()  # the operator fixture's client stays the superuser's
     client.force_login(staff)
     show_the_tests_cell(client.get)

@@ -57,9 +57,9 @@ def browser(orbit_server: LiveServer) -> Iterator[Any]:
 @pytest.fixture
 def operator_page(browser: Any, orbit_server: LiveServer, transactional_db: None) -> Iterator[Any]:
     """A page logged in to the live server's console as a superuser made in the test database."""
-    from django.contrib.auth import get_user_model
+    from tests.support.operators import make_user
 
-    get_user_model().objects.create_superuser(OPERATOR[0], "operator@example.com", OPERATOR[1])
+    make_user(OPERATOR[0], "operator@example.com", OPERATOR[1], superuser=True)
     context = browser.new_context(base_url=orbit_server.url, viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(15_000)

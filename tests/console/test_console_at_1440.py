@@ -47,9 +47,9 @@ def world_with_review_and_plan() -> dict[str, Any]:
 @pytest.fixture
 def wide_page(browser: Any, orbit_server: Any, transactional_db: None) -> Iterator[Any]:
     """A superuser's page at 1440 × 900 that records every failed response and console error."""
-    from django.contrib.auth import get_user_model
+    from tests.support.operators import make_user
 
-    get_user_model().objects.create_superuser(OPERATOR[0], "operator@example.com", OPERATOR[1])
+    make_user(OPERATOR[0], "operator@example.com", OPERATOR[1], superuser=True)
     context = browser.new_context(base_url=orbit_server.url, viewport={"width": WIDTH, "height": HEIGHT})
     page = context.new_page()
     page.set_default_timeout(15_000)

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from tests.support.operators import make_user
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -42,7 +44,7 @@ def attacker_site() -> Iterator[dict[str, Any]]:
 
 
 def test_another_site_cannot_frame_the_delete_confirmation(operator_page, orbit_server, attacker_site):
-    victim = get_user_model().objects.create_user("victim", "v@example.com", "pw")
+    victim = make_user("victim", "v@example.com", "pw")
     delete_url = f"{orbit_server.url}/admin/auth/user/{victim.pk}/delete/"
     # the operator's own tab shows the confirmation (the page works, unframed)
     operator_page.goto(delete_url)

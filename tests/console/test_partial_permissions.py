@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.contrib import admin
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
@@ -27,6 +26,7 @@ from tests.conftest import api_client
 from tests.support.api import make_queue
 from tests.support.factories import ALL_SCOPES, make_credential
 from tests.support.key_rows import make_policy
+from tests.support.operators import make_user
 from tests.support.plans import create_plan, plan_body
 from tests.support.suite_cells import show_the_tests_cell
 from tests.support.tasks import lease_one, start, submit_ok
@@ -97,7 +97,7 @@ def world(tenant: Any) -> dict[str, Any]:
 
 def staff(*codenames: str) -> Client:
     """A staff user's console, granted these view permissions only."""
-    user = get_user_model().objects.create_user(f"staff-{next(USERS)}", "s@example.com", "pw", is_staff=True)
+    user = make_user(f"staff-{next(USERS)}", "s@example.com", "pw", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
     assert user.user_permissions.count() == len(codenames), codenames
     client = Client()

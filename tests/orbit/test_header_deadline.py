@@ -49,8 +49,10 @@ def read_response(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def test_headers_sent_a_line_every_two_seconds_are_cut_at_the_deadline(orbit_server: Any) -> None:
-    with connect(orbit_server.port) as sock:
+def headers_sent_a_line_every_two_seconds(port: int) -> tuple[float, int, bytes]:
+    """A request whose headers never end, a line every two seconds: how long until the
+    server closed it, how many lines were sent, and what it answered."""
+    with connect(port) as sock:
         started = time.monotonic()
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         sock.settimeout(LINE_EVERY_SECONDS)
@@ -72,10 +74,7 @@ def test_headers_sent_a_line_every_two_seconds_are_cut_at_the_deadline(orbit_ser
                 break
             answer += chunk
         closed_after = time.monotonic() - started
-    assert closed_after < HEADER_DEADLINE_SECONDS + SLACK_SECONDS, (closed_after, sent)
-    assert closed_after >= HEADER_DEADLINE_SECONDS - 0.5, closed_after  # not before it
-    assert sent >= 4, sent  # the lines did keep coming
-    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
+    return closed_after, sent, answer
 
 
 def test_a_request_that_is_not_slow_is_served(orbit_server: Any) -> None:
@@ -84,9 +83,11 @@ def test_a_request_that_is_not_slow_is_served(orbit_server: Any) -> None:
         assert read_response(sock).startswith(b"HTTP/1.1 200 ")
 
 
-def test_a_websocket_a_steady_body_and_an_idle_kept_alive_connection_outlast_the_deadline(
+def test_trickled_headers_are_cut_at_the_deadline_while_a_websocket_a_steady_body_and_an_idle_connection_outlast_it(
     orbit_server: Any, tenant: Any
 ) -> None:
+    """Side by side, on connections of their own, so that the deadline is waited once:
+    headers sent a line every two seconds are cut at it, and the three others outlast it."""
     queue = make_queue(tenant.client, "header-deadline", rate_per_second=1000)
     results: dict[str, Any] = {}
 
@@ -134,9 +135,21 @@ def test_a_websocket_a_steady_body_and_an_idle_kept_alive_connection_outlast_the
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             return first, read_response(sock)
 
-    threads = [keep("websocket", websocket), keep("body", steady_body), keep("idle", idle_kept_alive)]
+    threads = [
+        keep("trickle", lambda: headers_sent_a_line_every_two_seconds(orbit_server.port)),
+        keep("websocket", websocket),
+        keep("body", steady_body),
+        keep("idle", idle_kept_alive),
+    ]
     for thread in threads:
         thread.join(timeout=OUTLAST_SECONDS + 30)
+    trickle = results.get("trickle")
+    assert isinstance(trickle, tuple), results
+    closed_after, sent, answer = trickle
+    assert closed_after < HEADER_DEADLINE_SECONDS + SLACK_SECONDS, (closed_after, sent)
+    assert closed_after >= HEADER_DEADLINE_SECONDS - 0.5, closed_after  # not before it
+    assert sent >= 4, sent  # the lines did keep coming
+    assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer
     assert results.get("websocket") == "drain.ok", results
     body_answer = results.get("body")
     assert isinstance(body_answer, bytes) and body_answer.startswith(b"HTTP/1.1 200 "), results
