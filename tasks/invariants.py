@@ -612,10 +612,22 @@ def dependency_violations() -> list[str]:
             "id", "state", "blocked_by", "on_dependency_failure", "depends_on"
         )
     ]
+    # BLOCKED with no depends_on at all: no ending will ever move it (each queue's
+    # BLOCKED range of idx_task_dispatch, which the rows above do not cover).
+    problems = [
+        f"task {task_id}: BLOCKED with no dependencies: nothing will move it"
+        for task_id in (
+            Task.objects.filter(queue_id__in=queue_ids, state=TaskState.BLOCKED, depends_on__isnull=True)
+            .order_by("id")
+            .values_list("id", flat=True)
+            if queue_ids
+            else []
+        )
+    ]
     pending = dict(DependencySettlement.objects.values_list("task_id", "created_at"))
     edges = _edges_of([row[0] for row in unfinished + recent if row[4]])
     parents = _states_of(sorted({parent for rows in edges.values() for parent, _ in rows}))
-    problems = _dependent_violations(unfinished, edges, parents)
+    problems += _dependent_violations(unfinished, edges, parents)
     problems += _ran_despite_failure_violations([row for row in recent if row[4]], edges, parents)
     # A finished dependency with unsettled edges and no settlement pending left
     # its dependents behind: from the unfinished dependents' edges, and each

@@ -121,11 +121,15 @@ class Command(BaseCommand):
         now = timezone.now()
         bounds: dict[str, datetime] = {}
         for option in ("finished_before", "idempotency_before"):
-            text = options[option] or options["finished_before"]
+            # Omitted, not empty: `--idempotency-before=` is a bad duration, not the default.
+            given = options[option] is not None
+            text = options[option] if given else options["finished_before"]
+            flag = "--" + (option if given else "finished_before").replace("_", "-")
             try:
                 bounds[option] = now - parse_duration(text)
+            except CommandError as refused:
+                raise CommandError(f"{flag} {refused}") from None
             except OverflowError:
-                flag = "--" + option.replace("_", "-")
                 raise CommandError(f"{flag} {text!r}: reaches before the year 1; give a shorter duration") from None
         bound, record_bound = bounds["finished_before"], bounds["idempotency_before"]
         size = options["batch_size"]
