@@ -20,9 +20,8 @@ from orbit.models import Event, IdempotencyRecord
 from tasks.invariants import find_violations
 from tasks.management.commands.orbit_prune import parse_duration
 from tasks.models import Attempt, ConcurrencyKey, Task, TaskState
-from tests.conftest import api_client
+from tests.conftest import api_client, new_tenant
 from tests.support.api import make_queue
-from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.tasks import (
     assert_invariants,
     cancel,
@@ -150,17 +149,7 @@ def test_a_replay_of_a_pruned_tasks_key_creates_a_new_task(tenant, history):
 
 @pytest.mark.django_db(transaction=True)
 def test_orbit_check_passes_after_a_prune_under_load():
-    namespace = NamespaceFactory()
-    token = make_credential(namespace).token
-
-    class Tenant:
-        pass
-
-    tenant = Tenant()
-    tenant.namespace = namespace
-    tenant.namespace_id = namespace.id
-    tenant.token = token
-    tenant.client = api_client(token)
+    tenant = new_tenant()
     queue = make_queue(tenant.client, max_concurrency=64, rate_per_second=100_000)
     keys = itertools.count()
     lock = threading.Lock()
@@ -171,7 +160,7 @@ def test_orbit_check_passes_after_a_prune_under_load():
             return f"load-{next(keys)}"
 
     def work(index: int) -> int:
-        client = api_client(token)
+        client = api_client(tenant.token)
         worker = worker_for(tenant, queue["id"], worker_id=f"w{index}")
         done = 0
         from tasks.actions import rounds

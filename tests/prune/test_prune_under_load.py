@@ -20,9 +20,8 @@ from orbit.models import ApplicationState
 from queues.models import QueueState
 from tasks.actions import rounds
 from tasks.models import Attempt, Task, TaskDependency
-from tests.conftest import api_client
+from tests.conftest import api_client, new_tenant
 from tests.support.api import make_queue
-from tests.support.factories import NamespaceFactory, make_credential
 from tests.support.tasks import assert_invariants, cancel, run_threads, submit, worker_for
 
 FINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -37,16 +36,7 @@ def prune(*args: str) -> str:
 
 @pytest.mark.django_db(transaction=True)
 def test_prune_under_mixed_load_keeps_everything_unfinished():
-    namespace = NamespaceFactory()
-    token = make_credential(namespace).token
-
-    class Tenant:
-        pass
-
-    tenant = Tenant()
-    tenant.namespace = namespace
-    tenant.namespace_id = namespace.id
-    tenant.client = api_client(token)
+    tenant = new_tenant()
     queues = [make_queue(tenant.client, f"q{i}", max_concurrency=64, rate_per_second=100_000)["id"] for i in range(2)]
     hold = make_queue(tenant.client, "hold", max_concurrency=64, rate_per_second=100_000)["id"]  # never leased
     keys = itertools.count()
@@ -63,7 +53,7 @@ def test_prune_under_mixed_load_keeps_everything_unfinished():
             return f"load-{next(keys)}"
 
     def work(index: int) -> int:
-        client = api_client(token)
+        client = api_client(tenant.token)
         rng = random.Random(index)
         queue_id = queues[index % 2]
         worker = worker_for(tenant, *queues, worker_id=f"w{index}")
@@ -189,10 +179,10 @@ def test_prune_under_mixed_load_keeps_everything_unfinished():
         assert (
             state.active_permits == Attempt.objects.filter(queue_id=queue_id, state__in=["LEASED", "RUNNING"]).count()
         )
-    app = ApplicationState.objects.get(application_id=namespace.application_id)
+    app = ApplicationState.objects.get(application_id=tenant.namespace.application_id)
     assert (
         app.unfinished_tasks
-        == Task.objects.filter(application_id=namespace.application_id, state__in=UNFINISHED).count()
+        == Task.objects.filter(application_id=tenant.namespace.application_id, state__in=UNFINISHED).count()
     )
     assert_invariants()
     out = io.StringIO()
