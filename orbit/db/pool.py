@@ -50,19 +50,48 @@ def _executor_of(cell: str | None) -> ThreadPoolExecutor:
     return executor
 
 
+# MySQL client errors that mean this connection is gone (the server restarted, or the link
+# broke), not that a statement failed: every other connection to that server made before
+# it is likely gone too.
+CONNECTION_LOST_ERRNOS = frozenset({2002, 2003, 2006, 2013, 2055, 4031})
+# Per cell (None: the one database), how many times a connection to it was found gone;
+# each thread notes the count its connection has seen (orbit.db.pool's threads and the
+# round lanes' alike).
+_losses: dict[str | None, int] = {}
+_losses_lock = threading.Lock()
+_seen = threading.local()
+
+
 def call_guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Runs `fn` on this thread's persistent connection, dropping the connection
-    when the database failed under it, so the next call reconnects."""
+    when the database failed under it, so the next call reconnects. A connection
+    found gone on another thread since this one's last call is dropped first: a
+    database restart then fails the one call that found it, not the first call of
+    every thread and lane that still holds a connection from before it."""
+    cell = cells.entered()
+    losses = _losses.get(cell, 0)
+    seen: dict[str | None, int] = _seen.__dict__.setdefault("losses", {})
+    if seen.get(cell, losses) != losses and connection.connection is not None and not connection.in_atomic_block:
+        connection.close()
+    seen[cell] = losses
     try:
         return fn(*args, **kwargs)
-    except (OperationalError, InterfaceError):
+    except (OperationalError, InterfaceError) as exc:
+        if isinstance(exc, InterfaceError) or (exc.args and exc.args[0] in CONNECTION_LOST_ERRNOS):
+            _lost(cell, seen)
         connection.close()
         raise
     finally:
-        _discard_if_broken()
+        _discard_if_broken(cell, seen)
 
 
-def _discard_if_broken() -> None:
+def _lost(cell: str | None, seen: dict[str | None, int]) -> None:
+    with _losses_lock:
+        _losses[cell] = _losses.get(cell, 0) + 1
+        seen[cell] = _losses[cell]  # this thread's own connection is closed already
+
+
+def _discard_if_broken(cell: str | None, seen: dict[str | None, int]) -> None:
     """An error `fn` handled itself (an API view answering 503 UNAVAILABLE) never reaches the
     except above, yet it may have broken this thread's connection: kept, it would answer
     "server has gone away" to every later call on this thread, long after the database is back.
@@ -73,6 +102,7 @@ def _discard_if_broken() -> None:
         connection.errors_occurred = False
     else:
         connection.close()
+        _lost(cell, seen)
 
 
 async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
