@@ -729,7 +729,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         """Marks the session alive (workers.actions: a live session is not
         taken over by a credential of another range) and re-checks the
         credential between requests (each grant re-checks it anyway)."""
-        assert self.worker is not None and self.worker.identity_id is not None
+        assert self.worker is not None and self.worker.identity_id is not None and self.principal is not None
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             try:
