@@ -34,11 +34,6 @@ def state_of(task_id: str) -> str:
     return Task.objects.get(id=task_id).state
 
 
-@pytest.fixture
-def queue(tenant):
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
-
-
 @pytest.mark.parametrize(
     ("depends_on", "message"),
     [

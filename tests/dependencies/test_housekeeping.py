@@ -21,18 +21,12 @@ from tasks.actions.dependencies import INLINE_EDGES, run_follow_ups
 from tasks.actions.permits import settle
 from tasks.invariants import find_violations
 from tasks.models import Attempt, DependencySettlement, Task, TaskDependency
-from tests.support.api import make_queue
 from tests.support.dependencies import fan_out, run_one
 from tests.support.tasks import cancel, lease_one, submit_ok
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db]
 
 OLD = timedelta(days=40)
-
-
-@pytest.fixture
-def queue(tenant):
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
 
 
 def check() -> tuple[int, str, str]:

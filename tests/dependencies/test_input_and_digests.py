@@ -16,11 +16,6 @@ from tests.support.tasks import assert_invariants, configure_queue, submit, subm
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def queue(tenant):
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
-
-
 def batch(client, items):
     return assert_ok(post_json(client, "/v1/tasks:batch", {"tasks": items}))["results"]
 

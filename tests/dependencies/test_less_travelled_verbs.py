@@ -29,11 +29,6 @@ from tests.support.tasks import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def queue(tenant):
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
-
-
 def test_a_leased_unstarted_parent_cancelled_cancels_its_dependents_and_frees_its_permit(tenant, queue):
     parent = submit_ok(tenant.client, queue["id"], "parent")["id"]
     child = submit_ok(tenant.client, queue["id"], "child", depends_on=[parent])["id"]

@@ -45,11 +45,6 @@ from tests.support.tasks import (
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def queue(tenant):
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
-
-
 def submit_request(tenant: Tenant, key: str, body: dict[str, Any]) -> SubmitRequest:
     actor = Actor(principal=authenticate_token(tenant.token), request_id=new_id())
     return SubmitRequest(actor, checked_submission(actor, key, body), known_credential(tenant.token))

@@ -12,7 +12,7 @@ import pytest
 from orbit.models import SCOPES
 from tasks.actions.blockers import MESSAGES
 from tasks.models import Task
-from tests.conftest import Tenant, api_client, new_tenant, post_json
+from tests.conftest import api_client, new_tenant, post_json
 from tests.support.api import assert_error, assert_ok, make_queue
 from tests.support.dependencies import run_one
 from tests.support.factories import make_credential
@@ -21,11 +21,6 @@ from tests.support.tasks import cancel, get_task, lease_one, submit_ok, task_bod
 pytestmark = pytest.mark.django_db
 
 LINK_KEYS = {"id", "queue_id", "handler", "state", "created_at", "updated_at"}
-
-
-@pytest.fixture
-def queue(tenant: Tenant) -> dict[str, Any]:
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=1000)
 
 
 def listing(client: Any, task_id: str, which: str, **params: Any) -> dict[str, Any]:

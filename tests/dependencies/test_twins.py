@@ -11,16 +11,13 @@ import pytest
 
 from tasks.models import Task, TaskDependency
 from tests.conftest import api_client, post_json
-from tests.support.api import make_queue
 from tests.support.dependencies import row, run_one
 from tests.support.tasks import assert_invariants, lease_one, report, run_threads, start, submit, submit_ok, task_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def queue(tenant):
-    return make_queue(tenant.client, max_concurrency=100, rate_per_second=100_000)
+QUEUE_RATE_PER_SECOND = 100_000  # the queue fixture's (conftest): its threads start at once
 
 
 def together(count: int, work: Any) -> list[Any]:
