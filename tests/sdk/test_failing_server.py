@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import orbit_sdk
-from orbit_sdk import Client, Execution, SubmitTaskRequest, Worker
+from orbit_sdk import Client, Execution, SubmitTaskRequest
 from tests.support.live import ROOT, LiveServer, free_port, server_env
-from tests.support.sdk_live import finished, new_queue
+from tests.support.sdk_live import finished, new_queue, worker_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -129,19 +129,6 @@ def test_a_server_killed_mid_request_is_a_transport_error_and_the_resend_is_safe
 # ------------------------------------------------------------------ the worker
 
 
-def make_worker(server: Server, tenant: Any, queue_id: str, handlers: dict[Any, Any], **options: Any) -> Worker:
-    return Worker(
-        server.url,
-        tenant.token,
-        [queue_id],
-        handlers,
-        namespace_id=tenant.namespace_id,
-        min_reconnect_delay=0.1,
-        max_reconnect_delay=0.5,
-        **options,
-    )
-
-
 def test_a_running_handler_survives_a_server_kill_and_restart(server: Server, tenant: Any) -> None:
     with Client(server.url, tenant.token, timeout=5) as client:
         queue_id = new_queue(client).id
@@ -154,7 +141,7 @@ def test_a_running_handler_survives_a_server_kill_and_restart(server: Server, te
             time.sleep(4)
             return {"n": 1}
 
-        worker = make_worker(server, tenant, queue_id, {("h", "v1"): slow}, request_timeout=3)
+        worker = worker_for(server.url, tenant, queue_id, {("h", "v1"): slow}, request_timeout=3)
         worker.start()
         try:
             task = client.submit_task("survive", request_for(queue_id)).task
@@ -180,7 +167,7 @@ def test_a_running_handler_survives_a_frozen_server(server: Server, tenant: Any)
             time.sleep(2)
             return {"n": 2}
 
-        worker = make_worker(server, tenant, queue_id, {("h", "v1"): slow}, request_timeout=2)
+        worker = worker_for(server.url, tenant, queue_id, {("h", "v1"): slow}, request_timeout=2)
         worker.start()
         try:
             task = client.submit_task("frozen-worker", request_for(queue_id)).task
@@ -200,7 +187,7 @@ def test_stop_at_once_while_the_server_is_frozen_ends_at_once(server: Server, te
     """README: `stop(timeout=0)` ends at once."""
     with Client(server.url, tenant.token, timeout=5) as client:
         queue_id = new_queue(client).id
-    worker = make_worker(server, tenant, queue_id, {("h", "v1"): lambda execution: None})
+    worker = worker_for(server.url, tenant, queue_id, {("h", "v1"): lambda execution: None})
     server.freeze()
     try:
         worker.start()

@@ -16,7 +16,7 @@ import pytest
 import orbit_sdk
 from orbit_sdk import Client, Execution, SubmitTaskRequest, Worker, fencing
 from tests.support.readme import python_blocks
-from tests.support.sdk_live import finished, new_queue
+from tests.support.sdk_live import finished, new_queue, worker_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,7 +28,7 @@ def client(orbit_server: Any, tenant: Any) -> Iterator[Client]:
 
 
 def serve(orbit_server: Any, tenant: Any, queue_id: str, handlers: dict[Any, Any], capacity: int) -> Worker:
-    worker = Worker(orbit_server.url, tenant.token, [queue_id], handlers, capacity, namespace_id=tenant.namespace_id)
+    worker = worker_for(orbit_server.url, tenant, queue_id, handlers, capacity=capacity)
     worker.start()
     return worker
 

@@ -15,7 +15,7 @@ import pytest
 
 import orbit_sdk
 from orbit_sdk import Client, Execution, SubmitTaskRequest, Task, Worker
-from tests.support.sdk_live import finished, new_queue
+from tests.support.sdk_live import finished, new_queue, worker_for
 from tests.support.tasks import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,16 +32,7 @@ def worker_of(orbit_server: Any, tenant: Any) -> Iterator[Callable[..., Worker]]
     started: list[Worker] = []
 
     def make(queue_id: str, handlers: dict[Any, Any], **options: Any) -> Worker:
-        worker = Worker(
-            orbit_server.url,
-            tenant.token,
-            [queue_id],
-            handlers,
-            namespace_id=tenant.namespace_id,
-            min_reconnect_delay=0.1,
-            max_reconnect_delay=1.0,
-            **options,
-        )
+        worker = worker_for(orbit_server.url, tenant, queue_id, handlers, **options)
         worker.start()
         started.append(worker)
         return worker

@@ -1,4 +1,4 @@
-"""What the SDK's tests against a live server share: a new queue, and a task's end."""
+"""What the SDK's tests against a live server share: a new queue, a worker, and a task's end."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 import orbit_sdk
-from orbit_sdk import Client, Task
+from orbit_sdk import Client, Task, Worker
 from tests.support.tasks import wait_until
 
 FINISHED = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "NEEDS_REVIEW"})
@@ -24,3 +24,10 @@ def finished(client: Client, task_id: str, timeout: float = 20) -> Task:
     return wait_until(
         lambda: task if (task := client.get_task(task_id)).state in FINISHED else None, timeout, f"{task_id} finished"
     )
+
+
+def worker_for(url: str, tenant: Any, queue_id: str, handlers: dict[Any, Any], **options: Any) -> Worker:
+    """A Worker (not started) of the tenant's credential on one queue, reconnecting
+    within half a second of a server that went away unless `options` say."""
+    options = {"min_reconnect_delay": 0.1, "max_reconnect_delay": 0.5, **options}
+    return Worker(url, tenant.token, [queue_id], handlers, namespace_id=tenant.namespace_id, **options)
