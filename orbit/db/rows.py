@@ -633,6 +633,22 @@ def insert_rows(objs: Sequence[models.Model], *, sql_values: Mapping[str, Sequen
         size += row_size
 
 
+def delete_by_pk(model: type[models.Model], pks: Iterable[Pk]) -> int:
+    """One DELETE … WHERE pk = %s per row, sent together inside
+    writes_sent_together; how many were asked. Each is a unique lookup that
+    locks its row alone, whatever the table's statistics say: an IN list as
+    long as the rows MariaDB believes a table holds (a table grown fast since
+    its statistics were taken) is planned as a full scan, whose locks wait for
+    every row other transactions hold, their uncommitted inserts included."""
+    db = _db()
+    shape = _shape(model, db)
+    sql = f"DELETE FROM {shape.table} WHERE {shape.pk} = %s"
+    pks = list(pks)
+    for pk in pks:
+        _write(db, sql, [pk])
+    return len(pks)
+
+
 def write_statement(sql: str, params: list[Any]) -> None:
     """A write nothing is read back from: inside writes_sent_together, it waits
     and goes with the next statement, as update_by_pk's and insert_rows' do."""

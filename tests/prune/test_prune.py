@@ -14,9 +14,11 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection, transaction
 from django.utils import timezone
 
-from orbit.models import Event, IdempotencyRecord
+from orbit.db.rows import lock_by_pk
+from orbit.models import ApplicationState, Event, IdempotencyRecord
 from tasks.invariants import find_violations
 from tasks.management.commands.orbit_prune import parse_duration
 from tasks.models import Attempt, ConcurrencyKey, Task, TaskState
@@ -209,3 +211,55 @@ def test_orbit_check_passes_after_a_prune_under_load():
     assert (
         Task.objects.exclude(state__in=[s for s in TaskState.values if s not in ("SUCCEEDED", "FAILED")]).count() >= 0
     )
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_prune_never_waits_for_a_task_another_transaction_is_inserting(tenant):
+    """A submit inserts its tasks before it takes its application's lock, which
+    a prune holds while it deletes. On a table whose statistics count no more
+    rows than a batch names, MariaDB planned the prune's DELETE … IN (…) as a
+    full scan: it waited for the submit's uncommitted row, the submit waited
+    for the lock, and InnoDB broke the deadlock by failing one of them."""
+    queue = make_queue(tenant.client, max_concurrency=50)
+    finished = []
+    for n in range(8):
+        finished.append(submit_ok(tenant.client, queue["id"], f"done-{n}")["id"])
+        lease = lease_one(tenant, queue["id"])
+        start(lease)
+        report(lease, "SUCCEEDED")
+    age(finished)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE orbit_task")  # statistics as a table grown fast since they were taken
+    application_id = Task.objects.get(id=finished[0]).application_id
+    inserted, released = threading.Event(), threading.Event()
+
+    def submit_in_flight() -> None:
+        try:
+            with transaction.atomic():
+                row = Task.objects.get(id=finished[0])
+                row.id, row.state, row.finished_at = "f" * 32, TaskState.WAITING, None
+                row.save(force_insert=True)
+                inserted.set()
+                assert released.wait(60)
+                lock_by_pk(ApplicationState, [application_id])
+                transaction.set_rollback(True)  # the row was only ever in flight
+        finally:
+            connection.close()
+
+    submitter = threading.Thread(target=submit_in_flight)
+    submitter.start()
+    try:
+        assert inserted.wait(30)
+        pruned: list[str] = []
+        pruner = threading.Thread(target=lambda: pruned.append(prune("--finished-before", "30d")))
+        pruner.start()
+        pruner.join(timeout=10)
+        assert not pruner.is_alive(), "the prune waited for a row it does not remove"
+    finally:
+        released.set()
+        submitter.join(timeout=60)
+    assert "removed 8 tasks, 8 attempts" in pruned[0]
+    assert not Task.objects.filter(id__in=finished).exists()
+    assert not Attempt.objects.filter(task_id__in=finished).exists()
+    assert find_violations() == []

@@ -10,8 +10,9 @@ task, never anything newer than the bound.
 Every table is walked along its primary key in batches (--batch-size ids,
 500 by default): a read of the next ids (outside any transaction), then one
 short transaction (@outermost: run again whole after a deadlock or lock-wait
-timeout) of DELETEs of those that qualify, re-checked in the DELETEs' own
-WHERE. Finished tasks are in no counter (queue_state and application_state
+timeout) of DELETEs of those that qualify, re-checked in that transaction
+(tasks under their application's lock, then removed by key; events and
+records in the DELETEs' own WHERE). Finished tasks are in no counter (queue_state and application_state
 count unfinished tasks and active attempts only: tasks/invariants.py); a
 batch locks its tasks' application_state rows only so that a submit naming
 one of them in depends_on (which reads its dependencies' states under that
@@ -47,7 +48,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from orbit import cells
-from orbit.db.rows import lock_by_pk
+from orbit.db.rows import delete_by_pk, lock_by_pk, writes_sent_together
 from orbit.models import ApplicationState, Event, EventSequence, IdempotencyRecord
 from orbit.transactions import outermost
 from plans.models import PlanTrigger, TriggerOutcome
@@ -205,16 +206,27 @@ class Command(BaseCommand):
             held = held_by_dependents(finished)
             kept = dict(Counter(held.values()))
             gone = [task_id for task_id in finished if task_id not in held]
-            if self.dry_run or not gone:
-                return len(gone), Attempt.objects.filter(task_id__in=gone).count() if gone else 0, kept
-            Task.objects.filter(id__in=gone, state__in=FINISHED, finished_at__lt=bound).delete()
-            attempts = Attempt.objects.filter(task_id__in=gone).delete()[0]
-            # Its own edges (uniq_dependency_edge), then those naming it: all
-            # settled, or it would have been held (idx_dependency_parent).
-            TaskDependency.objects.filter(task_id__in=gone).delete()
-            TaskDependency.objects.filter(depends_on_id__in=gone, settled=True).delete()
-            DependencySettlement.objects.filter(task_id__in=gone).delete()
-            return len(gone), attempts, kept
+            if not gone:
+                return 0, 0, kept
+            attempts = list(Attempt.objects.filter(task_id__in=gone).values_list("id", flat=True))
+            if self.dry_run:
+                return len(gone), len(attempts), kept
+            # Its own edges, then those naming it: all settled, or it would have been held.
+            edges = [
+                *TaskDependency.objects.filter(task_id__in=gone).values_list("id", flat=True),
+                *TaskDependency.objects.filter(depends_on_id__in=gone, settled=True).values_list("id", flat=True),
+            ]
+            settlements = DependencySettlement.objects.filter(task_id__in=gone).values_list("task_id", flat=True)
+            # Read without locks, then removed row by row: nothing else changes
+            # these rows under the application's lock (a finished task's state,
+            # attempts and edges are final), and a delete by key never waits
+            # for rows it does not remove (orbit.db.rows.delete_by_pk).
+            with writes_sent_together():
+                delete_by_pk(Task, gone)
+                delete_by_pk(Attempt, attempts)
+                delete_by_pk(TaskDependency, sorted(set(edges)))
+                delete_by_pk(DependencySettlement, list(settlements))
+            return len(gone), len(attempts), kept
 
         return once()
 
