@@ -26,7 +26,12 @@ from tests.support.concurrent import concurrently
 from tests.support.factories import make_credential
 from tests.support.keys import Worker, assert_no_violations, submit
 from tests.support.other_connection import other_cursor
-from tests.support.tasks import wait_until
+from tests.support.tasks import (
+    connect_fixture,  # noqa: F401 - fixture "connect"
+    invariants_fixture,  # noqa: F401 - fixture "invariants"
+    wait_until,
+)
+from tests.workers.test_start_ahead import a_started_assignment_is_not_waited_on_for_acknowledgement
 from workers import consumers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -431,11 +436,14 @@ def a_hello_decided_while_its_connection_closes_leaves_nothing_running(tenant, o
 # --- 4 and 6 together: every scenario that waits out a 10 s deadline -----------
 
 
-def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orbit_server, opened):
-    """Five independent scenarios, each of which waits out a fixed server deadline
+@pytest.mark.usefixtures("invariants")  # the start-ahead scenario's module checks them after each test
+def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orbit_server, opened, connect):
+    """Six independent scenarios, each of which waits out a fixed server deadline
     (HELLO_TIMEOUT_SECONDS or ACK_TIMEOUT_SECONDS) on connections, queues and worker
     ids of its own, run side by side against the live server: the deadlines are waited
-    once, not five times, and every scenario makes every check it makes alone. The
+    once, not six times, and every scenario makes every check it makes alone (the
+    start-ahead one, from tests/workers/test_start_ahead.py, with that module's
+    invariants check after, and its own worker connections). The
     hello racing its deadline starts first and the others after it, so that the 50
     hello-less closes and the silent workers' released leases do not fall in the second
     in which that hello must reach the server before its deadline. The others' memory
@@ -443,10 +451,15 @@ def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orb
     it allows the server less than 24 MiB, where the defect it guards grew it by 67 MiB
     for 300 such tasks."""
 
-    def scenario(run: Any) -> Any:
+    def own_tenant() -> Any:
         # a client of its own per thread (the Django test client is not shared across threads)
-        own = dataclasses.replace(tenant, client=api_client(tenant.token))
+        return dataclasses.replace(tenant, client=api_client(tenant.token))
+
+    def scenario(run: Any) -> Any:
+        own = own_tenant()
         return lambda: run(own, orbit_server, opened)
+
+    started_ahead_tenant = own_tenant()
 
     concurrently(
         {
@@ -455,8 +468,11 @@ def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orb
             "never-reads": scenario(a_connection_that_never_reads_is_bounded_closed_and_its_leases_released),
             "never-says-hello": scenario(authenticated_connections_that_never_say_hello_are_closed),
             "memory-flat": scenario(a_silent_connection_leaves_the_server_memory_flat),
+            "started-ahead-not-waited-on": lambda: a_started_assignment_is_not_waited_on_for_acknowledgement(
+                started_ahead_tenant, connect
+            ),
         },
-        after={"never-reads": 1.5, "never-says-hello": 2.5},
+        after={"started-ahead-not-waited-on": 0.5, "never-reads": 1.5, "never-says-hello": 2.5},
     )
     # and, with every scenario done, the keys' and counters' invariants hold
     assert_no_violations()

@@ -171,7 +171,13 @@ def test_start_next_must_be_a_boolean(tenant, connect):
     assert Attempt.objects.get(id=first["attempt_id"]).state == AttemptState.RUNNING
 
 
-def test_a_started_assignment_is_not_waited_on_for_acknowledgement(tenant, connect):
+def a_started_assignment_is_not_waited_on_for_acknowledgement(tenant: Any, connect: Any) -> None:
+    """A start-ahead assignment is not counted as unacknowledged: the connection that
+    never acknowledges it is not closed at ACK_TIMEOUT_SECONDS. It waits that deadline
+    out, so it is run by tests/workers/test_hardening.py::
+    test_connections_meeting_the_hello_and_acknowledgement_deadlines, side by side with
+    the other scenarios that wait out the hello and acknowledgement deadlines (with this
+    module's invariants check after)."""
     # given a started assignment its worker never names again (a long handler, no renewal yet)
     worker, first, _ = running_first(tenant, connect, "w-quiet")
     _, handed = result_frames(worker, first, start_next=True)
