@@ -28,6 +28,7 @@ from tests.support.cells import (
     shared_dsn,
     table_names,
 )
+from tests.support.concurrent import concurrently
 
 pytestmark = MARKS
 
@@ -80,26 +81,41 @@ def test_bootstrap_places_by_cell_or_by_fewest_applications(installation: Instal
 
 
 def test_bootstrap_refuses_an_unknown_cell_and_a_second_cell_for_one_application(installation: Installation) -> None:
-    unknown = installation.manage(
-        "orbit_bootstrap", "--application", "epsilon", "--namespace", "n", "--environment", "e", "--queue", "q",
-        "--output", str(installation.tmp / "epsilon.json"), "--cell", "c", check=False,
+    refused = concurrently(  # two refusals, neither changing anything the other reads
+        {
+            "unknown": lambda: installation.manage(
+                "orbit_bootstrap", "--application", "epsilon", "--namespace", "n", "--environment", "e", "--queue", "q",
+                "--output", str(installation.tmp / "epsilon.json"), "--cell", "c", check=False,
+            ),
+            "elsewhere": lambda: installation.manage(
+                "orbit_bootstrap", "--application", "alpha", "--namespace", "n", "--environment", "e", "--queue", "q",
+                "--output", str(installation.tmp / "alpha-again.json"), "--cell", "b", check=False,
+            ),
+        }
     )  # fmt: skip
+    unknown, elsewhere = refused["unknown"], refused["elsewhere"]
     assert unknown.returncode == 1 and "--cell: unknown cell 'c'; cells: a, b" in unknown.stderr, unknown.stderr
-    elsewhere = installation.manage(
-        "orbit_bootstrap", "--application", "alpha", "--namespace", "n", "--environment", "e", "--queue", "q",
-        "--output", str(installation.tmp / "alpha-again.json"), "--cell", "b", check=False,
-    )  # fmt: skip
     assert elsewhere.returncode == 1 and "application 'alpha' is in cell 'a'" in elsewhere.stderr, elsewhere.stderr
 
 
 def test_orbit_application_creates_and_lists_by_cell(installation: Installation) -> None:
     created = installation.manage("orbit_application", "create", "epsilon", "--cell", "b").stdout
     assert created.startswith("application epsilon created (id ") and created.strip().endswith(", cell b)"), created
-    again = installation.manage("orbit_application", "create", "epsilon").stdout
+    # Once epsilon exists, these only read it: at once.
+    after = concurrently(
+        {
+            "again": lambda: installation.manage("orbit_application", "create", "epsilon"),
+            "elsewhere": lambda: installation.manage(
+                "orbit_application", "create", "epsilon", "--cell", "a", check=False
+            ),
+            "list": lambda: installation.manage("orbit_application", "list"),
+        }
+    )
+    again = after["again"].stdout
     assert again.startswith("application epsilon exists (id ") and ", cell b)" in again, again
-    elsewhere = installation.manage("orbit_application", "create", "epsilon", "--cell", "a", check=False)
+    elsewhere = after["elsewhere"]
     assert elsewhere.returncode == 1 and "application 'epsilon' is in cell 'b'" in elsewhere.stderr
-    listed = dict(line.split("\t")[1:] for line in installation.manage("orbit_application", "list").stdout.splitlines())
+    listed = dict(line.split("\t")[1:] for line in after["list"].stdout.splitlines())
     assert listed["epsilon"] == "b" and listed["alpha"] == "a" and listed["beta"] == "b", listed
     cell_b = installation.private.connect()
     try:
@@ -325,13 +341,20 @@ def test_without_orbit_cells_there_is_no_cell_to_choose(installation: Installati
     try:
         env = {"ORBIT_CELLS": "", "ORBIT_MYSQL_DSN": shared_dsn(plain_db)}
         installation.manage("migrate", "-v0", **env)
-        result = installation.manage(
-            "orbit_bootstrap", "--application", "zeta", "--namespace", "n", "--environment", "e", "--queue", "q",
-            "--output", str(tmp_path / "z.json"), "--cell", "a", check=False, **env,
+        # The refused bootstrap makes nothing, so the create beside it finds what it would alone.
+        results = concurrently(
+            {
+                "bootstrap": lambda: installation.manage(
+                    "orbit_bootstrap", "--application", "zeta", "--namespace", "n", "--environment", "e",
+                    "--queue", "q", "--output", str(tmp_path / "z.json"), "--cell", "a", check=False, **env,
+                ),
+                "create": lambda: installation.manage("orbit_application", "create", "zeta", **env),
+            }
         )  # fmt: skip
+        result = results["bootstrap"]
         assert result.returncode == 1
         assert "--cell: ORBIT_CELLS is not set; there is one cell, the default database" in result.stderr
-        plain = installation.manage("orbit_application", "create", "zeta", **env).stdout
+        plain = results["create"].stdout
         assert plain.startswith("application zeta created (id ") and "cell" not in plain, plain
     finally:
         shared.cursor().execute(f"DROP DATABASE IF EXISTS `{plain_db}`")
@@ -376,10 +399,17 @@ def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: I
                 time.sleep(0.02)
 
     thread = threading.Thread(target=submitter)
+    # The commands' start-ups overlap the load before and after the move; each runs at its turn.
+    move = installation.prestart("orbit_move_application", "mover", "--to", "a", "--timeout", "30")
     thread.start()
     try:
         time.sleep(1.5)
-        moved = installation.manage("orbit_move_application", "mover", "--to", "a", "--timeout", "30")
+        moved = move.run()
+        after_the_move = {
+            "listing": installation.prestart("orbit_cells"),
+            "check": installation.prestart("orbit_check"),
+            "again": installation.prestart("orbit_move_application", "mover", "--to", "a"),
+        }
         time.sleep(1.5)
         stop.set()
         thread.join(timeout=60)
@@ -396,7 +426,9 @@ def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: I
     assert sorted(set(ran)) == sorted(accepted.values()), "every accepted task ran, once"
     assert len(ran) == len(set(ran))
     assert before == sorted(before) and len(set(before)) == len(before), "one key: tokens strictly increase"
-    listing = installation.manage("orbit_cells").stdout
+    # The move is over: these three only read, so they run at once.
+    finished = concurrently({name: command.run for name, command in after_the_move.items()})
+    listing = finished["listing"].stdout
     assert "mover" in listing.split("cell b (")[0], listing
     shared = shared_connection()
     cell_b = installation.private.connect()
@@ -409,10 +441,10 @@ def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: I
         cell_b.close()
     assert set(accepted.values()) <= in_a and not set(accepted.values()) & in_b
     assert "mover" not in names_b
-    check = installation.manage("orbit_check")
+    check = finished["check"]
     assert "orbit_check: ok" in check.stdout and "in cells a, b" in check.stdout
     # Run again: the move finished, nothing more to do.
-    again = installation.manage("orbit_move_application", "mover", "--to", "a")
+    again = finished["again"]
     assert "mover is in cell a already; nothing to move" in again.stdout
 
 
@@ -447,6 +479,9 @@ moves.move_application("crashy", "b", timeout=30, say=print)
 
 
 def test_an_interrupted_move_is_finished_by_running_it_again(installation: Installation) -> None:
+    # Each command below waits for the one before: each starts up during the one before
+    # (most of them wait out a move's settle), and begins its work at its turn.
+    crash_at_switch = installation.prestart("shell", "-c", CRASH_AT_SWITCH)
     credential = installation.bootstrap("crashy", "b")
     with installation.client("crashy") as client:
         request = SubmitTaskRequest(
@@ -469,13 +504,15 @@ def test_an_interrupted_move_is_finished_by_running_it_again(installation: Insta
             cell_b.close()
 
     # Crashed between the target's commit and the directory's switch: both cells hold the rows.
-    crashed = installation.manage("shell", "-c", CRASH_AT_SWITCH, check=False)
+    finish = installation.prestart("orbit_move_application", "crashy", "--to", "a")
+    crashed = crash_at_switch.run(check=False)
     assert crashed.returncode != 0 and "crash: the copy is committed" in crashed.stderr, crashed.stderr[-2000:]
     in_a, in_b = where_tasks_are()
     assert in_a == in_b == sorted(submitted)
     assert installation.submit("crashy", "during-the-crashed-move").status_code == 503
     # Run again: the leftover copy is replaced, not doubled, and the move completes.
-    finished = installation.manage("orbit_move_application", "crashy", "--to", "a")
+    crash_at_cleanup = installation.prestart("shell", "-c", CRASH_AT_CLEANUP)
+    finished = finish.run()
     assert "now served from cell a" in finished.stdout, finished.stdout
     in_a, in_b = where_tasks_are()
     assert in_a == sorted(submitted) and in_b == []
@@ -483,7 +520,8 @@ def test_an_interrupted_move_is_finished_by_running_it_again(installation: Insta
     assert [answer.status_code for answer in after] in ([201, 200], [503, 201]), after
 
     # Back to b, crashed after the switch, before the old rows were removed.
-    crashed = installation.manage("shell", "-c", CRASH_AT_CLEANUP, check=False)
+    finish = installation.prestart("orbit_move_application", "crashy", "--to", "b")
+    crashed = crash_at_cleanup.run(check=False)
     assert crashed.returncode != 0 and "crash: switched" in crashed.stderr, crashed.stderr[-2000:]
     in_a, in_b = where_tasks_are()
     assert len(in_a) == len(in_b) == 6
@@ -492,8 +530,9 @@ def test_an_interrupted_move_is_finished_by_running_it_again(installation: Insta
     assert [answer.status_code for answer in answers] in ([201, 200], [503, 201]), answers
     if answers[0].status_code == 503:
         assert answers[0].json()["error"]["message"] == cells.MOVING and answers[0].headers["Retry-After"] == "1"
-    again = installation.manage("orbit_move_application", "crashy", "--to", "b")
+    check = installation.prestart("orbit_check")
+    again = finish.run()
     assert "rows removed from cell a; now served from cell b" in again.stdout, again.stdout
     in_a, in_b = where_tasks_are()
     assert in_a == [] and len(in_b) == 7
-    assert "orbit_check: ok" in installation.manage("orbit_check").stdout
+    assert "orbit_check: ok" in check.run().stdout

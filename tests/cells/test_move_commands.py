@@ -7,6 +7,7 @@ import json
 import time
 
 from tests.support.cells import MARKS, Installation, shared_dsn
+from tests.support.concurrent import concurrently
 
 pytestmark = MARKS
 
@@ -20,47 +21,71 @@ def one_line(result: object) -> str:
 def test_bad_input_to_the_commands_is_one_clear_line(installation: Installation) -> None:
     installation.manage("orbit_application", "create", "cmdbad", "--cell", "a")
     move = lambda *args: installation.manage("orbit_move_application", *args, check=False)  # noqa: E731
-    unknown_cell = move("cmdbad", "--to", "c")
-    assert unknown_cell.returncode == 1 and "unknown cell 'c'; cells: a, b" in one_line(unknown_cell)
-    unknown_app = move("no-such-app", "--to", "b")
-    assert unknown_app.returncode == 1 and "no application 'no-such-app'" in one_line(unknown_app)
-    same = move("cmdbad", "--to", "a")
-    assert same.returncode == 0 and "cmdbad is in cell a already; nothing to move" in same.stdout, same
-    for timeout in ("0", "nan"):
-        bad = move("cmdbad", "--to", "b", "--timeout", timeout)
-        assert bad.returncode != 0 and "--timeout" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
-    unknown_cell_create = installation.manage("orbit_application", "create", "cmdbad2", "--cell", "zz", check=False)
-    assert unknown_cell_create.returncode == 1 and "unknown cell 'zz'" in one_line(unknown_cell_create)
     # A cell whose DSN names no database, or a database that does not exist.
     cells = json.loads(installation.env["ORBIT_CELLS"])
-    for broken in (shared_dsn(""), shared_dsn("orbit_cells_no_such_db")):
-        listing = installation.manage("orbit_cells", check=False, ORBIT_CELLS=json.dumps({**cells, "c": broken}))
+    broken = {"no database": shared_dsn(""), "no such database": shared_dsn("orbit_cells_no_such_db")}
+    # Each command is refused (or has nothing to do) on its own: they run at once, each checked as alone.
+    results = concurrently(
+        {
+            "unknown cell": lambda: move("cmdbad", "--to", "c"),
+            "unknown application": lambda: move("no-such-app", "--to", "b"),
+            "same cell": lambda: move("cmdbad", "--to", "a"),
+            "timeout 0": lambda: move("cmdbad", "--to", "b", "--timeout", "0"),
+            "timeout nan": lambda: move("cmdbad", "--to", "b", "--timeout", "nan"),
+            "create in an unknown cell": lambda: installation.manage(
+                "orbit_application", "create", "cmdbad2", "--cell", "zz", check=False
+            ),
+            **{
+                f"cells with {name}": lambda dsn=dsn: installation.manage(
+                    "orbit_cells", check=False, ORBIT_CELLS=json.dumps({**cells, "c": dsn})
+                )
+                for name, dsn in broken.items()
+            },
+        }
+    )
+    unknown_cell = results["unknown cell"]
+    assert unknown_cell.returncode == 1 and "unknown cell 'c'; cells: a, b" in one_line(unknown_cell)
+    unknown_app = results["unknown application"]
+    assert unknown_app.returncode == 1 and "no application 'no-such-app'" in one_line(unknown_app)
+    same = results["same cell"]
+    assert same.returncode == 0 and "cmdbad is in cell a already; nothing to move" in same.stdout, same
+    for timeout in ("0", "nan"):
+        bad = results[f"timeout {timeout}"]
+        assert bad.returncode != 0 and "--timeout" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    unknown_cell_create = results["create in an unknown cell"]
+    assert unknown_cell_create.returncode == 1 and "unknown cell 'zz'" in one_line(unknown_cell_create)
+    for name in broken:
+        listing = results[f"cells with {name}"]
         assert listing.returncode == 1 and "Traceback" not in listing.stderr, listing.stderr[-3000:]
         assert "c" in listing.stderr, listing.stderr
 
 
 def test_a_short_timeout_moves_an_application_with_nothing_running(installation: Installation) -> None:
     # --timeout bounds the wait for running attempts (after the requests in flight end): none runs here.
+    move = installation.prestart("orbit_move_application", "cmdidle", "--to", "a", "--timeout", "3")
     installation.manage("orbit_application", "create", "cmdidle", "--cell", "b")
-    moved = installation.manage("orbit_move_application", "cmdidle", "--to", "a", "--timeout", "3", check=False)
+    moved = move.run(check=False)
     assert moved.returncode == 0 and "now served from cell a" in moved.stdout, moved.stdout + moved.stderr
 
 
 def test_a_move_to_a_cell_that_is_down_leaves_the_application_served(installation: Installation) -> None:
+    move = installation.prestart("orbit_move_application", "cmddown", "--to", "b", "--timeout", "30")
     installation.bootstrap("cmddown", "a")
     assert installation.submit("cmddown", "cmddown-before").status_code == 201
     installation.private.stop(kill=True)
     try:
-        moved = installation.manage("orbit_move_application", "cmddown", "--to", "b", "--timeout", "30", check=False)
+        moved = move.run(check=False)
         after = installation.submit("cmddown", "cmddown-during")
     finally:
+        # The second run's start-up overlaps b's restart (it reads nothing before run()).
+        move_again = installation.prestart("orbit_move_application", "cmddown", "--to", "b", "--timeout", "30")
         installation.private.start()
         # Run again with b back: the move is finished, leaving the shared installation as it was.
         deadline = time.monotonic() + 30
         while installation.submit("beta", "cmddown-beta-back").status_code != 201:
             assert time.monotonic() < deadline, "beta not served after its cell restarted"
             time.sleep(0.5)
-        finished = installation.manage("orbit_move_application", "cmddown", "--to", "b", "--timeout", "30")
+        finished = move_again.run()
         assert "now served from cell b" in finished.stdout, finished.stdout
     assert moved.returncode == 1 and "Traceback" not in moved.stderr, moved.stderr[-3000:]
     assert 'ORBIT_CELLS["b"]' in moved.stderr or "cell b" in moved.stderr, moved.stderr

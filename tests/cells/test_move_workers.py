@@ -32,6 +32,8 @@ def test_every_worker_connected_during_a_move_reconnects_to_the_new_cell(install
     def handle(execution: Any) -> None:
         ran.append(execution.task.id)
 
+    # The move's start-up overlaps the workers' staggered start; it begins once they all run.
+    move = installation.prestart("orbit_move_application", "audworkers", "--to", "a", "--timeout", "30")
     try:
         for n in range(WORKERS):
             worker = Worker(
@@ -41,7 +43,7 @@ def test_every_worker_connected_during_a_move_reconnects_to_the_new_cell(install
             workers.append(worker)
             threading.Thread(target=run, args=(worker, f"audworker-{n}"), daemon=True).start()
             time.sleep(5 / WORKERS)
-        moved = installation.manage("orbit_move_application", "audworkers", "--to", "a", "--timeout", "30")
+        moved = move.run()
         assert "now served from cell a" in moved.stdout, moved.stdout
         time.sleep(6)  # every connection's heartbeat has fallen at least once after the move
         # A heartbeat after the old rows are removed finds no identity row in the old cell: the connection
