@@ -401,7 +401,8 @@ def test_a_prune_batch_holds_its_applications_row_before_it_deletes(tenant, queu
     age([parent["id"], child["id"]])
     with CaptureQueriesContext(connection) as queries:
         assert "removed 2 tasks" in prune()
-    statements = [q["sql"] for q in queries.captured_queries]
+    # the deletes go together, one multi-statement query: each statement in its place
+    statements = [sql for q in queries.captured_queries for sql in q["sql"].split("; ")]
 
     def first(prefix: str) -> int:
         return next(n for n, sql in enumerate(statements) if sql.startswith(prefix))
