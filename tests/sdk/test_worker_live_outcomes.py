@@ -9,12 +9,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 
 import orbit_sdk
 from orbit_sdk import Client, Execution, SubmitTaskRequest, Task, Worker
+from tests.support.concurrent import concurrently
 from tests.support.sdk_live import finished, new_queue, worker_for
 from tests.support.tasks import wait_until
 
@@ -138,59 +140,80 @@ def test_an_output_at_the_documented_size_limit_is_kept_and_one_byte_more_is_not
 # ------------------------------------------------------------------ leases and cancellation
 
 
-def test_a_handler_that_outlives_its_lease_is_renewed_and_succeeds_once(client, worker_of):
-    queue_id = new_queue(client).id
-    seen: list[datetime.datetime | None] = []
+# Each of these waits out a lease or a renewal on the session's live server: on its own queue,
+# with its own client and worker, so they run side by side (tests/support/concurrent.py) and the
+# test waits about the longest of them (8 s) rather than their sum.
 
-    def slow(execution: Execution) -> dict[str, bool]:
-        for _ in range(8):  # past the 5 s lease, renewed every third of it
-            time.sleep(1)
-            seen.append(execution.lease_expires_at)
+
+def a_handler_that_outlives_its_lease_is_renewed_and_succeeds_once(
+    url: str, tenant: Any, worker_of: Callable[..., Worker]
+) -> None:
+    with Client(url, tenant.token) as client:
+        queue_id = new_queue(client).id
+        seen: list[datetime.datetime | None] = []
+
+        def slow(execution: Execution) -> dict[str, bool]:
+            for _ in range(8):  # past the 5 s lease, renewed every third of it
+                time.sleep(1)
+                seen.append(execution.lease_expires_at)
+                execution.raise_if_cancelled()
+            return {"done": True}
+
+        worker_of(queue_id, {("slow", "v1"): slow})
+        task = submit(client, queue_id, "slow", lease_seconds=5)
+        ended = finished(client, task.id, timeout=30)
+        assert ended.state == "SUCCEEDED" and ended.attempts == 1 and ended.output == {"done": True}
+        (attempt,) = client.list_attempts(task.id).items
+        assert attempt.state == "SUCCEEDED"
+        # the handler saw its lease move forward (every renewal refreshes it)
+        assert len({value for value in seen if value is not None}) >= 3
+
+
+def cancelling_a_running_task_reaches_the_handler_and_ends_the_task(
+    url: str, tenant: Any, worker_of: Callable[..., Worker]
+) -> None:
+    with Client(url, tenant.token) as client:
+        queue_id = new_queue(client).id
+        running = threading.Event()
+
+        def waits(execution: Execution) -> dict[str, bool]:
+            running.set()
+            if execution.wait_cancelled(30):
+                execution.raise_if_cancelled()
+            return {"cancelled": False}
+
+        worker_of(queue_id, {("waits", "v1"): waits})
+        task = submit(client, queue_id, "waits", lease_seconds=6)
+        assert running.wait(10)
+        wait_until(lambda: client.get_task(task.id).state == "RUNNING", 5, "RUNNING")
+        asked = time.monotonic()
+        cancelled = client.cancel_task(task.id, f"cancel-{task.id}", "audit").task
+        assert cancelled.cancel_requested
+        ended = finished(client, task.id, timeout=20)
+        took = time.monotonic() - asked
+        assert ended.state == "CANCELLED", ended
+        assert took < 6, took  # seen at the next renewal: a third of the 6 s lease
+
+
+def async_handler_cancellation(url: str, tenant: Any, worker_of: Callable[..., Worker]) -> None:
+    with Client(url, tenant.token) as client:
+        queue_id = new_queue(client).id
+
+        async def waits(execution: Execution) -> None:
+            await execution.until_cancelled()
             execution.raise_if_cancelled()
-        return {"done": True}
 
-    worker_of(queue_id, {("slow", "v1"): slow})
-    task = submit(client, queue_id, "slow", lease_seconds=5)
-    ended = finished(client, task.id, timeout=30)
-    assert ended.state == "SUCCEEDED" and ended.attempts == 1 and ended.output == {"done": True}
-    (attempt,) = client.list_attempts(task.id).items
-    assert attempt.state == "SUCCEEDED"
-    # the handler saw its lease move forward (every renewal refreshes it)
-    assert len({value for value in seen if value is not None}) >= 3
+        worker_of(queue_id, {("waits", "v1"): waits})
+        task = submit(client, queue_id, "waits", lease_seconds=6)
+        wait_until(lambda: client.get_task(task.id).state == "RUNNING", 10, "RUNNING")
+        client.cancel_task(task.id, f"cancel-{task.id}", "audit")
+        assert finished(client, task.id, timeout=20).state == "CANCELLED"
 
 
-def test_cancelling_a_running_task_reaches_the_handler_and_ends_the_task(client, worker_of):
-    queue_id = new_queue(client).id
-    running = threading.Event()
-
-    def waits(execution: Execution) -> dict[str, bool]:
-        running.set()
-        if execution.wait_cancelled(30):
-            execution.raise_if_cancelled()
-        return {"cancelled": False}
-
-    worker_of(queue_id, {("waits", "v1"): waits})
-    task = submit(client, queue_id, "waits", lease_seconds=6)
-    assert running.wait(10)
-    wait_until(lambda: client.get_task(task.id).state == "RUNNING", 5, "RUNNING")
-    asked = time.monotonic()
-    cancelled = client.cancel_task(task.id, f"cancel-{task.id}", "audit").task
-    assert cancelled.cancel_requested
-    ended = finished(client, task.id, timeout=20)
-    took = time.monotonic() - asked
-    assert ended.state == "CANCELLED", ended
-    assert took < 6, took  # seen at the next renewal: a third of the 6 s lease
-
-
-def test_async_handler_cancellation(client, worker_of):
-    queue_id = new_queue(client).id
-
-    async def waits(execution: Execution) -> None:
-        await execution.until_cancelled()
-        execution.raise_if_cancelled()
-
-    worker_of(queue_id, {("waits", "v1"): waits})
-    task = submit(client, queue_id, "waits", lease_seconds=6)
-    wait_until(lambda: client.get_task(task.id).state == "RUNNING", 10, "RUNNING")
-    client.cancel_task(task.id, f"cancel-{task.id}", "audit")
-    assert finished(client, task.id, timeout=20).state == "CANCELLED"
+def test_a_handler_outliving_its_lease_and_cancelled_running_handlers(orbit_server, tenant, worker_of):
+    scenarios = {
+        "outlives-its-lease": a_handler_that_outlives_its_lease_is_renewed_and_succeeds_once,
+        "cancel-reaches-the-handler": cancelling_a_running_task_reaches_the_handler_and_ends_the_task,
+        "async-handler-cancelled": async_handler_cancellation,
+    }
+    concurrently({name: partial(scenario, orbit_server.url, tenant, worker_of) for name, scenario in scenarios.items()})
