@@ -18,7 +18,9 @@ import pytest
 
 from queues.models import QueueState
 from tasks.models import Attempt, Task
+from tests.conftest import new_tenant
 from tests.support.api import assert_ok, make_queue
+from tests.support.concurrent import concurrently
 from tests.support.live import ROOT
 from tests.support.tasks import (
     Background,
@@ -124,7 +126,8 @@ def starts_per_window(starts: list[datetime]) -> list[int]:
     return counts
 
 
-def test_start_rate_window_holds_across_three_workers(tenant, orbit_server):
+def start_rate_window_holds_across_three_workers(tenant: Any, orbit_server: Any) -> None:
+    """Run by test_lease_recovery_pause_and_rate_window_side_by_side."""
     # given 12 tasks, 10 of them leased (max_concurrency 10) while the rate was high
     queue = make_queue(tenant.client, "rated", max_concurrency=10, rate_per_second=1000)
     task_ids = [submit_ok(tenant.client, queue["id"], f"t-{i}")["id"] for i in range(12)]
@@ -214,7 +217,9 @@ sys.stdin.read()  # hold the connection until killed
 """
 
 
-def test_killed_worker_leases_are_recovered(tenant, orbit_server, connect):
+def killed_worker_leases_are_recovered(tenant: Any, orbit_server: Any, connect: Any, killed: threading.Event) -> None:
+    """Run by test_lease_recovery_pause_and_rate_window_side_by_side; sets `killed` once the
+    worker process is gone (its start-up, an interpreter loading Django, is behind it)."""
     # given a worker process holding two 5-second leases, one of them started
     queue = make_queue(tenant.client, "fragile")
     for i in range(2):
@@ -240,6 +245,7 @@ def test_killed_worker_leases_are_recovered(tenant, orbit_server, connect):
         if process.poll() is None:
             process.kill()
             process.wait(timeout=10)
+        killed.set()
 
     # then, after the leases run out, the server's sweep recovers both
     def recovered() -> bool:
@@ -258,7 +264,7 @@ def test_killed_worker_leases_are_recovered(tenant, orbit_server, connect):
     assert_invariants()
 
     # and a second worker leases the unstarted task (a new epoch), never the one under review
-    heir = connect()
+    heir = connect(tenant.token)
     heir.hello_as([queue["id"]], capacity=2, worker_id="heir")
     assign = heir.assignment()
     assert assign["task"]["id"] == unstarted.id and assign["epoch"] == 2
@@ -269,11 +275,12 @@ def test_killed_worker_leases_are_recovered(tenant, orbit_server, connect):
     assert_invariants()
 
 
-def test_pause_and_lowered_concurrency_revoke_nothing(tenant, connect):
+def pause_and_lowered_concurrency_revoke_nothing(tenant: Any, connect: Any) -> None:
+    """Run by test_lease_recovery_pause_and_rate_window_side_by_side."""
     # given a worker holding 4 of 6 tasks, two of them started
     queue = make_queue(tenant.client, "controlled", max_concurrency=4, rate_per_second=1000)
     task_ids = [submit_ok(tenant.client, queue["id"], f"t-{i}")["id"] for i in range(6)]
-    worker = connect()
+    worker = connect(tenant.token)
     worker.hello_as([queue["id"]], capacity=4, worker_id="steady")
     a, b, c, d = worker.assignments(4)
     worker.start_ok(a)
@@ -321,6 +328,41 @@ def test_pause_and_lowered_concurrency_revoke_nothing(tenant, connect):
         assert worker.result(assign)["task_state"] == "SUCCEEDED"
     assert Task.objects.filter(id__in=task_ids, state="SUCCEEDED").count() == 6
     assert get_queue(tenant.client, queue["id"])["unfinished_tasks"] == "0"
+    assert_invariants()
+
+
+def test_lease_recovery_pause_and_rate_window_side_by_side(orbit_server, connect):
+    """Three independent scenarios, each in an application (API client, queues) and with
+    worker ids of its own: a killed worker's 5 s leases waited out, a paused queue's
+    windows in which nothing may be assigned, and a start rate of 2 per second across
+    six windows. Each mostly waits,
+    so side by side the test waits about the longest, not their sum; every scenario
+    makes every check it makes alone. The rate window's scenario begins only once the
+    killed worker's process is gone, so its windows never share a second with that
+    process's start-up; what runs beside it then (polling for the recovery, one heir
+    worker, a few frames of the paused queue's) is light."""
+
+    killed = threading.Event()
+    # an application each, as each had as a test of its own: the scenarios reuse
+    # idempotency keys ("t-0"), and a client is not shared across threads
+    recovery_tenant, pause_tenant, rate_tenant = new_tenant(), new_tenant(), new_tenant()
+
+    def rate_window_after_the_kill() -> None:
+        assert killed.wait(timeout=60), "the killed worker's scenario never got its process killed"
+        start_rate_window_holds_across_three_workers(rate_tenant, orbit_server)
+
+    concurrently(
+        {
+            "killed-worker-recovery": lambda: killed_worker_leases_are_recovered(
+                recovery_tenant, orbit_server, connect, killed
+            ),
+            "pause-and-lowered-concurrency": lambda: pause_and_lowered_concurrency_revoke_nothing(
+                pause_tenant, connect
+            ),
+            "start-rate-window": rate_window_after_the_kill,
+        }
+    )
+    # and, with every scenario done, the counters and permits agree with the rows
     assert_invariants()
 
 
