@@ -26,12 +26,12 @@ from tests.support.concurrent import concurrently
 from tests.support.factories import make_credential
 from tests.support.keys import Worker, assert_no_violations, submit
 from tests.support.other_connection import other_cursor
+from tests.support.start_ahead import result_frames, running_first
 from tests.support.tasks import (
     connect_fixture,  # noqa: F401 - fixture "connect"
     invariants_fixture,  # noqa: F401 - fixture "invariants"
     wait_until,
 )
-from tests.workers.test_start_ahead import a_started_assignment_is_not_waited_on_for_acknowledgement
 from workers import consumers
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -433,6 +433,21 @@ def a_hello_decided_while_its_connection_closes_leaves_nothing_running(tenant, o
     assert Task.objects.filter(queue_id=queue["id"], state=TaskState.WAITING).count() == 3
 
 
+def a_started_assignment_is_not_waited_on_for_acknowledgement(tenant: Any, connect: Any) -> None:
+    """A start-ahead assignment is not counted as unacknowledged: the connection that
+    never acknowledges it is not closed at ACK_TIMEOUT_SECONDS (tests/workers/test_start_ahead.py
+    holds the Start ahead's other tests; this one waits the deadline out, with the others here)."""
+    # given a started assignment its worker never names again (a long handler, no renewal yet)
+    worker, first, _ = running_first(tenant, connect, "w-quiet")
+    _, handed = result_frames(worker, first, start_next=True)
+    assert handed is not None and handed["state"] == "RUNNING"
+    # then past the acknowledgement bound the connection is still open: there is no
+    # unstarted lease to take back from it
+    time.sleep(consumers.ACK_TIMEOUT_SECONDS + 1.5)
+    assert worker.renew(handed)["type"] == "task.renew.ok"
+    assert worker.result(handed)["task_state"] == "SUCCEEDED"
+
+
 # --- 4 and 6 together: every scenario that waits out a 10 s deadline -----------
 
 
@@ -442,8 +457,7 @@ def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orb
     (HELLO_TIMEOUT_SECONDS or ACK_TIMEOUT_SECONDS) on connections, queues and worker
     ids of its own, run side by side against the live server: the deadlines are waited
     once, not six times, and every scenario makes every check it makes alone (the
-    start-ahead one, from tests/workers/test_start_ahead.py, with that module's
-    invariants check after, and its own worker connections). The
+    start-ahead one with the invariants check after, and its own worker connections). The
     hello racing its deadline starts first and the others after it, so that the 50
     hello-less closes and the silent workers' released leases do not fall in the second
     in which that hello must reach the server before its deadline. The others' memory

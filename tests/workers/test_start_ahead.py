@@ -20,6 +20,7 @@ from orbit.models import Event
 from queues.models import QueueState
 from tasks.models import Attempt, AttemptState, Task, TaskState
 from tests.support.api import make_queue
+from tests.support.start_ahead import result_frames, running_first, send_result
 from tests.support.tasks import (
     assert_error_frame,
     configure_queue,
@@ -31,44 +32,6 @@ from tests.support.tasks import (
 from workers import consumers
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("invariants")]
-
-
-def send_result(worker: Any, assign: dict[str, Any], **fields: Any) -> str:
-    """Sends the attempt's SUCCEEDED result without waiting for its answer; the request id."""
-    return worker.send(
-        "task.result",
-        attempt_id=assign["attempt_id"],
-        epoch=assign["epoch"],
-        outcome="SUCCEEDED",
-        retryable=False,
-        **fields,
-    )
-
-
-def result_frames(worker: Any, assign: dict[str, Any], **fields: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Sends the attempt's result; its answer and the assignment right behind it, if any."""
-    request = send_result(worker, assign, **fields)
-    answer = worker.recv_frame(timeout=10)
-    assert answer is not None and answer.get("reply_to") == request, answer
-    following = worker.recv_frame(timeout=1)
-    if following is not None:
-        assert following["type"] == "task.assign", following
-    return answer, following
-
-
-def running_first(
-    tenant: Any, connect: Any, worker_id: str, key: str | None = "object/7", rate: int = 100, **hello: Any
-) -> tuple[Any, dict[str, Any], str]:
-    """A queue with three tasks of one key (`key` None: unkeyed), and a worker of capacity 1
-    that started the first."""
-    queue = make_queue(tenant.client, f"ahead-{worker_id}", max_concurrency=10, rate_per_second=rate)
-    for n in range(3):
-        submit_ok(tenant.client, queue["id"], f"{worker_id}-{n}", **({"concurrency_key": key} if key else {}))
-    worker = connect()
-    worker.hello_as([queue["id"]], capacity=1, worker_id=worker_id, **hello)
-    first = worker.assignment()
-    worker.start_ok(first)
-    return worker, first, queue["id"]
 
 
 def test_a_result_with_start_next_hands_its_key_on_started(tenant, connect):
@@ -169,24 +132,6 @@ def test_start_next_must_be_a_boolean(tenant, connect):
     assert reply["message"] == "start_next: must be bool"
     # nothing of the result was kept
     assert Attempt.objects.get(id=first["attempt_id"]).state == AttemptState.RUNNING
-
-
-def a_started_assignment_is_not_waited_on_for_acknowledgement(tenant: Any, connect: Any) -> None:
-    """A start-ahead assignment is not counted as unacknowledged: the connection that
-    never acknowledges it is not closed at ACK_TIMEOUT_SECONDS. It waits that deadline
-    out, so it is run by tests/workers/test_hardening.py::
-    test_connections_meeting_the_hello_and_acknowledgement_deadlines, side by side with
-    the other scenarios that wait out the hello and acknowledgement deadlines (with this
-    module's invariants check after)."""
-    # given a started assignment its worker never names again (a long handler, no renewal yet)
-    worker, first, _ = running_first(tenant, connect, "w-quiet")
-    _, handed = result_frames(worker, first, start_next=True)
-    assert handed is not None and handed["state"] == "RUNNING"
-    # then past the acknowledgement bound the connection is still open: there is no
-    # unstarted lease to take back from it
-    time.sleep(consumers.ACK_TIMEOUT_SECONDS + 1.5)
-    assert worker.renew(handed)["type"] == "task.renew.ok"
-    assert worker.result(handed)["task_state"] == "SUCCEEDED"
 
 
 @pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "unkeyed"])
