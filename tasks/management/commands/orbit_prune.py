@@ -12,12 +12,13 @@ Every table is walked along its primary key in batches (--batch-size ids,
 short transaction (@outermost: run again whole after a deadlock or lock-wait
 timeout) of DELETEs of those that qualify, re-checked in that transaction
 (tasks under their application's lock, then removed by key; events and
-records in the DELETEs' own WHERE). Finished tasks are in no counter (queue_state and application_state
-count unfinished tasks and active attempts only: tasks/invariants.py); a
-batch locks its tasks' application_state rows only so that a submit naming
-one of them in depends_on (which reads its dependencies' states under that
-row) sees it either still there or gone, never admits a dependent of a task
-deleted under it. What else the prune keeps, and why (docs/decisions.md,
+records in the DELETEs' own WHERE). Finished tasks are in no counter
+(queue_state and application_state count unfinished tasks and active
+attempts only: tasks/invariants.py); a batch locks its tasks'
+application_state rows only so that a submit naming one of them in
+depends_on (which reads its dependencies' states under that row) sees it
+either still there or gone, never admits a dependent of a task deleted
+under it. What else the prune keeps, and why (docs/decisions.md,
 Console and retention):
 
 - a task a plan made (its CREATED trigger row names it: the trigger history
