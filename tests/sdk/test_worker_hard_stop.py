@@ -26,14 +26,20 @@ WORKER_PROGRAM = textwrap.dedent(
     import orbit_sdk
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    printing = threading.Lock()  # handlers on threads: print() writes a line in parts
+
+    def say(*words):
+        with printing:
+            print(*words, flush=True)
+
     url, token, mode, seconds, linger = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
     running = threading.Event()
 
     def slow(execution):
-        print("started", execution.attempt_id, flush=True)
+        say("started", execution.attempt_id)
         running.set()
         time.sleep(seconds)
-        print("handler finished", execution.attempt_id, flush=True)
+        say("handler finished", execution.attempt_id)
         return {"finished": execution.attempt_id}
 
     worker = orbit_sdk.Worker(url, token, ["q1"], {("echo", "v1"): slow}, worker_id="w1",
@@ -42,12 +48,12 @@ WORKER_PROGRAM = textwrap.dedent(
         def stop_when_running():
             running.wait()
             time.sleep(0.2)
-            print("stopping", flush=True)
+            say("stopping")
             worker.stop(timeout=0)
 
         threading.Thread(target=stop_when_running, daemon=True).start()
     worker.run()
-    print("run returned", flush=True)
+    say("run returned")
     time.sleep(linger)  # an embedding program that goes on after run(): the abandoned thread may finish
     """
 )

@@ -24,25 +24,30 @@ from tests.support.sdk_worker import TOKEN, make_worker, recv_types, run, runnin
 # A worker process as a program runs one: Worker.run() on the main thread.
 WORKER_PROGRAM = textwrap.dedent(
     """
-    import asyncio, logging, sys, time
+    import asyncio, logging, sys, threading, time
     import orbit_sdk
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    printing = threading.Lock()  # handlers on threads: print() writes a line in parts
+
+    def say(*words):
+        with printing:
+            print(*words, flush=True)
 
     def slow(execution):
-        print("started", execution.attempt_id, flush=True)
+        say("started", execution.attempt_id)
         time.sleep(0.5)
         return {"finished": execution.attempt_id}
 
     async def endless(execution):
-        print("started", execution.attempt_id, flush=True)
+        say("started", execution.attempt_id)
         await asyncio.sleep(60)
 
     handlers = {("echo", "v1"): slow, ("endless", "v1"): endless}
     worker = orbit_sdk.Worker(sys.argv[1], sys.argv[2], ["q1"], handlers, capacity=2, worker_id="w1",
                               request_timeout=2.0, min_reconnect_delay=0.05)
     worker.run()
-    print("run returned", flush=True)
+    say("run returned")
     """
 )
 

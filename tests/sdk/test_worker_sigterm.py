@@ -21,11 +21,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 PROGRAM = textwrap.dedent(
     """
-    import sys, time
+    import sys, threading, time
     import orbit_sdk
 
+    # Two handlers start at once on two threads: print() writes a line in parts,
+    # so without the lock their lines interleaved.
+    printing = threading.Lock()
+
+    def say(*words):
+        with printing:
+            print(*words, flush=True)
+
     def slow(execution):
-        print("started", execution.task.id, flush=True)
+        say("started", execution.task.id)
         time.sleep(2)
         return {"n": execution.payload["n"]}
 
@@ -54,7 +62,12 @@ def test_sigterm_lets_running_handlers_finish_and_leaves_the_rest_waiting(orbit_
         )
         try:
             assert process.stdout is not None
-            started = {process.stdout.readline().split()[1] for _ in range(2)}
+            lines = [process.stdout.readline() for _ in range(2)]
+            if not all(line.startswith("started ") for line in lines):
+                process.kill()
+                _, err = process.communicate(timeout=20)
+                pytest.fail(f"the worker did not say it started two handlers: {lines}\n{err[-4000:]}")
+            started = {line.split()[1] for line in lines}
             process.send_signal(signal.SIGTERM)
             out, err = process.communicate(timeout=20)
         finally:
