@@ -17,8 +17,9 @@ from tasks.models import Attempt, AttemptState, Task, TaskState
 from tests.support.api import make_queue
 from tests.support.gcra import gcra_violations
 from tests.support.key_rows import make_policy
-from tests.support.keys import Worker, assert_no_violations, submit
+from tests.support.keys import Worker, submit
 from tests.support.live import LiveServer, server_env
+from tests.support.tasks import assert_invariants
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,4 +135,4 @@ def test_capacity_and_rate_hold_across_two_servers_and_six_workers(tenant, orbit
     # the rated key's 25 Starts took at least (25 − burst) × 0.1 s
     spread = max(a.started_at for a in rated) - min(a.started_at for a in rated)
     assert spread.total_seconds() >= (RATED - RATE.burst) * 0.1 - 0.01
-    assert_no_violations()
+    assert_invariants()

@@ -7,8 +7,8 @@ import pytest
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import post_json
 from tests.support.api import assert_invalid, assert_ok, make_queue
-from tests.support.keys import assert_no_violations, key_row, submit, task_body
-from tests.support.tasks import wait_until
+from tests.support.keys import key_row, submit, task_body
+from tests.support.tasks import assert_invariants, wait_until
 
 pytestmark = [pytest.mark.mysql_only, pytest.mark.django_db(transaction=True)]
 
@@ -67,7 +67,7 @@ def test_pairs_hold_distinct_permits_while_identical_keys_exclude(tenant, connec
         assert row.holder_attempt_id == leased[key]["attempt_id"]
         assert Attempt.objects.get(id=row.holder_attempt_id).state == AttemptState.RUNNING
         assert leased[key]["concurrency_token"] == str(row.version) == "1"
-    assert_no_violations()
+    assert_invariants()
 
     # when the holders finish, the twins run, one per key again
     for frame in frames:
@@ -78,7 +78,7 @@ def test_pairs_hold_distinct_permits_while_identical_keys_exclude(tenant, connec
         assert frame["concurrency_token"] == "3"  # 1 leased, 2 released, 3 leased: its own sequence
         worker.finish(frame)
     wait_until(lambda: Task.objects.filter(state=TaskState.SUCCEEDED).count() == len(keys) * 2, timeout=5)
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_filters_separate_the_pairs(tenant):
@@ -107,4 +107,4 @@ def test_longest_multibyte_keys_lease_with_their_own_rows(tenant, connect):
         assert row.key == key and len(row.key.encode("utf-8")) in (764, 573, 763)
         assert row.holder_attempt_id == frame["attempt_id"]
         worker.finish(frame)
-    assert_no_violations()
+    assert_invariants()

@@ -12,13 +12,12 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from tasks.invariants import find_violations_in_snapshot
 from tasks.models import Attempt, AttemptState, Task, TaskState
 from tests.conftest import new_tenant
 from tests.support.api import make_queue
 from tests.support.concurrent import concurrently
 from tests.support.keys import Worker, attempt_row, key_row, submit
-from tests.support.tasks import wait_until
+from tests.support.tasks import assert_invariants, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -28,12 +27,6 @@ KEYS = ["object/A", "object/a", "\u00e9", "e\u0301", "k/0", "k/1", "k/2", "k/3",
 TOTAL = 200
 WORKERS = 4
 CAPACITY = 4
-
-
-def assert_no_violations() -> None:
-    # From one snapshot: two scenarios of this module run side by side, and a commit
-    # of one between two of the checks' queries would otherwise look like drift.
-    assert find_violations_in_snapshot() == []
 
 
 def work(url: str, token: str, index: int, queue_ids: list[str], done: dict[str, Any]) -> None:
@@ -120,7 +113,7 @@ def test_keys_never_overlap_under_load(tenant, orbit_server):
         assert any(
             a.leased_at < b.finished_at and b.leased_at < a.finished_at for a in by_key[left] for b in by_key[right]
         ), (left, right)
-    assert_no_violations()
+    assert_invariants()
 
 
 def a_killed_holder_keeps_the_key_until_its_lease_expires(tenant: Any, connect: Any) -> None:
@@ -154,7 +147,7 @@ def a_killed_holder_keeps_the_key_until_its_lease_expires(tenant: Any, connect: 
     assert recovered.state == AttemptState.UNKNOWN and recovered.finished_at < attempt_row(nxt["attempt_id"]).leased_at
     assert Task.objects.get(id=first["id"]).state == TaskState.NEEDS_REVIEW
     other.finish(nxt)
-    assert_no_violations()
+    assert_invariants()
 
 
 def a_busy_key_does_not_hold_back_other_keys(tenant: Any, connect: Any) -> None:
@@ -194,7 +187,7 @@ def a_busy_key_does_not_hold_back_other_keys(tenant: Any, connect: Any) -> None:
         worker.finish(nxt)
     assert all(later >= earlier + 2 for earlier, later in zip(tokens, tokens[1:], strict=False))
     wait_until(lambda: Task.objects.filter(id__in=backlog, state=TaskState.SUCCEEDED).count() == 50, timeout=5)
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_a_killed_holder_and_a_busy_key_side_by_side(connect):
@@ -221,4 +214,4 @@ def test_a_killed_holder_and_a_busy_key_side_by_side(connect):
         after={"busy-key": 1.0},
     )
     # and, with both done, the keys' and counters' invariants hold
-    assert_no_violations()
+    assert_invariants()

@@ -12,7 +12,6 @@ from django.db import connection
 from django.utils import timezone
 
 from orbit_sdk import Client
-from tasks.invariants import find_violations_in_snapshot
 from tasks.models import Attempt, AttemptState, ConcurrencyKey, Task, TaskState
 from tests.conftest import new_tenant, post_json
 from tests.support.api import assert_ok, make_queue, parse_time
@@ -28,15 +27,9 @@ from tests.support.keys import (
     submit,
 )
 from tests.support.queues import configure, configure_body
-from tests.support.tasks import wait_until
+from tests.support.tasks import assert_invariants, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def assert_no_violations() -> None:
-    # From one snapshot: scenarios of this module run side by side, and a commit of
-    # one between two of the checks' queries would otherwise look like drift.
-    assert find_violations_in_snapshot() == []
 
 
 def task_state(task_id: str) -> str:
@@ -65,7 +58,7 @@ def test_token_is_a_decimal_string_iff_keyed_and_matches_the_attempt_views(tenan
     assert "concurrency_token" not in plain_attempt
     assert "concurrency_token" not in get_attempt(tenant, plain_attempt["id"])
     assert attempt_row(plain_attempt["id"]).concurrency_token is None
-    assert_no_violations()
+    assert_invariants()
 
 
 def successive_attempts_of_a_key_get_increasing_tokens(tenant: Any, connect: Any) -> None:
@@ -96,7 +89,7 @@ def successive_attempts_of_a_key_get_increasing_tokens(tenant: Any, connect: Any
     assert tokens[0] >= 1
     for earlier, later in zip(tokens, tokens[1:], strict=False):
         assert later >= earlier + 2
-    assert_no_violations()
+    assert_invariants()
 
 
 def assert_released(row, frame, *, sibling_id):
@@ -148,7 +141,7 @@ def safe_retry_releases_the_key_during_backoff(tenant: Any, connect: Any) -> Non
     attempts = list_attempts(tenant, retried["id"])
     assert [a["concurrency_token"] for a in attempts] == [frame["concurrency_token"], retry["concurrency_token"]]
     assert [a["state"] for a in attempts] == ["FAILED", "SUCCEEDED"]
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_unknown_outcome_releases_the_key_and_keeps_the_task_for_review(tenant, connect):
@@ -172,7 +165,7 @@ def test_unknown_outcome_releases_the_key_and_keeps_the_task_for_review(tenant, 
     assert get_task(tenant, doubtful["id"])["state"] == "NEEDS_REVIEW"
     assert list_attempts(tenant, doubtful["id"])[0]["state"] == "UNKNOWN"
     assert assert_ok(tenant.client.get(f"/v1/queues/{queue['id']}"))["unfinished_tasks"] == "1"
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_a_reviewed_retry_through_the_sdk_runs_again_with_a_larger_token(tenant, connect, orbit_server):
@@ -209,7 +202,7 @@ def test_a_reviewed_retry_through_the_sdk_runs_again_with_a_larger_token(tenant,
     ]
     assert [e.cursor for e in page.items] == sorted(e.cursor for e in page.items)
     assert assert_ok(tenant.client.get(f"/v1/queues/{queue['id']}"))["unfinished_tasks"] == "0"
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_unstarted_cancel_releases_the_key(tenant, connect):
@@ -232,7 +225,7 @@ def test_unstarted_cancel_releases_the_key(tenant, connect):
     assert nxt["task"]["id"] == after["id"]
     assert int(nxt["concurrency_token"]) >= int(frame["concurrency_token"]) + 2
     worker.finish(nxt)
-    assert_no_violations()
+    assert_invariants()
 
 
 def renew_keeps_the_token_and_extends_the_permit(tenant: Any, connect: Any) -> None:
@@ -262,7 +255,7 @@ def renew_keeps_the_token_and_extends_the_permit(tenant: Any, connect: Any) -> N
     assert worker.next_assignment(timeout=0.3) is None
     worker.result(frame)
     worker.finish(worker.expect_assignment())
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_reconnect_and_resume_keep_the_attempt_and_token(tenant, connect):
@@ -294,7 +287,7 @@ def test_reconnect_and_resume_keep_the_attempt_and_token(tenant, connect):
     assert get_task(tenant, task["id"])["state"] == "SUCCEEDED"
     assert [a["concurrency_token"] for a in list_attempts(tenant, task["id"])] == [frame["concurrency_token"]]
     assert key_row(tenant.namespace_id, "object/resume").version == row_before.version + 1
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_replayed_result_does_not_release_the_next_holders_permit(tenant, connect):
@@ -324,13 +317,13 @@ def test_replayed_result_does_not_release_the_next_holders_permit(tenant, connec
         before.version,
     )
     assert attempt_row(second["attempt_id"]).state == AttemptState.RUNNING
-    assert_no_violations()
+    assert_invariants()
     worker.result(second)
     assert key_row(tenant.namespace_id, "object/dup").version == before.version + 1
     # and a replay of the second result does not advance it again
     assert worker.result(second)["duplicate"] is True
     assert key_row(tenant.namespace_id, "object/dup").version == before.version + 1
-    assert_no_violations()
+    assert_invariants()
 
 
 def pause_and_disconnect_do_not_release_until_the_lease_expires(tenant: Any, connect: Any) -> None:
@@ -380,7 +373,7 @@ def pause_and_disconnect_do_not_release_until_the_lease_expires(tenant: Any, con
     assert attempt_row(frame["attempt_id"]).late_outcome["outcome"] == "SUCCEEDED"
     assert task_state(held_task["id"]) == TaskState.NEEDS_REVIEW
     other.result(nxt)
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_release_and_unstarted_expiry_release_the_key(tenant, connect):
@@ -413,7 +406,7 @@ def test_release_and_unstarted_expiry_release_the_key(tenant, connect):
     assert [a["state"] for a in list_attempts(tenant, task["id"])] == ["RELEASED", "EXPIRED", "SUCCEEDED"]
     assert get_task(tenant, task["id"])["attempts"] == 1
     assert key_row(tenant.namespace_id, "object/handback").version == tokens[2] + 1
-    assert_no_violations()
+    assert_invariants()
 
 
 def token_space_is_never_wrapped(tenant: Any, connect: Any) -> None:
@@ -454,7 +447,7 @@ def token_space_is_never_wrapped(tenant: Any, connect: Any) -> None:
     row = key_row(tenant.namespace_id, "object/spent")
     assert row.version == UINT64_MAX and row.holder_attempt_id == ""
     assert all(get_task(tenant, task_id)["state"] == "WAITING" for task_id in stuck[:3])
-    assert_no_violations()
+    assert_invariants()
 
 
 def waiting_behind_a_busy_key_keeps_counting_toward_the_deadline(tenant: Any, connect: Any) -> None:
@@ -479,7 +472,7 @@ def waiting_behind_a_busy_key_keeps_counting_toward_the_deadline(tenant: Any, co
     assert list_attempts(tenant, late["id"]) == []
     assert key_row(tenant.namespace_id, "object/deadline").holder_attempt_id == frame["attempt_id"]
     worker.result(frame)
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_the_same_key_in_another_namespace_is_another_resource(tenant, connect):
@@ -506,10 +499,10 @@ def test_the_same_key_in_another_namespace_is_another_resource(tenant, connect):
     for owner, (_, frame) in zip([tenant, neighbour], frames, strict=True):
         row = key_row(owner.namespace_id, "object/shared-name")
         assert row.holder_attempt_id == frame["attempt_id"] and frame["concurrency_token"] == "1"
-    assert_no_violations()
+    assert_invariants()
     for worker, frame in frames:
         worker.result(frame)
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_pipelined_duplicate_results_release_the_key_once(tenant, connect):
@@ -534,7 +527,7 @@ def test_pipelined_duplicate_results_release_the_key_once(tenant, connect):
     assert sorted(r["duplicate"] for r in replies.values()) == [False, True, True, True, True]
     row = key_row(tenant.namespace_id, "object/pipelined")
     assert row.version == version + 1 and row.holder_attempt_id == ""
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_leases_backoffs_and_deadlines_waited_out_side_by_side(connect):
@@ -566,4 +559,4 @@ def test_leases_backoffs_and_deadlines_waited_out_side_by_side(connect):
         after["token-space"] = 1.2
     concurrently(scenarios, after=after)
     # and, with every scenario done, the keys' and counters' invariants hold
-    assert_no_violations()
+    assert_invariants()

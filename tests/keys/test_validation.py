@@ -10,7 +10,8 @@ from orbit.models import IdempotencyRecord
 from tasks.models import Task
 from tests.conftest import post_json
 from tests.support.api import assert_invalid, assert_ok, make_queue
-from tests.support.keys import TOKEN, assert_no_violations, get_task, raw_task_json, submit, task_body
+from tests.support.keys import TOKEN, get_task, raw_task_json, submit, task_body
+from tests.support.tasks import assert_invariants
 
 EMOJI = "\U0001f600"
 
@@ -220,4 +221,4 @@ def test_key_and_token_in_task_assign(tenant, connect):
     assert "concurrency_token" not in frames[plain["id"]]
     for frame in frames.values():
         worker.finish(frame)
-    assert_no_violations()
+    assert_invariants()

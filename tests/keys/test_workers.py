@@ -9,7 +9,8 @@ from websockets.exceptions import ConnectionClosed
 
 from tasks.models import Attempt, Task, TaskState, WorkerIdentity
 from tests.support.api import make_queue
-from tests.support.keys import Worker, assert_no_violations, submit
+from tests.support.keys import Worker, submit
+from tests.support.tasks import assert_invariants
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,7 +52,7 @@ def test_worker_without_key_support_never_gets_keyed_tasks(tenant, orbit_server,
     assert sorted(frame["task"]["id"] for frame in frames) == sorted(keyed)
     for frame in frames:
         keyed_worker.finish(frame)
-    assert_no_violations()
+    assert_invariants()
 
 
 def _drain(worker: Worker) -> list[dict]:
@@ -83,7 +84,7 @@ def test_reconnect_changing_the_flag_is_refused_and_closed(tenant, orbit_server,
         worker.close()
     # and the identity keeps its original registration
     assert WorkerIdentity.objects.get(worker_id="w-fixed").concurrency_keys is first
-    assert_no_violations()
+    assert_invariants()
 
 
 def test_same_flag_reconnects_and_a_new_worker_id_may_change_it(tenant, orbit_server, connect):
@@ -103,7 +104,7 @@ def test_same_flag_reconnects_and_a_new_worker_id_may_change_it(tenant, orbit_se
     upgraded.finish(frame)
     identities = dict(WorkerIdentity.objects.values_list("worker_id", "concurrency_keys"))
     assert identities == {"w-old": False, "w-new": True}
-    assert_no_violations()
+    assert_invariants()
 
 
 @pytest.mark.parametrize("value", ["true", 1, 0, None, [True]], ids=repr)
@@ -117,4 +118,4 @@ def test_non_boolean_flag_is_refused(tenant, orbit_server, value):
     finally:
         worker.close()
     assert not WorkerIdentity.objects.filter(worker_id="w-flag").exists()
-    assert_no_violations()
+    assert_invariants()

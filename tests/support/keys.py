@@ -8,7 +8,6 @@ import re
 import socket
 from typing import Any
 
-from tasks.invariants import find_violations
 from tasks.models import Attempt, ConcurrencyKey
 from tests.conftest import post_json
 from tests.support.live import WorkerConnection
@@ -54,10 +53,6 @@ def key_row(namespace_id: str, key: str) -> ConcurrencyKey | None:
 
 def attempt_row(attempt_id: str) -> Attempt:
     return Attempt.objects.get(id=attempt_id)
-
-
-def assert_no_violations() -> None:
-    assert find_violations() == []
 
 
 class Worker(WorkerConnection):

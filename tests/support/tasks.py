@@ -22,7 +22,7 @@ from orbit.models import ApplicationState, IdempotencyRecord
 from queues.models import QueueState
 from tasks.actions import rounds
 from tasks.actions.context import WorkerContext
-from tasks.invariants import find_violations, find_violations_in_snapshot
+from tasks.invariants import find_violations_in_snapshot
 from tasks.models import Attempt, Task
 from tests.conftest import post_json
 from tests.support.api import assert_ok
@@ -174,12 +174,9 @@ def idempotency_records(namespace_id: str, key: str | None = None) -> int:
 def assert_invariants() -> None:
     """Counters and permits agree with the rows (tasks.invariants), read from
     one consistent snapshot so a transaction a live server commits meanwhile
-    cannot show up half-way as drift."""
-    if connection.in_atomic_block:  # inside the test case's own transaction
-        violations = find_violations()
-    else:
-        violations = find_violations_in_snapshot()
-    assert violations == []
+    cannot show up half-way as drift (inside a test case's own transaction: in
+    that one)."""
+    assert find_violations_in_snapshot() == []
 
 
 @pytest.fixture(name="invariants")

@@ -24,10 +24,11 @@ from tests.conftest import api_client
 from tests.support.api import make_queue
 from tests.support.concurrent import concurrently
 from tests.support.factories import make_credential
-from tests.support.keys import Worker, assert_no_violations, submit
+from tests.support.keys import Worker, submit
 from tests.support.other_connection import other_cursor
 from tests.support.start_ahead import result_frames, running_first
 from tests.support.tasks import (
+    assert_invariants,
     connect_fixture,  # noqa: F401 - fixture "connect"
     invariants_fixture,  # noqa: F401 - fixture "invariants"
     wait_until,
@@ -489,4 +490,4 @@ def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orb
         after={"started-ahead-not-waited-on": 0.5, "never-reads": 1.5, "never-says-hello": 2.5},
     )
     # and, with every scenario done, the keys' and counters' invariants hold
-    assert_no_violations()
+    assert_invariants()
