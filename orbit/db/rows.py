@@ -633,9 +633,9 @@ def insert_rows(objs: Sequence[models.Model], *, sql_values: Mapping[str, Sequen
         size += row_size
 
 
-def delete_by_pk(model: type[models.Model], pks: Iterable[Pk]) -> int:
+def delete_by_pk(model: type[models.Model], pks: Iterable[Pk]) -> None:
     """One DELETE … WHERE pk = %s per row, sent together inside
-    writes_sent_together; how many were asked. Each is a unique lookup that
+    writes_sent_together. Each is a unique lookup that
     locks its row alone, whatever the table's statistics say: an IN list as
     long as the rows MariaDB believes a table holds (a table grown fast since
     its statistics were taken) is planned as a full scan, whose locks wait for
@@ -643,10 +643,8 @@ def delete_by_pk(model: type[models.Model], pks: Iterable[Pk]) -> int:
     db = _db()
     shape = _shape(model, db)
     sql = f"DELETE FROM {shape.table} WHERE {shape.pk} = %s"
-    pks = list(pks)
     for pk in pks:
         _write(db, sql, [pk])
-    return len(pks)
 
 
 def write_statement(sql: str, params: list[Any]) -> None:

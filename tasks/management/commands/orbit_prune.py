@@ -226,7 +226,7 @@ class Command(BaseCommand):
                 delete_by_pk(Task, gone)
                 delete_by_pk(Attempt, attempts)
                 delete_by_pk(TaskDependency, sorted(set(edges)))
-                delete_by_pk(DependencySettlement, list(settlements))
+                delete_by_pk(DependencySettlement, settlements)
             return len(gone), len(attempts), kept
 
         return once()
