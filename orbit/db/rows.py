@@ -634,17 +634,24 @@ def insert_rows(objs: Sequence[models.Model], *, sql_values: Mapping[str, Sequen
 
 
 def delete_by_pk(model: type[models.Model], pks: Iterable[Pk]) -> None:
-    """One DELETE … WHERE pk = %s per row, sent together inside
-    writes_sent_together. Each is a unique lookup that
-    locks its row alone, whatever the table's statistics say: an IN list as
-    long as the rows MariaDB believes a table holds (a table grown fast since
-    its statistics were taken) is planned as a full scan, whose locks wait for
-    every row other transactions hold, their uncommitted inserts included."""
+    """delete_by_unique_key on the primary key."""
+    delete_by_unique_key(model, (model._meta.pk.attname,), ((pk,) for pk in pks))
+
+
+def delete_by_unique_key(model: type[models.Model], fields: Sequence[str], keys: Iterable[Sequence[Any]]) -> None:
+    """One DELETE … WHERE field = %s AND … per row, `fields` a unique key of
+    the model (by attname) and `keys` each row's values of them, sent together
+    inside writes_sent_together. Each is a unique lookup that locks its row
+    alone, whatever the table's statistics say: an IN list as long as the rows
+    MariaDB believes a table holds (a table grown fast since its statistics
+    were taken) is planned as a full scan, whose locks wait for every row
+    other transactions hold, their uncommitted inserts included."""
     db = _db()
-    shape = _shape(model, db)
-    sql = f"DELETE FROM {shape.table} WHERE {shape.pk} = %s"
-    for pk in pks:
-        _write(db, sql, [pk])
+    quote = db.ops.quote_name
+    where = " AND ".join(f"{quote(_concrete_field(model, name).column)} = %s" for name in fields)
+    sql = f"DELETE FROM {quote(model._meta.db_table)} WHERE {where}"
+    for key in keys:
+        _write(db, sql, list(key))
 
 
 def write_statement(sql: str, params: list[Any]) -> None:

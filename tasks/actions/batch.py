@@ -14,7 +14,7 @@ from typing import Any
 from django.db import IntegrityError
 from django.utils import timezone
 
-from orbit.db.rows import insert_rows, namespace_keys_in, new_row, select_rows
+from orbit.db.rows import delete_by_unique_key, insert_rows, namespace_keys_in, new_row, select_rows
 from orbit.errors import IdempotencyConflict, OrbitError
 from orbit.idempotency import Receipt, request_digest
 from orbit.models import IdempotencyRecord
@@ -275,6 +275,8 @@ def admit_submissions(actor: Actor, items: list[Submission], written: Written) -
             results[index] = outcome
             if index in written.receipts:
                 refused_keys.append(items[index].key)
-    if refused_keys:  # a refused item stores no record
-        IdempotencyRecord.objects.filter(namespace_id=actor.namespace_id, key__in=refused_keys).delete()
+    # A refused item stores no record; each goes by its unique key, as a refused task by its own.
+    delete_by_unique_key(
+        IdempotencyRecord, ("namespace_id", "key"), [(actor.namespace_id, key) for key in refused_keys]
+    )
     return results

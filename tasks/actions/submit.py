@@ -13,7 +13,7 @@ from typing import Any
 from django.utils import timezone
 
 from orbit.audit import emit_event, gathered_events
-from orbit.db.rows import Add, add_to_row, insert_rows, new_row, update_by_pk
+from orbit.db.rows import Add, add_to_row, delete_by_pk, insert_rows, new_row, update_by_pk
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict
 from orbit.metrics import TASKS_SUBMITTED
 from orbit.models import ApplicationState
@@ -190,7 +190,7 @@ def admit_prepared(*, actor: Actor, prepared: PreparedTasks) -> list[Task | Orbi
             continue
         refused.append(task.id)
     if refused:
-        Task.objects.filter(id__in=refused).delete()
+        delete_by_pk(Task, refused)  # orbit.db.rows.delete_by_unique_key says why not an IN list
     if not accepted:
         return outcomes
     write_admitted([task for task in accepted.values() if task.depends_on], accepted, parents)

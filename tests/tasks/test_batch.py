@@ -4,7 +4,7 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from orbit.models import IdempotencyRecord
 from queues.models import QueueState
@@ -14,7 +14,7 @@ from tasks.models import Task
 from tests.conftest import api_client, post_json
 from tests.support.api import make_queue
 from tests.support.factories import make_credential
-from tests.support.tasks import numbered_task
+from tests.support.tasks import assert_invariants, numbered_task
 
 
 def post_batch(client, items):
@@ -122,6 +122,65 @@ def test_batch_items_fail_alone_and_refused_items_store_nothing(tenant):
     assert results[3]["error"]["code"] == "IDEMPOTENCY_CONFLICT"
     assert not IdempotencyRecord.objects.filter(key__in=["bad", "full", "nowhere"]).exists()
     assert QueueState.objects.get(queue_id=queue["id"]).unfinished_tasks == 2
+
+
+@pytest.mark.mysql_only
+@pytest.mark.django_db(transaction=True)
+def test_refused_items_never_wait_for_rows_another_application_is_inserting(tenant):
+    """A round inserts its tasks and their idempotency records before it takes
+    its application's lock, and removes a refused item's rows under it. On
+    tables whose statistics count no more rows than the refusals name (a table
+    grown fast since they were taken), MariaDB planned a DELETE … IN (…) as a
+    full scan, which waited for every row any other transaction had locked or
+    not yet committed: another application's in-flight submit held this
+    application's round, and with this one's rows in the other's way, a deadlock."""
+    queue = make_queue(tenant.client, "batch", max_unfinished_tasks=1)
+    post_json(tenant.client, "/v1/tasks", numbered_task(queue["id"], 0), key="first")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE TABLE orbit_task, orbit_idempotency_record")
+    inserted, released = threading.Event(), threading.Event()
+
+    def another_application_submitting() -> None:
+        try:
+            with transaction.atomic():
+                row = Task.objects.get(queue_id=queue["id"])
+                row.id, row.namespace_id, row.application_id = "f" * 32, "e" * 32, "d" * 32
+                row.save(force_insert=True)
+                IdempotencyRecord.objects.create(
+                    namespace_id="e" * 32,
+                    key="theirs",
+                    operation="task.submit",
+                    digest="0" * 64,
+                    response_status=201,
+                    response_data={},
+                    request_id="c" * 32,
+                )
+                inserted.set()
+                assert released.wait(60)
+                transaction.set_rollback(True)  # only ever in flight
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=another_application_submitting)
+    other.start()
+    answered: list = []
+    try:
+        assert inserted.wait(30)
+        items = [{"idempotency_key": f"full-{n}", "task": numbered_task(queue["id"], n)} for n in range(1, 11)]
+        submitter = threading.Thread(target=lambda: answered.append(post_batch(tenant.client, items)))
+        submitter.start()
+        submitter.join(timeout=10)
+        assert not submitter.is_alive(), "the refusals waited for rows of another application"
+    finally:
+        released.set()
+        other.join(timeout=60)
+        connection.close()
+    results = answered[0].json()["data"]["results"]
+    assert [r["status"] for r in results] == [429] * 10
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 1
+    assert not IdempotencyRecord.objects.filter(key__startswith="full-").exists()
+    assert QueueState.objects.get(queue_id=queue["id"]).unfinished_tasks == 1
+    assert_invariants()
 
 
 @pytest.mark.django_db
