@@ -295,8 +295,8 @@ def cancel_task(*, actor: Actor, task_id: str, reason: str) -> dict[str, Any]:
     now = timezone.now()
     task, held = _locked_visible_task(actor, task_id)
     before = {"state": task.state, "cancel_requested": task.cancel_requested}
-    if task.state == TaskState.CANCELLED:
-        return {"task": task_detail(task)}
+    if task.state == TaskState.CANCELLED or (task.state == TaskState.RUNNING and task.cancel_requested):
+        return {"task": task_detail(task)}  # asked before: nothing changes, nothing to audit
     if task.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.NEEDS_REVIEW):
         raise StateConflict(f"task is {task.state} and cannot be cancelled")
     if task.state == TaskState.RUNNING:
