@@ -358,7 +358,7 @@ def documented(
         parameters.append(REQUEST_ID_HEADER)
         if queue_full:
             parameters.append(RETRY_AFTER_HEADER)
-        return extend_schema(
+        schemed = extend_schema(
             request=request,
             responses=_responses(data, created, sorted(errors)),
             operation_id=operation_id,
@@ -367,6 +367,9 @@ def documented(
             tags=tags,
             parameters=parameters,
         )(method)
+        # What orbit.api.views.OrbitView accepts in the query string, the names documented here.
+        schemed.query_parameters = frozenset(p.name for p in parameters if p.location == OpenApiParameter.QUERY)
+        return schemed
 
     return decorate
 

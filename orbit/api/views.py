@@ -31,7 +31,10 @@ class OrbitView(APIView):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
         request._request.GET  # noqa: B018 - parsed first: Django's bound on the count answers before check_query
-        check_query(request._request.META.get("QUERY_STRING", ""))
+        handler = getattr(self, (request.method or "").lower(), None)
+        # None for a method without its documented entry (OPTIONS): any parameter is ignored there.
+        accepted: frozenset[str] | None = getattr(handler, "query_parameters", None)
+        check_query(request._request.META.get("QUERY_STRING", ""), accepted)
         check_content_encoding(request._request.META.get("HTTP_CONTENT_ENCODING", ""))
 
     # Orbit's authentication classes set a Principal as request.user, not a Django user.
@@ -76,12 +79,14 @@ class OrbitView(APIView):
         return ok(request, receipt.data, status=receipt.status)
 
 
-def check_query(query: str) -> None:
+def check_query(query: str, accepted: frozenset[str] | None = None) -> None:
     """400 naming the parameter whose name or value is not percent-encoded
-    UTF-8, or that is sent twice. Django decodes those bytes to U+FFFD, so
-    `?prefix=%FF` would read as "\ufffd" and filter by a character the caller
-    never sent; and it keeps the last of a repeated parameter, so
-    `?state=WAITING&state=LEASED` would list only what the caller named second."""
+    UTF-8, that is sent twice, or that is not one of `accepted` (when given).
+    Django decodes those bytes to U+FFFD, so `?prefix=%FF` would read as
+    "\ufffd" and filter by a character the caller never sent; it keeps the
+    last of a repeated parameter, so `?state=WAITING&state=LEASED` would list
+    only what the caller named second; and a misspelt filter (`?queueid=`)
+    would list everything, as if the caller had asked for no filter."""
     seen: set[str] = set()
     for part in query.split("&"):
         if not part:  # "?a=1&&b=2": Django skips the empty part too
@@ -96,6 +101,8 @@ def check_query(query: str) -> None:
             raise InvalidArgument(f"{shown}: must be percent-encoded UTF-8") from exc
         if name in seen:
             raise InvalidArgument(f"{name}: must be sent once")
+        if accepted is not None and name not in accepted:
+            raise InvalidArgument(f"{name or '(an empty name)'}: unknown query parameter")
         seen.add(name)
 
 

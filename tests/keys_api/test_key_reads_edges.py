@@ -78,5 +78,35 @@ def test_a_query_parameter_sent_twice_is_refused_not_the_last_one_taken(http, pa
     }
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "name"),
+    [
+        ("GET", "/v1/tasks?queueid=a", "queueid"),
+        ("GET", "/v1/tasks?page_size=1&fairness_key=x", "fairness_key"),
+        ("GET", "/v1/concurrency-keys?prefx=a", "prefx"),
+        ("GET", "/v1/events?cursor=1", "cursor"),
+        ("GET", "/v1/queues?state=ACTIVE", "state"),
+        ("GET", "/v1/tasks/" + "0" * 32 + "?verbose", "verbose"),
+        ("POST", "/v1/tasks?dry_run=1", "dry_run"),
+        ("GET", "/v1/tasks?=x", "(an empty name)"),
+    ],
+)
+def test_an_unknown_query_parameter_is_refused_not_ignored(http, method, path, name):
+    """A misspelt filter ignored would list every task, as if none had been asked for."""
+    response = http.request(method, path, json={}, headers={"Idempotency-Key": "unknown-parameter"})
+    assert response.status_code == 400, (path, response.text)
+    assert response.json()["error"] == {"code": "INVALID_ARGUMENT", "message": f"{name}: unknown query parameter"}
+
+
+def test_every_documented_query_parameter_is_accepted(http):
+    for path in [
+        "/v1/tasks?queue_id=a&state=WAITING&business_key=b&concurrency_key=c&page_size=5&page_token=",
+        "/v1/concurrency-keys?prefix=a&page_size=5",
+        "/v1/events?after=0&page_size=5",
+        "/v1/queues?page_size=5&page_token=",
+    ]:
+        assert http.get(path).status_code == 200, (path, http.get(path).text)
+
+
 def test_empty_parts_of_a_query_are_not_parameters(http):
     assert http.get("/v1/tasks?page_size=1&&").status_code == 200
