@@ -138,7 +138,8 @@ def queue_retire(*, actor: Actor, queue_id: str, expected_revision: int, reason:
         raise StateConflict("queue must be paused before it is retired")
     state = lock_queue_states([queue.id])[queue.id]
     if state.unfinished_tasks != 0:
-        raise StateConflict(f"queue still has {state.unfinished_tasks} unfinished tasks")
+        count = state.unfinished_tasks
+        raise StateConflict(f"queue still has {count} unfinished task{'' if count == 1 else 's'}")
     # Plan create and resume lock this row too before they target the queue.
     if Plan.objects.filter(queue_id=queue.id, state=PlanState.ACTIVE).exists():
         raise StateConflict("queue is targeted by an active plan; pause or retire it first")

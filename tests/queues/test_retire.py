@@ -111,8 +111,11 @@ def test_retire_requires_no_unfinished_tasks(tenant, paused_queue):
     QueueState.objects.filter(queue_id=queue_id).update(unfinished_tasks=1)
     # when it is retired
     response = retire(tenant.client, queue_id, retire_body("2"), key="retire-1")
-    # then 409 STATE_CONFLICT
-    assert_error(response, 409, "STATE_CONFLICT")
+    # then 409 STATE_CONFLICT, counted in words
+    assert assert_error(response, 409, "STATE_CONFLICT") == "queue still has 1 unfinished task"
+    QueueState.objects.filter(queue_id=queue_id).update(unfinished_tasks=2)
+    response = retire(tenant.client, queue_id, retire_body("2"), key="retire-1")
+    assert assert_error(response, 409, "STATE_CONFLICT") == "queue still has 2 unfinished tasks"
     assert Queue.objects.get(id=queue_id).retired_at is None
     assert not IdempotencyRecord.objects.filter(key="retire-1").exists()
     # and once the backlog drains, the same key retires it
