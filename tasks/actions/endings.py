@@ -220,6 +220,9 @@ def _apply_report(held: Held, report: ResultReport, now: datetime, book: WriteBo
     return {"task_state": held.task.state, "duplicate": False, "late": True}
 
 
+CANCELLED_BEFORE_DELIVERY = "cancel requested before the task reached its handler"
+
+
 def release_attempt(
     *, worker: WorkerContext, attempt_id: str, epoch: int, reason: str, undelivered_start: bool = False
 ) -> dict[str, Any]:
@@ -259,16 +262,22 @@ def release_attempt(
             raise LeaseLost("lease is no longer valid")
         attempt_fields: dict[str, Any] = {"error": {"code": "RELEASED", "message": reason}}
         task_fields: dict[str, Any] = {}
+        task_state, attempt_state = TaskState.WAITING, AttemptState.RELEASED
         if attempt.state == AttemptState.RUNNING:
             # Its Start never reached a handler: the attempt was not consumed.
             attempt_fields.update(number=None, started_at=None)
             task_fields["attempts"] = held.task.attempts - 1
+            if held.task.cancel_requested:
+                # Cancelled while started ahead (RUNNING to the API, so only the
+                # intent was kept); never delivered, it ends as an unstarted task's cancel does.
+                task_state, attempt_state = TaskState.CANCELLED, AttemptState.CANCELLED
+                attempt_fields["error"] = {"code": "CANCELLED", "message": CANCELLED_BEFORE_DELIVERY}
         settle(
             held.task,
             held,
             now=now,
-            task_state=TaskState.WAITING,
-            attempt_state=AttemptState.RELEASED,
+            task_state=task_state,
+            attempt_state=attempt_state,
             attempt_fields=attempt_fields,
             **task_fields,
         )

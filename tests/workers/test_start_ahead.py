@@ -19,10 +19,11 @@ import orbit_sdk
 from orbit.models import Event
 from queues.models import QueueState
 from tasks.models import Attempt, AttemptState, Task, TaskState
-from tests.support.api import make_queue
+from tests.support.api import assert_ok, make_queue
 from tests.support.start_ahead import result_frames, running_first, send_result
 from tests.support.tasks import (
     assert_error_frame,
+    cancel,
     configure_queue,
     connect_fixture,  # noqa: F401 - fixture "connect"
     invariants_fixture,  # noqa: F401 - fixture "invariants"
@@ -259,6 +260,37 @@ def test_a_start_ahead_not_yet_acknowledged_can_be_handed_back(tenant, connect):
     attempt = Attempt.objects.get(id=handed["attempt_id"])
     assert attempt.state == AttemptState.RELEASED and attempt.number is None
     assert Task.objects.get(id=handed["task"]["id"]).attempts == 0
+
+
+@pytest.mark.parametrize("ending", ["hands it back", "goes away"])
+def test_a_start_ahead_cancelled_before_its_handler_ran_ends_cancelled_when_taken_back(tenant, connect, ending):
+    """To the API a task started ahead is RUNNING, so a cancel only records the
+    intent; taken back, it was never delivered: the cancel holds, as an
+    unstarted task's does, instead of the task waiting to run elsewhere."""
+    # given a task started ahead, not yet acknowledged, whose cancel a user asked for
+    worker, first, queue_id = running_first(tenant, connect, "w-cancelled-ahead")
+    _, handed = result_frames(worker, first, start_next=True)
+    assert handed is not None and handed["state"] == "RUNNING"
+    cancelled = assert_ok(cancel(tenant.client, handed["task"]["id"], "cancel-ahead"))["task"]
+    assert (cancelled["state"], cancelled["cancel_requested"]) == ("RUNNING", True)
+    # when the worker hands it back, or goes away, before acknowledging it
+    if ending == "hands it back":
+        reply = worker.release(handed, reason="no handler")
+        assert reply["type"] == "task.release.ok" and reply["task_state"] == "CANCELLED", reply
+    else:
+        drop_connection(worker)
+    # then the task ends CANCELLED, its attempt unconsumed
+    wait_until(lambda: Task.objects.get(id=handed["task"]["id"]).state == TaskState.CANCELLED, timeout=10)
+    task = Task.objects.get(id=handed["task"]["id"])
+    assert task.attempts == 0 and task.finished_at is not None
+    attempt = Attempt.objects.get(id=handed["attempt_id"])
+    assert attempt.state == AttemptState.CANCELLED and attempt.number is None and attempt.started_at is None
+    # and the key goes on to the next task, which a worker is offered: never the cancelled one again
+    if ending == "goes away":
+        connect().hello_as([queue_id], capacity=1, worker_id="w-after-cancel")
+    third = Task.objects.filter(queue_id=queue_id).exclude(id__in=[first["task"]["id"], task.id]).get()
+    wait_until(lambda: Task.objects.get(id=third.id).state != TaskState.WAITING, timeout=10)
+    assert Attempt.objects.filter(task_id=task.id).count() == 1
 
 
 # --- unkeyed work: the slot a result frees ------------------------------------
