@@ -563,6 +563,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         return reply
 
     async def on_drain(self, message: dict[str, Any]) -> dict[str, Any]:
+        await run_db(authenticate_token, self.token)  # revocation takes effect at every request
         async with self.lease_lock:
             self.draining = True
         # A hand-off that began before the drain sends its assignments before drain.ok.
@@ -608,13 +609,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         while not self.closing:
             try:
                 wait = POLL_INTERVAL_SECONDS
+                if await self.close_if_not_reading():  # draining or not: a drain leases nothing more
+                    return
                 if self.draining:
                     if not self.held:
                         await self.close(code=1000)
                         return
                 else:
-                    if await self.close_if_not_reading():
-                        return
                     free = self.free_slots()
                     if free > 0:
                         async with self.lease_lock:

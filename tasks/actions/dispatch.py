@@ -923,6 +923,7 @@ def held_entry(task: Task, attempt: Attempt) -> dict[str, Any]:
 
 def resume_attempt(*, worker: WorkerContext, attempt_id: str, epoch: int) -> dict[str, Any]:
     """The same assignment again, for a worker that reconnected within its lease."""
+    refuse_revoked([worker], locked=False)  # it grants nothing, but answers the payload
     attempt = _peek_own_attempt(worker, attempt_id)
     if (
         attempt.epoch != epoch

@@ -181,6 +181,27 @@ def test_nothing_is_granted_after_a_revocation_commits(tenant, orbit_server, ope
     assert not [frame for frame in frames if frame.get("type") == "task.assign"]
 
 
+@pytest.mark.parametrize("kind", ["task.resume", "drain"])
+def test_a_resume_or_drain_after_a_revocation_is_refused(tenant, orbit_server, opened, kind):
+    """A resume answered the whole assignment, its payload included, to a revoked credential."""
+    # given a worker running a task
+    queue = make_queue(tenant.client, f"revoked-{kind}", rate_per_second=1000)
+    issued = make_credential(tenant.namespace, scopes=WORKER_SCOPES)
+    submit(tenant, queue["id"], f"secret-{kind}", payload={"secret": "s3cr3t"})
+    worker = open_worker(orbit_server, issued.token, opened)
+    hello(worker, queue["id"], f"w-revoked-{kind}", capacity=1)
+    running = worker.expect_assignment()
+    worker.start(running)
+    # when its credential is revoked, then the next request is refused and the connection closed
+    revoke_credential(issued.credential.id)
+    fields = {"attempt_id": running["attempt_id"], "epoch": running["epoch"]} if kind == "task.resume" else {}
+    reply = worker.request(kind, **fields)
+    assert (reply["type"], reply.get("code")) == ("error", "UNAUTHENTICATED"), reply
+    assert "s3cr3t" not in json.dumps(reply)
+    code, _ = close_code(worker)
+    assert code == consumers.CLOSE_UNAUTHENTICATED
+
+
 def test_a_revoked_credential_gets_no_new_assignment(tenant, orbit_server, opened):
     queue = make_queue(tenant.client, "revoked-lease", rate_per_second=1000)
     issued = make_credential(tenant.namespace, scopes=WORKER_SCOPES)
@@ -223,6 +244,27 @@ def a_connection_that_never_reads_is_bounded_closed_and_its_leases_released(tena
     for _ in task_ids:
         reader.finish(reader.expect_assignment())
     assert set(Task.objects.filter(id__in=task_ids).values_list("state", flat=True)) == {TaskState.SUCCEEDED}
+
+
+def a_draining_connection_that_never_acknowledges_is_still_bounded(tenant, orbit_server, opened):
+    """The drain stopped new leases and, with them, the check of the acknowledgement
+    bound: an assignment never read held its task until its lease ran out. Run by
+    test_connections_meeting_the_hello_and_acknowledgement_deadlines."""
+    # given a worker that is assigned a task, does not acknowledge it, and drains
+    queue = make_queue(tenant.client, "drain-unacked", max_concurrency=4, rate_per_second=1000)
+    task_id = submit(tenant, queue["id"], "drain-unacked")["id"]
+    worker = open_worker(orbit_server, tenant.token, opened)
+    assert hello(worker, queue["id"], "w-drain-unacked", capacity=1)["type"] == "hello.ok"
+    assign = worker.expect_assignment()
+    drained = time.monotonic()
+    assert worker.request("drain")["type"] == "drain.ok"
+    # then it is told ACK_TIMEOUT and closed at the bound, its lease released at once
+    code, frames = close_code(worker, timeout=consumers.ACK_TIMEOUT_SECONDS + 10)
+    assert code == consumers.CLOSE_TIMEOUT
+    assert [frame.get("code") for frame in frames if frame.get("type") == "error"] == ["ACK_TIMEOUT"], frames
+    assert time.monotonic() - drained < consumers.ACK_TIMEOUT_SECONDS + 5
+    assert Attempt.objects.get(id=assign["attempt_id"]).state == AttemptState.RELEASED
+    assert Task.objects.get(id=task_id).state == TaskState.WAITING
 
 
 def test_acknowledged_assignments_make_room_for_more(tenant, orbit_server, opened):
@@ -454,10 +496,10 @@ def a_started_assignment_is_not_waited_on_for_acknowledgement(tenant: Any, conne
 
 @pytest.mark.usefixtures("invariants")  # the start-ahead scenario's module checks them after each test
 def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orbit_server, opened, connect):
-    """Six independent scenarios, each of which waits out a fixed server deadline
+    """Seven independent scenarios, each of which waits out a fixed server deadline
     (HELLO_TIMEOUT_SECONDS or ACK_TIMEOUT_SECONDS) on connections, queues and worker
     ids of its own, run side by side against the live server: the deadlines are waited
-    once, not six times, and every scenario makes every check it makes alone (the
+    once, not seven times, and every scenario makes every check it makes alone (the
     start-ahead one with the invariants check after, and its own worker connections). The
     hello racing its deadline starts first and the others after it, so that the 50
     hello-less closes and the silent workers' released leases do not fall in the second
@@ -481,6 +523,7 @@ def test_connections_meeting_the_hello_and_acknowledgement_deadlines(tenant, orb
             "hello-while-closing": scenario(a_hello_decided_while_its_connection_closes_leaves_nothing_running),
             "hello-in-time": scenario(a_connection_that_said_hello_outlives_the_hello_deadline),
             "never-reads": scenario(a_connection_that_never_reads_is_bounded_closed_and_its_leases_released),
+            "drains-unacknowledged": scenario(a_draining_connection_that_never_acknowledges_is_still_bounded),
             "never-says-hello": scenario(authenticated_connections_that_never_say_hello_are_closed),
             "memory-flat": scenario(a_silent_connection_leaves_the_server_memory_flat),
             "started-ahead-not-waited-on": lambda: a_started_assignment_is_not_waited_on_for_acknowledgement(
