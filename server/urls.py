@@ -41,7 +41,7 @@ urlpatterns = [
     re_path(r"^v1/events$", pooled(views.EventListView.as_view())),
     re_path(r"^v1/concurrency-keys$", pooled(key_views.ConcurrencyKeyCollectionView.as_view())),
     # The key URL-encoded; decoded, it may hold any character, "/" too.
-    re_path(r"^v1/concurrency-keys/(?P<key>.+)$", pooled(key_views.ConcurrencyKeyDetailView.as_view())),
+    re_path(r"^v1/concurrency-keys/(?P<key>(?s:.+))$", pooled(key_views.ConcurrencyKeyDetailView.as_view())),
     path("", include("queues.urls")),
     path("", include("tasks.urls")),
     path("", include("plans.urls")),

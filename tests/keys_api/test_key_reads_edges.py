@@ -41,6 +41,14 @@ def test_a_key_path_that_is_not_utf8_is_invalid_not_the_replacement_key(http, en
     assert error["code"] == "INVALID_ARGUMENT" and error["message"].startswith("key:"), error
 
 
+@pytest.mark.parametrize("encoded", ["a%0Ab", "%0A", "a%0D%0A"])
+def test_a_key_path_with_a_line_break_is_a_key_not_found_not_an_unknown_endpoint(http, encoded):
+    """No key holds a control character; the route still reaches the key's endpoint."""
+    response = http.get(f"/v1/concurrency-keys/{encoded}")
+    assert response.status_code == 404, response.text
+    assert response.json()["error"] == {"code": "NOT_FOUND", "message": "concurrency key not found"}
+
+
 @pytest.mark.parametrize("encoded", ["%FF", "%ED%A0%80", "a%C3", "%EF%BF"])
 def test_a_query_parameter_that_is_not_utf8_is_invalid_not_the_replacement_character(http, encoded):
     """`?prefix=%FF` would otherwise list the keys starting with "\ufffd"."""
