@@ -55,6 +55,7 @@ from tasks.actions.identities import (
     register_worker,
 )
 from tasks.actions.rounds import SUPERSEDED
+from tasks.models import AttemptState
 from tasks.wakeups import registry
 from workers import frames
 
@@ -81,6 +82,7 @@ HELLO_TIMEOUT_SECONDS = 10.0
 
 # The release reason of what a closed connection never acknowledged.
 TAKEN_BACK_ON_CLOSE = "connection closed before the assignment was acknowledged"
+NEVER_SENT = "leased by a round that outlived its request's deadline; never sent"
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
@@ -719,9 +721,27 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         await self.close(code=CLOSE_CONFLICT)
 
     async def on_idle(self) -> None:
-        """Reconciles held attempts with the database (leases recovered elsewhere)."""
+        """Reconciles held attempts with the database (leases recovered
+        elsewhere), and hands back what this connection's own rounds leased
+        for it but it never sent: a round that outlives its request's deadline
+        commits after its caller was answered UNAVAILABLE, and what it leased
+        (a result's hand-off, started ahead, or the dispatcher's lease) was
+        never delivered. Only with no lease or hand-off of its own in flight,
+        whose assignments are on their way."""
         assert self.worker is not None
-        self.held = await run_db(dispatch.held_attempt_ids, worker=self.worker)
+        found = await run_db(dispatch.held_attempts, worker=self.worker)
+        never_sent = []
+        if not self.handoffs and not self.lease_lock.locked() and not self.closing:
+            never_sent = [
+                {"attempt_id": attempt.attempt_id, "epoch": attempt.epoch, "state": attempt.state}
+                for attempt in found
+                if attempt.session_id == self.worker.session_id
+                and attempt.attempt_id not in self.held
+                and (attempt.state == AttemptState.LEASED or attempt.started_ahead)
+            ]
+            await self.hand_back(never_sent, reason=NEVER_SENT)
+        gone = {entry["attempt_id"] for entry in never_sent}
+        self.held = {attempt.attempt_id for attempt in found} - gone
         self.running &= self.held
         self.handlers = {attempt_id: pair for attempt_id, pair in self.handlers.items() if attempt_id in self.held}
         self.keyed &= self.held

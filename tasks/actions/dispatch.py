@@ -956,10 +956,26 @@ def held_assignments(*, worker: WorkerContext) -> list[dict[str, Any]]:
 
 def held_attempt_ids(*, worker: WorkerContext) -> set[str]:
     """Ids of the attempts this connection holds right now (capacity accounting)."""
-    return set(
-        Attempt.objects.filter(
-            **worker.range_filter(),
-            state__in=list(ACTIVE_ATTEMPT_STATES),
-            lease_expires_at__gt=timezone.now(),
-        ).values_list("id", flat=True)
-    )
+    return {attempt.attempt_id for attempt in held_attempts(worker=worker)}
+
+
+@dataclass(frozen=True)
+class HeldAttempt:
+    attempt_id: str
+    epoch: int
+    state: str
+    session_id: str
+    started_ahead: bool  # RUNNING by its lease's round (a result's start_next), not by a task.start
+
+
+def held_attempts(*, worker: WorkerContext) -> list[HeldAttempt]:
+    """The attempts this connection holds right now, and which session leased each."""
+    rows = Attempt.objects.filter(
+        **worker.range_filter(),
+        state__in=list(ACTIVE_ATTEMPT_STATES),
+        lease_expires_at__gt=timezone.now(),
+    ).values_list("id", "epoch", "state", "session_id", "started_at", "leased_at")
+    return [
+        HeldAttempt(attempt_id, epoch, state, session_id, started_at is not None and started_at == leased_at)
+        for attempt_id, epoch, state, session_id, started_at, leased_at in rows
+    ]

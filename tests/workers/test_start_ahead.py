@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 
 import orbit_sdk
+from orbit.db.pool import REQUEST_DEADLINE_SECONDS
 from orbit.models import Event
 from queues.models import QueueState
 from tasks.models import Attempt, AttemptState, Task, TaskState
 from tests.support.api import assert_ok, make_queue
+from tests.support.other_connection import other_cursor
 from tests.support.start_ahead import result_frames, running_first, send_result
 from tests.support.tasks import (
     assert_error_frame,
@@ -291,6 +293,79 @@ def test_a_start_ahead_cancelled_before_its_handler_ran_ends_cancelled_when_take
     third = Task.objects.filter(queue_id=queue_id).exclude(id__in=[first["task"]["id"], task.id]).get()
     wait_until(lambda: Task.objects.get(id=third.id).state != TaskState.WAITING, timeout=10)
     assert Attempt.objects.filter(task_id=task.id).count() == 1
+
+
+@pytest.mark.mysql_only
+def test_a_hand_off_whose_round_outlived_its_deadline_is_handed_back_not_left_to_expire(tenant, connect):
+    """A round that outlives its request's deadline commits after its caller was
+    answered UNAVAILABLE: the task its hand-off started ahead was never sent, and
+    at its lease's end went to review though no handler had run it."""
+    # given a worker running the first of three tasks, whose attempt row another transaction holds
+    worker, first, queue_id = running_first(tenant, connect, "w-slow-round", key=None)
+    second = Task.objects.filter(queue_id=queue_id).exclude(id=first["task"]["id"]).order_by("created_at").first()
+    assert second is not None
+    held = threading.Event()
+
+    def hold_past_the_deadline() -> None:
+        with other_cursor() as cursor:
+            cursor.execute("SELECT id FROM orbit_attempt WHERE id = %s FOR UPDATE", [first["attempt_id"]])
+            held.set()
+            time.sleep(REQUEST_DEADLINE_SECONDS + 1)
+            cursor.connection.rollback()
+
+    holder = threading.Thread(target=hold_past_the_deadline)
+    holder.start()
+    assert held.wait(5)
+    # when its result with start_next is answered UNAVAILABLE, and its round commits after all
+    reply = worker.request(
+        "task.result", attempt_id=first["attempt_id"], epoch=first["epoch"], outcome="SUCCEEDED", start_next=True
+    )
+    holder.join()
+    assert (reply["type"], reply["code"]) == ("error", "UNAVAILABLE"), reply
+    wait_until(lambda: Task.objects.get(id=first["task"]["id"]).state == TaskState.SUCCEEDED, timeout=10)
+    # then the task its round started ahead, never sent, is handed back unconsumed within a moment
+    wait_until(lambda: Attempt.objects.filter(task_id=second.id, state=AttemptState.RELEASED).exists(), timeout=5)
+    taken_back = Attempt.objects.get(task_id=second.id, state=AttemptState.RELEASED)
+    assert taken_back.number is None and taken_back.started_at is None
+    assert taken_back.error == {"code": "RELEASED", "message": consumers.NEVER_SENT}
+    # and the worker is offered it again, to run as its first attempt
+    assign = worker.assignment()
+    assert assign["task"]["id"] == second.id and "state" not in assign, assign  # unstarted
+    assert worker.start_ok(assign)["attempt_number"] == 1
+    assert not Task.objects.filter(queue_id=queue_id, state=TaskState.NEEDS_REVIEW).exists()
+
+
+@pytest.mark.mysql_only
+def test_a_lease_whose_round_outlived_its_deadline_is_released_and_leased_again(tenant, connect):
+    """The dispatcher's own lease, committed after its deadline, was never sent
+    (and, unacknowledged by nobody, waited for its lease to run out)."""
+    # given a waiting task whose queue's counter row another transaction holds
+    queue = make_queue(tenant.client, "slow-lease", max_concurrency=4)
+    task = submit_ok(tenant.client, queue["id"], "slow-lease")
+    held = threading.Event()
+
+    def hold_past_the_deadline() -> None:
+        with other_cursor() as cursor:
+            cursor.execute("SELECT queue_id FROM orbit_queue_state WHERE queue_id = %s FOR UPDATE", [queue["id"]])
+            held.set()
+            time.sleep(REQUEST_DEADLINE_SECONDS + 1)
+            cursor.connection.rollback()
+
+    holder = threading.Thread(target=hold_past_the_deadline)
+    holder.start()
+    assert held.wait(5)
+    # when a worker's first lease waits past its deadline, and commits after all
+    worker = connect()
+    worker.hello_as([queue["id"]], capacity=1, worker_id="w-slow-lease")
+    holder.join()
+    # then that lease, never sent, is released, and the task leased again and sent
+    assign = worker.assignment(timeout=10)
+    assert assign["task"]["id"] == task["id"]
+    attempts = Attempt.objects.filter(task_id=task["id"]).order_by("leased_at")
+    assert [(a.state, a.error) for a in attempts][:-1] == [
+        (AttemptState.RELEASED, {"code": "RELEASED", "message": consumers.NEVER_SENT})
+    ]
+    assert worker.start_ok(assign)["attempt_number"] == 1
 
 
 # --- unkeyed work: the slot a result frees ------------------------------------
