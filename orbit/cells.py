@@ -96,8 +96,16 @@ def enter(cell: str | None) -> None:
     """Enters `cell` for the rest of the current context (a pool call, a
     lane's thread, a connection's task); None leaves every cell."""
     if cell is not None and cell not in (getattr(settings, "ORBIT_CELLS", None) or {}):
-        raise LookupError(f"unknown cell {cell!r}")
+        raise UnknownCell(cell)
     _entered.set(cell)
+
+
+class UnknownCell(LookupError):
+    """A cell the directory (or a caller) names that ORBIT_CELLS does not configure."""
+
+    def __init__(self, cell: str) -> None:
+        super().__init__(f"cell {cell!r} is not in ORBIT_CELLS, yet the directory places applications there")
+        self.cell = cell
 
 
 @contextmanager

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", SETTINGS_MODULE)
     if len(argv) > 1 and argv[1] == "serve":
         sys.exit(serve(argv[2:]))
-    problem = settings_problem()
+    problem = argument_problem(argv[1:]) or settings_problem()
     if problem is not None:
         sys.exit(f"{os.path.basename(argv[0])}: {problem}")
     if argv[1:3] == ["help", "serve"]:
@@ -74,10 +74,12 @@ def run_command(argv: list[str]) -> int:
     prefix = f"{os.path.basename(argv[0])} {command}"
     wants_traceback = "--traceback" in argv
     _reporting_database_errors = not wants_traceback
+    from orbit.cells import UnknownCell
+
     try:
         execute_from_command_line(argv)
-    except DatabaseUnusable as exc:
-        print(f"{prefix}: {exc}", file=sys.stderr, flush=True)
+    except (DatabaseUnusable, UnknownCell) as exc:
+        print(f"{prefix}: {exc.args[0]}", file=sys.stderr, flush=True)
         return 1
     except DatabaseError as exc:
         problem = None if wants_traceback else database_problem(exc, migrating=command == "migrate")
@@ -102,7 +104,7 @@ def database_problem(exc: BaseException, *, migrating: bool = False) -> str | No
     With cells, the first database of the installation found at fault (the
     directory, then each cell), named by its setting."""
     from orbit import cells
-    from server.probes import check_database, database_settings, explain, installation_databases
+    from server.probes import check_database, database_settings, explain, installation_databases, missing_directory
 
     if cells.configured():
         for setting, database in installation_databases():
@@ -111,6 +113,9 @@ def database_problem(exc: BaseException, *, migrating: bool = False) -> str | No
                 return with_advice(found, database, setting)
         return None
     database = database_settings()
+    unmakeable = missing_directory(database)
+    if unmakeable is not None:
+        return unmakeable
     line = explain(exc, database)
     if not line.startswith(UNNAMED_DATABASE_ERROR):
         return with_advice(line, database)
@@ -144,6 +149,19 @@ def create_database_sql(database: dict[str, Any]) -> str:
     return f"CREATE DATABASE `{database['NAME']}` CHARACTER SET {test.get('CHARSET') or 'utf8mb4'}" + (
         f" COLLATE {collation}" if collation else ""
     )
+
+
+def argument_problem(arguments: list[str]) -> str | None:
+    """An argument that is not UTF-8 (the bytes Python decodes to lone
+    surrogates), said in one line: every name and key is compared as UTF-8,
+    and the database driver would fail on it with a traceback."""
+    for argument in arguments:
+        try:
+            argument.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = argument.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            return f"argument '{shown}' is not valid UTF-8"
+    return None
 
 
 def settings_problem() -> str | None:

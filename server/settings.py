@@ -123,16 +123,23 @@ def database_from_env() -> dict:
 
 
 def database_from_dsn(dsn: str, named: str) -> dict:
-    url = urlparse(dsn)
+    form = f"{named} must look like mysql://user:pass@host:port/db"
+    try:
+        url = urlparse(dsn)
+        port = url.port  # parsed on first use: a port out of range or not a number raises here
+    except ValueError as exc:
+        raise ValueError(f"{form} ({exc})") from None
     if url.scheme != "mysql":
-        raise ValueError(f"{named} must look like mysql://user:pass@host:port/db")
+        raise ValueError(form)
+    if not url.path.lstrip("/"):
+        raise ValueError(f"{form}: it names no database")
     return {
         "ENGINE": "orbit.db.mysql",
         "NAME": url.path.lstrip("/"),
         "USER": unquote(url.username or ""),
         "PASSWORD": unquote(url.password or ""),
         "HOST": url.hostname or "127.0.0.1",
-        "PORT": str(url.port or 3306),
+        "PORT": str(port or 3306),
         # Under ASGI each HTTP request runs its sync view in a thread of its own,
         # so a persistent connection would be stranded with that thread. The
         # worker protocol keeps its connections on a fixed pool (orbit/db/pool.py).

@@ -200,6 +200,23 @@ def test_a_bootstrap_that_cannot_write_its_file_makes_no_row_in_the_cell(install
     assert installation.manage("orbit_check").returncode == 0
 
 
+def test_a_cell_the_directory_names_but_orbit_cells_leaves_out_is_one_line(installation: Installation) -> None:
+    """A command on an application placed in a cell missing from ORBIT_CELLS raised
+    a LookupError traceback (or blamed a --cell nobody gave)."""
+    only_b = json.dumps({"b": installation.private.dsn(CELL_B_DB)})
+    credential_id = installation.credentials["alpha"]["token"].split("_")[1]
+    revoked = installation.manage("orbit_credential", "revoke", credential_id, check=False, ORBIT_CELLS=only_b)
+    created = installation.manage(
+        "orbit_bootstrap", "--application", "alpha", "--namespace", "n", "--environment", "e", "--queue", "q",
+        "--output", str(installation.tmp / "alpha-elsewhere.json"), check=False, ORBIT_CELLS=only_b,
+    )  # fmt: skip
+    for result, command in ((revoked, "orbit_credential"), (created, "orbit_bootstrap")):
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        line = "cell 'a' is not in ORBIT_CELLS, yet the directory places applications there"
+        assert result.stderr == f"manage.py {command}: {line}\n"
+    assert installation.client("alpha").list_queues().items  # nothing was revoked
+
+
 def test_orbit_check_finds_an_application_in_a_cell_the_directory_does_not_name(installation: Installation) -> None:
     application_id = installation.bootstrap("theta", "a")["application_id"]
     shared = shared_connection()

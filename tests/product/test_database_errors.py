@@ -204,3 +204,67 @@ def test_help_lists_serve_among_the_commands_and_explains_it(env):
     serve_help = orbit(env, "help", "serve")
     assert serve_help.returncode == 0 and "--processes N" in serve_help.stdout, serve_help.stderr
     assert orbit(env, "serve", "--help").stdout == serve_help.stdout
+
+
+def test_an_argument_that_is_not_utf8_is_one_line_not_a_traceback(env):
+    result = subprocess.run(
+        [sys.executable, "manage.py", "orbit_application", "create", b"app-\xff"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1 and result.stderr == "manage.py: argument 'app-\\xff' is not valid UTF-8\n"
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://orbit:99999", "http://orbit:port"])
+def test_a_url_python_cannot_parse_is_refused_as_any_unusable_url(env, tmp_path, url):
+    output = tmp_path / "creds.json"
+    result = orbit(env, "orbit_bootstrap", *BOOTSTRAP, "--output", str(output), "--url", url)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr == f"CommandError: --url: must be an http:// or https:// URL with a host, not {url!r}\n"
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("dsn", "why"),
+    [
+        ("mysql://root:@127.0.0.1:3306/", ": it names no database"),
+        ("mysql://root:@127.0.0.1:3306", ": it names no database"),
+        ("mysql://root:@127.0.0.1:abc/orbit", " (Port could not be cast to integer value as 'abc')"),
+        ("mysql://root:@127.0.0.1:70000/orbit", " (Port out of range 0-65535)"),
+    ],
+)
+def test_a_dsn_orbit_cannot_use_is_a_configuration_error_naming_the_variable(env, dsn, why):
+    for command in ("migrate", "orbit_check"):
+        result = orbit({**env, "ORBIT_MYSQL_DSN": dsn}, command)
+        assert result.returncode == 1, result.stderr
+        form = "ORBIT_MYSQL_DSN must look like mysql://user:pass@host:port/db"
+        assert result.stderr == f"manage.py: configuration error: {form}{why}\n"
+
+
+def test_an_sqlite_file_in_a_missing_directory_is_one_line_for_migrate_and_check(env, tmp_path):
+    path = tmp_path / "missing" / "orbit.sqlite3"
+    sqlite = {name: value for name, value in env.items() if name != "ORBIT_MYSQL_DSN"}
+    sqlite["ORBIT_SQLITE_PATH"] = str(path)
+    for command in ("migrate", "orbit_check"):
+        result = orbit(sqlite, command)
+        line = assert_one_line(result, command, f"database file {path} cannot be created")
+        advice = "(create it, or set ORBIT_SQLITE_PATH to a file in one that does)"
+        assert line.endswith(f"its directory {path.parent} does not exist {advice}")
+    assert not path.parent.exists()
+
+
+def test_overwrite_never_writes_through_a_link_or_into_a_device(env, tmp_path):
+    """--overwrite truncated and chmod-ed whatever the path named: /dev/null became 0600."""
+    real = tmp_path / "real.json"
+    real.write_text("keep")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    for output in (str(link), "/dev/null"):
+        result = orbit(env, "orbit_bootstrap", *BOOTSTRAP, "--output", output, "--overwrite")
+        assert result.returncode == 1, result.stderr
+        assert result.stderr == f"CommandError: --output: {output} is not a regular file (a link or a device)\n"
+    assert real.read_text() == "keep"
+    assert Path("/dev/null").stat().st_mode & 0o777 == 0o666

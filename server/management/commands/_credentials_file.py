@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,9 +37,14 @@ def check_url(given: str | None) -> None:
     """Checked before anything is created: a file whose url no client can use helps nobody."""
     if given is None:
         return
-    parts = urlsplit(given)
+    refused = CommandError(f"--url: must be an http:// or https:// URL with a host, not {given!r}")
+    try:
+        parts = urlsplit(given)
+        parts.port  # noqa: B018 - parsed on first use: out of range or not a number raises
+    except ValueError as exc:  # an unclosed [IPv6 address, a port past 65535
+        raise refused from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise CommandError(f"--url: must be an http:// or https:// URL with a host, not {given!r}")
+        raise refused
 
 
 def file_content(issued: Any, namespace: Any, queue_id: str, url: str | None = None) -> dict[str, Any]:
@@ -58,7 +64,16 @@ def refuse_existing(path: str, *, overwrite: bool) -> None:
     """Checked before anything is created, so a refused run mints nothing."""
     if not path:
         raise CommandError("--output: a file path is required")
-    if Path(path).exists() and not overwrite:
+    try:
+        found = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # a new file (the write says why a path cannot be one)
+    if stat.S_ISDIR(found.st_mode):
+        raise CommandError(f"{path}: Is a directory")
+    if not stat.S_ISREG(found.st_mode):
+        # --overwrite would truncate and chmod what a link points to, or a device.
+        raise CommandError(f"--output: {path} is not a regular file (a link or a device)")
+    if not overwrite:
         raise CommandError(f"{path} already exists; pass --overwrite to replace it")
 
 
@@ -105,12 +120,13 @@ def mint_and_write(
 def _write(path: str, content: dict[str, Any], *, overwrite: bool) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (0 if overwrite else os.O_EXCL)
+    # Never through a link put there since refuse_existing looked; the mode set on the file opened.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | (0 if overwrite else os.O_EXCL)
     fd = os.open(target, flags, 0o600)
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(content, handle, indent=2)
         handle.write("\n")
-    os.chmod(target, 0o600)
 
 
 def enter_placed_application(name: str, cell: str | None) -> None:
@@ -125,6 +141,8 @@ def enter_placed_application(name: str, cell: str | None) -> None:
         return
     try:
         enter_placed(name, cell)
+    except cells.UnknownCell:
+        raise  # the directory's cell, not --cell's: said as every command says it
     except LookupError as exc:
         raise CommandError(f"--cell: {exc.args[0]}") from None
     placed_in = cells.entered()
