@@ -221,6 +221,10 @@ def test_an_output_that_cannot_be_written_mints_nothing_and_says_why_in_one_line
         ({"application": ""}, "--application: must be 1-128 characters"),
         ({"application": "x" * 129}, "--application: must be 1-128 characters"),
         ({"output": ""}, "--output: a file path is required"),
+        ({"application": "a\nb"}, "--application: must not contain control characters"),
+        ({"application": "a\u0085"}, "--application: must not contain control characters"),
+        ({"application": "   "}, "--application: must not start or end with whitespace"),
+        ({"application": " a"}, "--application: must not start or end with whitespace"),
     ],
 )
 def test_names_outside_their_columns_are_refused_before_anything_is_created(db, tmp_path, options, message):

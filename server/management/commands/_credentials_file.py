@@ -20,6 +20,7 @@ from django.db import DatabaseError, transaction
 from orbit import cells
 from orbit.tenancy import enter_placed
 from server import cli
+from tasks.serializers import is_control, is_unicode_whitespace
 
 URL_HELP = (
     "the server's URL to write into the file, as its clients reach it "
@@ -78,8 +79,13 @@ def refuse_existing(path: str, *, overwrite: bool) -> None:
 
 
 def check_name(option: str, value: str, longest: int) -> None:
+    """A name as the API takes a key: a line break would split the commands' tab-separated lists."""
     if not 1 <= len(value) <= longest:
         raise CommandError(f"{option}: must be 1-{longest} characters")
+    if any(is_control(ch) for ch in value):
+        raise CommandError(f"{option}: must not contain control characters")
+    if is_unicode_whitespace(value[0]) or is_unicode_whitespace(value[-1]):
+        raise CommandError(f"{option}: must not start or end with whitespace")
 
 
 @contextmanager
