@@ -191,7 +191,7 @@ def make_local_dir(engine: str | None = None, local_dir: Path | None = None) -> 
 def split_addr(addr: str) -> tuple[str, int]:
     """ORBIT_HTTP_ADDR's host and port: `host:port`, or `[v6]:port`."""
     host, sep, port = addr.strip().rpartition(":")
-    if not sep or not host or not port.isdigit():
+    if not sep or not host or not (port.isascii() and port.isdigit()):
         raise ValueError(f"ORBIT_HTTP_ADDR must look like HOST:PORT, not {addr!r}")
     return host.strip("[]"), int(port)
 

@@ -231,7 +231,7 @@ if ORBIT_LOG_LEVEL not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
 # The database pool's threads per process (orbit/db/pool.py), parsed here so that a
 # malformed value is one line, not a traceback.
 _db_threads = os.environ.get("ORBIT_DB_THREADS", "8").strip()
-if not _db_threads.isdigit() or int(_db_threads) < 1:
+if not (_db_threads.isascii() and _db_threads.isdigit()) or int(_db_threads) < 1:
     raise ValueError(f"ORBIT_DB_THREADS must be a whole number of at least 1, not {_db_threads!r}")
 ORBIT_DB_THREADS = int(_db_threads)
 
@@ -247,7 +247,7 @@ def env_seconds(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     if not value:
         return default
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise ValueError(f"{name} must be a whole number of seconds, not {value!r}")
     return int(value)
 

@@ -424,7 +424,8 @@ class ConcurrencyKeyAdmin(ReadOnlyAdmin):
     def change_view(
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        row = ConcurrencyKey.objects.filter(pk=object_id).first() if object_id.isdigit() else None
+        numeric = object_id.isascii() and object_id.isdigit()  # str.isdigit() alone takes "²", which int() refuses
+        row = ConcurrencyKey.objects.filter(pk=object_id).first() if numeric else None
         context = dict(extra_context or {})
         if row is not None:
             described = keys.describe_keys(row.namespace_id, [row])[0]

@@ -40,3 +40,11 @@ def test_a_queue_cannot_be_changed_or_deleted(operator, tenant):
     assert response.status_code == 403
     assert operator.post(f"/admin/queues/queue/{queue['id']}/delete/", {"post": "yes"}).status_code == 403
     assert tenant.client.get(f"/v1/queues/{queue['id']}").json()["data"]["max_concurrency"] == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("object_id", ["%C2%B2", "%C2%B9", "%D9%A3", "zzz"])
+def test_a_key_page_for_an_id_that_is_no_number_goes_back_to_the_index(operator, object_id):
+    """ "²" passed str.isdigit() and then failed the integer lookup: a 500."""
+    response = operator.get(f"/admin/tasks/concurrencykey/{object_id}/change/")
+    assert response.status_code == 302 and response["Location"] == "/admin/"

@@ -34,6 +34,7 @@ def serve(**overrides: str) -> subprocess.CompletedProcess[str]:
         ("ORBIT_DB_THREADS", "abc"),
         ("ORBIT_DB_THREADS", "0"),
         ("ORBIT_DB_THREADS", "-3"),
+        ("ORBIT_DB_THREADS", "\u00b2"),  # a digit to str.isdigit(), none to int()
         ("ORBIT_LOG_LEVEL", "LOUD"),
         # A switch mistyped must not silently mean on or off: "no" would sweep.
         ("ORBIT_MAINTENANCE", "no"),
