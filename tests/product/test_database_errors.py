@@ -37,7 +37,7 @@ def env(django_db_setup: None, django_db_blocker: Any) -> dict[str, str]:
     return {**made, **SECRET}
 
 
-def orbit(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+def orbit(env: dict[str, str], *args: str | bytes) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
@@ -207,14 +207,7 @@ def test_help_lists_serve_among_the_commands_and_explains_it(env):
 
 
 def test_an_argument_that_is_not_utf8_is_one_line_not_a_traceback(env):
-    result = subprocess.run(
-        [sys.executable, "manage.py", "orbit_application", "create", b"app-\xff"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = orbit(env, "orbit_application", "create", b"app-\xff")
     assert result.returncode == 1 and result.stderr == "manage.py: argument 'app-\\xff' is not valid UTF-8\n"
 
 

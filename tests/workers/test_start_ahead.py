@@ -295,6 +295,25 @@ def test_a_start_ahead_cancelled_before_its_handler_ran_ends_cancelled_when_take
     assert Attempt.objects.filter(task_id=task.id).count() == 1
 
 
+def held_past_the_deadline(locking_read: str, row_id: str) -> threading.Thread:
+    """A row locked by another transaction (`locking_read` of `row_id`) from now
+    until a second past the request deadline: a round that needs it waits past
+    its caller's deadline, then commits. Join the thread for the lock's release."""
+    held = threading.Event()
+
+    def hold() -> None:
+        with other_cursor() as cursor:
+            cursor.execute(locking_read, [row_id])
+            held.set()
+            time.sleep(REQUEST_DEADLINE_SECONDS + 1)
+            cursor.connection.rollback()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    return holder
+
+
 @pytest.mark.mysql_only
 def test_a_hand_off_whose_round_outlived_its_deadline_is_handed_back_not_left_to_expire(tenant, connect):
     """A round that outlives its request's deadline commits after its caller was
@@ -304,18 +323,7 @@ def test_a_hand_off_whose_round_outlived_its_deadline_is_handed_back_not_left_to
     worker, first, queue_id = running_first(tenant, connect, "w-slow-round", key=None)
     second = Task.objects.filter(queue_id=queue_id).exclude(id=first["task"]["id"]).order_by("created_at").first()
     assert second is not None
-    held = threading.Event()
-
-    def hold_past_the_deadline() -> None:
-        with other_cursor() as cursor:
-            cursor.execute("SELECT id FROM orbit_attempt WHERE id = %s FOR UPDATE", [first["attempt_id"]])
-            held.set()
-            time.sleep(REQUEST_DEADLINE_SECONDS + 1)
-            cursor.connection.rollback()
-
-    holder = threading.Thread(target=hold_past_the_deadline)
-    holder.start()
-    assert held.wait(5)
+    holder = held_past_the_deadline("SELECT id FROM orbit_attempt WHERE id = %s FOR UPDATE", first["attempt_id"])
     # when its result with start_next is answered UNAVAILABLE, and its round commits after all
     reply = worker.request(
         "task.result", attempt_id=first["attempt_id"], epoch=first["epoch"], outcome="SUCCEEDED", start_next=True
@@ -342,18 +350,9 @@ def test_a_lease_whose_round_outlived_its_deadline_is_released_and_leased_again(
     # given a waiting task whose queue's counter row another transaction holds
     queue = make_queue(tenant.client, "slow-lease", max_concurrency=4)
     task = submit_ok(tenant.client, queue["id"], "slow-lease")
-    held = threading.Event()
-
-    def hold_past_the_deadline() -> None:
-        with other_cursor() as cursor:
-            cursor.execute("SELECT queue_id FROM orbit_queue_state WHERE queue_id = %s FOR UPDATE", [queue["id"]])
-            held.set()
-            time.sleep(REQUEST_DEADLINE_SECONDS + 1)
-            cursor.connection.rollback()
-
-    holder = threading.Thread(target=hold_past_the_deadline)
-    holder.start()
-    assert held.wait(5)
+    holder = held_past_the_deadline(
+        "SELECT queue_id FROM orbit_queue_state WHERE queue_id = %s FOR UPDATE", queue["id"]
+    )
     # when a worker's first lease waits past its deadline, and commits after all
     worker = connect()
     worker.hello_as([queue["id"]], capacity=1, worker_id="w-slow-lease")
