@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import models
@@ -182,6 +183,12 @@ class DependencySettlement(models.Model):
     class Meta:
         db_table = "orbit_dependency_settlement"
         db_table_comment = "待结算的依赖：宽扇出的依赖边分批结算，全部结算后删除"
+
+
+def started_with_its_lease(started_at: datetime | None, leased_at: datetime) -> bool:
+    """A Start made by the round that leased the attempt (a result's start_next,
+    "started ahead"), not by a task.start of its own: both times are that round's."""
+    return started_at is not None and started_at == leased_at
 
 
 class Attempt(models.Model):

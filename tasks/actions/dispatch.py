@@ -68,6 +68,7 @@ from tasks.models import (
     ConcurrencySlot,
     Task,
     TaskState,
+    started_with_its_lease,
 )
 
 
@@ -976,6 +977,6 @@ def held_attempts(*, worker: WorkerContext) -> list[HeldAttempt]:
         lease_expires_at__gt=timezone.now(),
     ).values_list("id", "epoch", "state", "session_id", "started_at", "leased_at")
     return [
-        HeldAttempt(attempt_id, epoch, state, session_id, started_at is not None and started_at == leased_at)
+        HeldAttempt(attempt_id, epoch, state, session_id, started_with_its_lease(started_at, leased_at))
         for attempt_id, epoch, state, session_id, started_at, leased_at in rows
     ]

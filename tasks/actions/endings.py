@@ -31,7 +31,15 @@ from tasks.actions.permits import (
 )
 from tasks.actions.serialize import task_detail
 from tasks.actions.writebook import WriteBook
-from tasks.models import ACTIVE_ATTEMPT_STATES, SWEPT_STATES, Attempt, AttemptState, Task, TaskState
+from tasks.models import (
+    ACTIVE_ATTEMPT_STATES,
+    SWEPT_STATES,
+    Attempt,
+    AttemptState,
+    Task,
+    TaskState,
+    started_with_its_lease,
+)
 from tasks.wakeups import wake_after_commit
 
 OUTCOMES = ("SUCCEEDED", "FAILED", "UNKNOWN")
@@ -253,7 +261,9 @@ def release_attempt(
         attempt = held.attempt
         if attempt.state == AttemptState.RELEASED:
             return {"task_state": held.task.state}
-        started_ahead = attempt.state == AttemptState.RUNNING and attempt.started_at == attempt.leased_at
+        started_ahead = attempt.state == AttemptState.RUNNING and started_with_its_lease(
+            attempt.started_at, attempt.leased_at
+        )
         if attempt.state == AttemptState.RUNNING and not (undelivered_start and started_ahead):
             raise StateConflict("attempt already started; report a result instead")
         if attempt.state == AttemptState.RUNNING and session != worker.session_id:
