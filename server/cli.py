@@ -70,12 +70,12 @@ def run_command(argv: list[str]) -> int:
     from django.core.management import execute_from_command_line
     from django.db import DatabaseError
 
+    from orbit.cells import UnknownCell
+
     command = argv[1] if len(argv) > 1 else "help"
     prefix = f"{os.path.basename(argv[0])} {command}"
     wants_traceback = "--traceback" in argv
     _reporting_database_errors = not wants_traceback
-    from orbit.cells import UnknownCell
-
     try:
         execute_from_command_line(argv)
     except (DatabaseUnusable, UnknownCell) as exc:

@@ -143,29 +143,35 @@ def unapplied_migrations(connection: BaseDatabaseWrapper) -> list[str]:
 def _not_found(settings_dict: dict[str, Any]) -> str | None:
     """SQLite creates a missing file on connect; a probe must not (an empty
     file would then look like a database with no migrations)."""
-    name = str(settings_dict["NAME"])
-    if _vendor(settings_dict) == "sqlite" and name != ":memory:" and not name.startswith("file:"):
-        unmakeable = missing_directory(settings_dict)
-        if unmakeable is not None:
-            return unmakeable
-        if not Path(name).is_file():
-            return f"database file {name} does not exist (run `orbit migrate` to create it)"
+    path = _sqlite_file(settings_dict)
+    if path is None:
+        return None
+    unmakeable = missing_directory(settings_dict)
+    if unmakeable is not None:
+        return unmakeable
+    if not path.is_file():
+        return f"database file {path} does not exist (run `orbit migrate` to create it)"
     return None
 
 
 def missing_directory(settings_dict: dict[str, Any]) -> str | None:
     """An SQLite file whose directory does not exist: `orbit migrate` cannot
     create it there either (the directory of a path the user gave is theirs to make)."""
+    path = _sqlite_file(settings_dict)
+    if path is None or path.parent.is_dir():
+        return None
+    return (
+        f"database file {path} cannot be created: its directory {path.parent} does not exist"
+        " (create it, or set ORBIT_SQLITE_PATH to a file in one that does)"
+    )
+
+
+def _sqlite_file(settings_dict: dict[str, Any]) -> Path | None:
+    """The file of an SQLite database; None for another vendor, `:memory:` or a `file:` URI."""
     name = str(settings_dict["NAME"])
     if _vendor(settings_dict) != "sqlite" or name == ":memory:" or name.startswith("file:"):
         return None
-    directory = Path(name).parent
-    if directory.is_dir():
-        return None
-    return (
-        f"database file {name} cannot be created: its directory {directory} does not exist"
-        " (create it, or set ORBIT_SQLITE_PATH to a file in one that does)"
-    )
+    return Path(name)
 
 
 def explain(exc: BaseException, settings_dict: dict[str, Any]) -> str:
