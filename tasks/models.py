@@ -132,9 +132,19 @@ class Task(models.Model):
                 fields=["queue_id", "state", "key_ready", "-priority", "available_at", "id"], name="idx_task_dispatch"
             ),
             models.Index(fields=["namespace_id", "queue_id", "created_at"], name="idx_task_ns_queue"),
-            # Finds a key's waiting siblings in one queue, in promotion order.
+            # Finds a key's waiting siblings in one queue, in promotion order; fairness_key
+            # last, so a fair queue's lease ranks a key's fairness groups from the index alone.
             models.Index(
-                fields=["namespace_id", "concurrency_key", "queue_id", "state", "-priority", "available_at", "id"],
+                fields=[
+                    "namespace_id",
+                    "concurrency_key",
+                    "queue_id",
+                    "state",
+                    "-priority",
+                    "available_at",
+                    "id",
+                    "fairness_key",
+                ],
                 name="idx_task_ns_ckey",
             ),
             models.Index(fields=["namespace_id", "business_key"], name="idx_task_ns_bkey"),

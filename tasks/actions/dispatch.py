@@ -173,7 +173,8 @@ def _lease_pass(
     fair = any(states[queue_id].fair_shares for queue_id in headroom)
     candidates, more = _best_candidates(worker, headroom, want, now, states, fair)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
-    permits = _KeyPermits.lock(worker, candidates, policies, now)
+    fair_queues = {queue_id for queue_id in headroom if states[queue_id].fair_shares}
+    permits = _KeyPermits.lock(worker, candidates, policies, now, fair_queues, served)
     # In lease order, once the keys are read: a ready keyed task stands in for
     # the sibling that overtook it (next_in_line), ranked as what it leases.
     candidates.sort(key=lambda task: _lease_rank(permits.stand_in(task), fair, task))
@@ -345,7 +346,15 @@ class _KeyPermits:
     granted: list[ConcurrencySlot] = field(default_factory=list)  # slot rows this lease gave out
 
     @classmethod
-    def lock(cls, worker: WorkerContext, candidates: list[Task], policies: PolicySet, now: datetime) -> _KeyPermits:
+    def lock(
+        cls,
+        worker: WorkerContext,
+        candidates: list[Task],
+        policies: PolicySet,
+        now: datetime,
+        fair_queues: set[str],
+        served: list[Task],
+    ) -> _KeyPermits:
         namespace_id = worker.namespace_id
         rows = lock_concurrency_keys(namespace_id, [t.concurrency_key for t in candidates if t.concurrency_key])
         rules = {key: policies.resolve(key) for key in rows}
@@ -360,7 +369,7 @@ class _KeyPermits:
         ]
         slotted = sorted({task.concurrency_key for task in free if rules[task.concurrency_key].capacity > 1})
         slots = lock_slots(namespace_id, slotted)
-        return cls(namespace_id, rows, rules, slots, next_in_line(free, now), now, as_locked)
+        return cls(namespace_id, rows, rules, slots, next_in_line(free, now, fair_queues, served), now, as_locked)
 
     def turn(self, task: Task, worker: WorkerContext) -> _Turn | None:
         """Whose turn a candidate is: its own, an overtaking sibling's, or (None)

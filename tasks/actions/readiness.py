@@ -17,12 +17,16 @@ deadline sweeps), so these checks cannot race each other."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
+
 from orbit.db.rows import db_value, select_ids_together, select_rows, update_by_pk
 from tasks import sql
+from tasks.actions.fairness import NEVER_SERVED
 from tasks.models import Task, TaskState
 
 
@@ -123,13 +127,16 @@ class NextInLine:
         return None if self.overtakes else self.sibling
 
 
-def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
+def next_in_line(
+    tasks: list[Task], now: datetime, fair_queues: Collection[str] = (), served_in_lease: Sequence[Task] = ()
+) -> dict[str, NextInLine]:
     """For ready keyed `tasks` (of distinct (key, queue) groups): the best
     waiting sibling available now (its deadline not passed), locked, by the
     ready task's id. A sibling that outranks its ready task is made ready in
     its place (`overtakes`); one that does not is the task's successor, the
     one to make ready once the lease takes the task (`hand_on`), with no read
-    more.
+    more. In `fair_queues` "best" and "outranks" are the fair order's
+    (`_fair_lines`), the fairness groups `served_in_lease` counted as served.
 
     Readiness is decided when a task enters WAITING, and tasks available later
     are ranked by when they become available; by the time the key is free, a
@@ -138,9 +145,11 @@ def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
     ready task: for all its keyed candidates in one round trip. The caller
     holds the application_state lock, so no sibling row is locked by anyone
     else."""
-    keyed = [task for task in tasks if task.concurrency_key]
+    keyed = [task for task in tasks if task.concurrency_key and task.queue_id not in fair_queues]
+    fair = [task for task in tasks if task.concurrency_key and task.queue_id in fair_queues]
+    lines = _fair_lines(fair, now, served_in_lease) if fair else {}
     if not keyed:
-        return {}
+        return lines
     at = db_value(Task, "available_at", now)
     # One statement for all the groups, the siblings it names locked (tasks.sql.NEXT_IN_LINE).
     params: list[Any] = [TaskState.WAITING, False, at, at, *(task.id for task in keyed)]
@@ -150,16 +159,113 @@ def next_in_line(tasks: list[Task], now: datetime) -> dict[str, NextInLine]:
         for row in found
         if row.state == TaskState.WAITING and not row.key_ready
     }
-    lines: dict[str, NextInLine] = {}
     for task in keyed:
         sibling = by_group.get((task.namespace_id, task.concurrency_key, task.queue_id))
-        overtakes = sibling is not None and rank(sibling, now) < rank(task, now)
-        if sibling is not None and overtakes:
-            update_by_pk(Task, [task.id], {"key_ready": False})
-            update_by_pk(Task, [sibling.id], {"key_ready": True})
-            task.key_ready, sibling.key_ready = False, True
-        lines[task.id] = NextInLine(sibling, overtakes)
+        lines[task.id] = _line(task, sibling, sibling is not None and rank(sibling, now) < rank(task, now))
     return lines
+
+
+def _line(task: Task, sibling: Task | None, overtakes: bool) -> NextInLine:
+    """The ready task's line; an overtaking sibling is made ready in its place."""
+    if sibling is not None and overtakes:
+        update_by_pk(Task, [task.id], {"key_ready": False})
+        update_by_pk(Task, [sibling.id], {"key_ready": True})
+        task.key_ready, sibling.key_ready = False, True
+    return NextInLine(sibling, overtakes)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """Where a fairness group within a key group stands: its best priority among
+    its available tasks, the first available_at at it, and when it was served."""
+
+    fairness_key: str
+    priority: int
+    first_available: datetime
+    served_at: datetime  # NEVER_SERVED if never
+
+
+def _fair_lines(tasks: list[Task], now: datetime, served_in_lease: Sequence[Task]) -> dict[str, NextInLine]:
+    """next_in_line for ready keyed tasks of fair queues (SPEC §12: within
+    equal priority a lease serves fairness groups round robin, and a key's
+    turns are leases too). Readiness is decided in the plain order when a task
+    enters WAITING, but which fairness group was served last changes with every
+    lease; so the lease ranks the key group's fairness groups
+    (tasks.sql.FAIR_NEXT_IN_LINE) in the fair order, the groups this lease has
+    served already (`served_in_lease`, in lease order) after every other.
+    When the first group's best task is not the ready task it overtakes;
+    otherwise another group's best at the same priority, if any, is the
+    successor (else hand_on's reads choose, as in a plain queue). Without
+    this, a tenant whose tasks share a key with another's deep backlog would
+    wait for all of that backlog."""
+    at = db_value(Task, "available_at", now)
+    params: list[Any] = []
+    for task in tasks:
+        group = [task.namespace_id, task.concurrency_key, task.queue_id]
+        params += [*group, *group, TaskState.WAITING, at]
+    with connection.cursor() as cursor:
+        cursor.execute(sql.fair_next_in_line(len(tasks)), params)
+        found = cursor.fetchall()
+    # The backends' converter of a datetime column to an aware one; the stubs' base class lacks it.
+    ops: Any = connection.ops
+    convert = ops.convert_datetimefield_value
+    datetime_field = Task._meta.get_field("available_at")
+    heads: dict[KeyGroup, dict[str, _Head]] = {}
+    for namespace_id, key, queue_id, fairness_key, priority, first_available, served_at in found:
+        group = heads.setdefault((namespace_id, key, queue_id), {})
+        known = group.get(fairness_key)
+        if known is None or int(priority) > known.priority:
+            group[fairness_key] = _Head(
+                fairness_key,
+                int(priority),
+                convert(first_available, datetime_field, connection),
+                NEVER_SERVED if served_at is None else convert(served_at, datetime_field, connection),
+            )
+    in_lease = {(task.queue_id, task.fairness_key): place for place, task in enumerate(served_in_lease)}
+    lines: dict[str, NextInLine] = {}
+    for task in tasks:
+        group = heads.get((task.namespace_id, task.concurrency_key, task.queue_id), {})
+
+        def order(head: _Head, queue_id: str = task.queue_id) -> tuple[Any, ...]:
+            place = in_lease.get((queue_id, head.fairness_key))
+            served = (0, head.served_at) if place is None else (1, place)
+            return (-head.priority, served, head.first_available, head.fairness_key)
+
+        ranked = sorted(group.values(), key=order)
+        if not ranked:
+            lines[task.id] = NextInLine(None, False)
+            continue
+        first = ranked[0]
+        # The ready task is the best of the key group in the plain order, so of its own
+        # fairness group at its priority too (a task past its deadline, which the heads
+        # count, aside).
+        if (first.fairness_key, first.priority) != (task.fairness_key, task.priority):
+            sibling = _best_of(task, first, at)
+            lines[task.id] = _line(task, sibling, sibling is not None)
+            continue
+        # The ready task leads; the next group at its priority follows it.
+        others = [head for head in ranked[1:] if head.fairness_key != task.fairness_key]
+        follower = others[0] if others and others[0].priority == task.priority else None
+        lines[task.id] = NextInLine(_best_of(task, follower, at) if follower is not None else None, False)
+    return lines
+
+
+def _best_of(task: Task, head: _Head, at: Any) -> Task | None:
+    """The best not-ready task of `head`'s fairness group in `task`'s key group, locked."""
+    params = [
+        task.namespace_id,
+        task.concurrency_key,
+        task.queue_id,
+        TaskState.WAITING,
+        False,
+        head.fairness_key,
+        head.priority,
+        db_value(Task, "available_at", head.first_available),
+        at,
+        at,
+    ]
+    found = select_rows(Task, sql.FAIR_GROUP_BEST, params, lock=True)
+    return found[0] if found else None
 
 
 def hand_on(leased: list[tuple[Task, NextInLine | None]], now: datetime) -> None:

@@ -14,18 +14,19 @@ from tasks.actions.rounds import LeaseRequest, run_round
 from tasks.models import FairShare, Task
 from tests.conftest import post_json
 from tests.support.api import assert_ok, make_queue
+from tests.support.key_rows import make_policy
 from tests.support.lock_order import assert_lock_order
 from tests.support.tasks import assert_invariants, in_seconds, numbered_task, submit_ok, worker_for
 
 pytestmark = pytest.mark.django_db
 
 
-def submit_many(tenant, queue_id: str, key: str, count: int) -> list[str]:
-    """`count` tasks of fairness key `key` through POST /v1/tasks:batch, in order; their ids."""
+def submit_many(tenant, queue_id: str, key: str, count: int, **fields) -> list[str]:
+    """`count` tasks of fairness key `key` (and `fields`) through POST /v1/tasks:batch, in order; their ids."""
     ids: list[str] = []
     for first in range(0, count, 500):
         items = [
-            {"idempotency_key": f"{key}-{n}", "task": numbered_task(queue_id, n, fairness_key=key)}
+            {"idempotency_key": f"{key}-{n}", "task": numbered_task(queue_id, n, fairness_key=key, **fields)}
             for n in range(first, min(count, first + 500))
         ]
         results = assert_ok(post_json(tenant.client, "/v1/tasks:batch", {"tasks": items}))["results"]
@@ -48,22 +49,25 @@ def keys_of(assignments: list[dict]) -> list[str]:
 
 def run_one(worker) -> str | None:
     """A worker of capacity 1: lease one task, start it, succeed; its fairness key."""
-    leased = rounds.lease_tasks(worker=worker, limit=1)
-    if not leased:
-        return None
-    (entry,) = leased
-    rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
-    rounds.record_result(
-        worker=worker,
-        attempt_id=entry["attempt_id"],
-        epoch=entry["epoch"],
-        outcome="SUCCEEDED",
-        retryable=False,
-        output=None,
-        error=None,
-    )
-    (key,) = keys_of(leased)
-    return key
+    ran = run_lease(worker, 1)
+    return ran[0] if ran else None
+
+
+def run_lease(worker, limit: int) -> list[str]:
+    """Lease up to `limit` tasks, start each, succeed each; their fairness keys in lease order."""
+    leased = rounds.lease_tasks(worker=worker, limit=limit)
+    for entry in leased:
+        rounds.approve_start(worker=worker, attempt_id=entry["attempt_id"], epoch=entry["epoch"])
+        rounds.record_result(
+            worker=worker,
+            attempt_id=entry["attempt_id"],
+            epoch=entry["epoch"],
+            outcome="SUCCEEDED",
+            retryable=False,
+            output=None,
+            error=None,
+        )
+    return keys_of(leased)
 
 
 def test_ten_tasks_of_one_tenant_run_before_the_others_twentieth(tenant):
@@ -76,6 +80,25 @@ def test_ten_tasks_of_one_tenant_run_before_the_others_twentieth(tenant):
     ran = [run_one(worker) for _ in range(21)]
     # then B's ten all ran before A's 12th: one of A's between each two of B's
     assert ran.count("B") == 10, ran
+    assert ran[:20] == ["A", "B"] * 10, ran
+    assert ran[20] == "A"
+    assert_invariants()
+
+
+@pytest.mark.parametrize("capacity", [1, 3])
+def test_tenants_sharing_one_concurrency_key_take_turns(tenant, capacity):
+    # given tenant A's 300 tasks and then tenant B's 10, every one on the same concurrency key
+    queue = make_queue(tenant.client, "shared", max_concurrency=1000, rate_per_second=10_000)
+    if capacity > 1:
+        make_policy(tenant.namespace, key="ledger", capacity=capacity)
+    submit_many(tenant, queue["id"], "A", 300, concurrency_key="ledger")
+    submit_many(tenant, queue["id"], "B", 10, concurrency_key="ledger")
+    worker = worker_for(tenant, queue["id"])
+    # when a worker runs them, as many at once as the key allows
+    ran: list[str] = []
+    while len(ran) < 21:
+        ran += run_lease(worker, capacity)
+    # then the key's turns alternate between the tenants, as without the key
     assert ran[:20] == ["A", "B"] * 10, ran
     assert ran[20] == "A"
     assert_invariants()
