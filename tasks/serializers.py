@@ -203,7 +203,7 @@ class DependsOnField(serializers.Field):
                     f"{where}: must be a task id (32 lowercase hex characters) or, in a batch, ref:NAME"
                 )
             if entry in seen:
-                raise InvalidArgument(f"{where}: repeats depends_on[{seen[entry]}]")
+                raise InvalidArgument(f"{where}: repeats entry {seen[entry]}")
             seen[entry] = index
         return list(data)
 

@@ -331,7 +331,7 @@ def _refuse_repeats(resolved: list[Dependency]) -> None:
     seen: dict[Dependency, int] = {}
     for at, dependency in enumerate(resolved):
         if dependency in seen:
-            raise InvalidArgument(f"depends_on[{at}]: repeats depends_on[{seen[dependency]}]")
+            raise InvalidArgument(f"depends_on[{at}]: repeats entry {seen[dependency]}")
         seen[dependency] = at
 
 

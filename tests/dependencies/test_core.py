@@ -42,7 +42,7 @@ def state_of(task_id: str) -> str:
         (["a" * 32] * 1001, "depends_on: must be a list of 1 to 1000 task ids"),
         (["A" * 32], "depends_on[0]: must be a task id (32 lowercase hex characters) or, in a batch, ref:NAME"),
         ([7], "depends_on[0]: must be a task id (32 lowercase hex characters) or, in a batch, ref:NAME"),
-        (["a" * 32, "b" * 32, "a" * 32], "depends_on[2]: repeats depends_on[0]"),
+        (["a" * 32, "b" * 32, "a" * 32], "depends_on[2]: repeats entry 0"),
         (["a" * 32], "depends_on[0]: task not found"),
         (["ref:first"], "depends_on[0]: ref:NAME names an earlier item of the same POST /v1/tasks:batch"),
     ],
@@ -214,6 +214,6 @@ def test_a_ref_and_the_id_it_resolves_to_are_one_dependency_named_twice(tenant, 
     results = post_json(tenant.client, "/v1/tasks:batch", {"tasks": [split, join]}).json()["data"]["results"]
     assert [r["status"] for r in results] == [200, 400]
     assert results[1]["error"]["code"] == "INVALID_ARGUMENT"
-    assert results[1]["error"]["message"] == "depends_on[1]: repeats depends_on[0]"
+    assert results[1]["error"]["message"] == "depends_on[1]: repeats entry 0"
     assert not TaskDependency.objects.filter(depends_on_id=split_id).exists()
     assert_invariants()

@@ -229,7 +229,7 @@ def test_a_batch_replay_of_a_dependent_keeps_its_ref_resolution(tenant, queue):
         ({"depends_on": None}, "depends_on"),
         ({"depends_on": ["ref:p"], "on_dependency_failure": None}, "on_dependency_failure"),
         ({"depends_on": ["ref:p"], "on_dependency_failure": "IGNORE"}, "on_dependency_failure"),
-        ({"depends_on": ["ref:p", "ref:p"]}, "depends_on[1]: repeats depends_on[0]"),
+        ({"depends_on": ["ref:p", "ref:p"]}, "depends_on[1]: repeats entry 0"),
         ({"depends_on": ["p"]}, "depends_on[0]: must be a task id"),
     ],
 )

@@ -212,6 +212,15 @@ def test_invalid_bodies_name_the_field(planner, queue, field, make):
 
 
 @pytest.mark.django_db
+def test_a_repeated_dependency_is_named_by_its_place_in_the_definition(planner, queue):
+    # (not "definition.task.depends_on[1]: repeats depends_on[0]", a path the body does not have)
+    body = replaced(plan_body(queue["id"]), ["a" * 32] * 2, "definition", "task", "depends_on")
+    answer = create_plan(planner.client, body)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["message"] == "definition.task.depends_on[1]: repeats entry 0"
+
+
+@pytest.mark.django_db
 def test_scope_queue_range_and_namespace(planner, tenant, queue):
     assert_error(create_plan(tenant.client, plan_body(queue["id"])), 403, "PERMISSION_DENIED")
     assert_error(tenant.client.get("/v1/plans"), 403, "PERMISSION_DENIED")
