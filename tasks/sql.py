@@ -49,7 +49,7 @@ CANDIDATE_KEY_FREE = (
 
 # One (handler, version) pair a worker serves; a worker that listed its
 # handlers leases only tasks of one of them. Parameters: handler, version.
-CANDIDATE_HANDLER = "(handler = %s AND handler_version = %s)"
+CANDIDATE_HANDLER = "(handler = %s AND (handler_version = %s OR %s = ''))"
 
 
 def candidate_filter(*, keyed: bool, handlers: int, max_key_version: int) -> str:

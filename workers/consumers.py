@@ -45,7 +45,7 @@ from orbit.principal import (
     token_from_header,
 )
 from tasks.actions import dispatch, endings, rounds
-from tasks.actions.context import LEASE_BATCH_MAX, WorkerContext
+from tasks.actions.context import ANY_VERSION, LEASE_BATCH_MAX, WorkerContext
 from tasks.actions.dispatch import LeaseOutcome
 from tasks.actions.identities import (
     HEARTBEAT_SECONDS,
@@ -325,7 +325,7 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         assert principal is not None
         principal.require("workers:consume")
         session_id = new_id()
-        handlers = tuple((h["handler"], h["handler_version"]) for h in hello.get("handlers", []))
+        handlers = tuple((h["handler"], h.get("handler_version", ANY_VERSION)) for h in hello.get("handlers", []))
         queue_ids = list(dict.fromkeys(hello["queues"]))
         identity_id = await run_db(
             register_worker,

@@ -83,7 +83,8 @@ def unknown_type(kind: Any) -> InvalidArgument:
 
 class HandlerInput(StrictSerializer):
     handler = StrictCharField(min_length=1, max_length=128)
-    handler_version = StrictCharField(min_length=1, max_length=64)
+    # Left out: any version of the handler (tasks.actions.context.ANY_VERSION).
+    handler_version = StrictCharField(min_length=1, max_length=64, required=False)
 
 
 class HelloInput(StrictSerializer):

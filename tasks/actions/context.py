@@ -20,6 +20,9 @@ from tasks import sql
 from tasks.key_rules import KeyRule, PolicySet, policies_of
 from tasks.models import Attempt, ConcurrencyKey, Task, TaskState
 
+# A worker's handler pair with this version (hello's entry without one) admits any version:
+# a task's handler_version is never empty.
+ANY_VERSION = ""
 # Most attempts one lease gives one worker: several workers on several nodes
 # share a hot queue instead of the fastest poller taking everything.
 LEASE_BATCH_MAX = 16
@@ -39,6 +42,7 @@ class WorkerContext:
     worker_id: str
     session_id: str
     queue_ids: tuple[str, ...]
+    # (handler, version) pairs; version ANY_VERSION for any version of it.
     handlers: tuple[tuple[str, str], ...]
     concurrency_keys: bool
     # The connection's worker identity row, whose session must still be this
@@ -139,7 +143,8 @@ def candidate_filter(worker: WorkerContext, queue_id: str, now: datetime) -> tup
     params: list[Any] = [at, True, queue_id, TaskState.WAITING, at]
     if worker.concurrency_keys:
         params.append(at)  # next_start_at is a DateTimeField too: the same value
-    params += [part for pair in worker.handlers for part in pair]
+    for handler, version in worker.handlers:
+        params += [handler, version, version]  # tasks.sql.CANDIDATE_HANDLER
     return where, params
 
 
@@ -219,10 +224,18 @@ def available(task: Task, now: datetime) -> bool:
     return task.available_at <= now and (task.deadline_at is None or task.deadline_at > now)
 
 
+def serves(handlers: Iterable[Iterable[str]], task: Task) -> bool:
+    """Whether a worker's handler filter (empty: any handler; a pair with
+    ANY_VERSION: any version of that handler) admits the task."""
+    listed = {tuple(pair) for pair in handlers}
+    return (
+        not listed
+        or (task.handler, task.handler_version) in listed
+        or (task.handler, ANY_VERSION) in listed
+    )
+
+
 def takes(*, handlers: Iterable[Iterable[str]], concurrency_keys: bool, task: Task) -> bool:
     """Whether a worker with these hello settings may be assigned the task:
-    its handler filter (empty: any), and keyed tasks only with the opt-in."""
-    listed = {tuple(pair) for pair in handlers}
-    if listed and (task.handler, task.handler_version) not in listed:
-        return False
-    return concurrency_keys or not task.concurrency_key
+    its handler filter (`serves`), and keyed tasks only with the opt-in."""
+    return serves(handlers, task) and (concurrency_keys or not task.concurrency_key)

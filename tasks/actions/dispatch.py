@@ -51,6 +51,7 @@ from tasks.actions.context import (
     queue_closed,
     rate_room,
     refuse_revoked,
+    serves,
     window_open,
     window_reopens_at,
     window_used,
@@ -385,7 +386,7 @@ class _KeyPermits:
             # rather than wrap.
             return None
         leased = self.stand_in(task)
-        if leased is not task and worker.handlers and (leased.handler, leased.handler_version) not in worker.handlers:
+        if leased is not task and not serves(worker.handlers, leased):
             return None  # the key's turn is the sibling's, for a worker that serves it
         return _Turn(leased, key_row, self.lines.get(task.id))
 
@@ -405,7 +406,7 @@ class _KeyPermits:
         rule = self.rules[turn.key_row.key]
         if rule.capacity <= 1 or key_refusal(turn.key_row, rule, self.now) is not None:
             return None
-        if worker.handlers and (successor.handler, successor.handler_version) not in worker.handlers:
+        if not serves(worker.handlers, successor):
             return None
         return successor
 

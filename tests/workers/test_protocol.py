@@ -118,7 +118,8 @@ def test_hello_without_workers_consume_is_permission_denied(tenant, queue, conne
         ({"worker_id": "has space"}, "INVALID_ARGUMENT"),
         ({"worker_id": "w" * 129}, "INVALID_ARGUMENT"),
         ({"concurrency_keys": "yes"}, "INVALID_ARGUMENT"),
-        ({"handlers": [{"handler": "echo"}]}, "INVALID_ARGUMENT"),
+        ({"handlers": [{"handler": "echo", "handler_version": ""}]}, "INVALID_ARGUMENT"),
+        ({"handlers": [{"handler_version": "v1"}]}, "INVALID_ARGUMENT"),
         ({"queues": ["0" * 32]}, "NOT_FOUND"),
     ],
 )
@@ -540,6 +541,26 @@ def test_handlers_filter_assignments(tenant, queue, connect):
     anyone.hello_as([queue["id"]], capacity=5, worker_id="anyone")
     got = {a["task"]["id"] for a in anyone.assignments(2)}
     assert got == {other_version["id"], other_handler["id"]}
+
+
+def test_a_handler_listed_without_a_version_takes_any_version_of_it_and_nothing_else(tenant, queue, connect):
+    # given tasks of another handler first, then two versions of resize
+    other = submit_ok(tenant.client, queue["id"], "c1", handler="crop", handler_version="v1")
+    v1 = submit_ok(tenant.client, queue["id"], "r1", handler="resize", handler_version="v1")
+    v2 = submit_ok(tenant.client, queue["id"], "r2", handler="resize", handler_version="v2")
+    # when a worker lists resize without a version, and crop/v9 exactly
+    picky = connect()
+    picky.hello_as(
+        [queue["id"]],
+        capacity=5,
+        worker_id="any-resize",
+        handlers=[{"handler": "resize"}, {"handler": "crop", "handler_version": "v9"}],
+    )
+    # then it gets both versions of resize, and never the crop/v1 task it cannot run
+    assert {a["task"]["id"] for a in picky.assignments(2)} == {v1["id"], v2["id"]}
+    picky.no_assignment(within=0.6)
+    assert Task.objects.get(id=other["id"]).state == "WAITING"
+    assert not Attempt.objects.filter(task_id=other["id"]).exists()
 
 
 def test_drain_stops_assignments_and_closes_when_idle(tenant, queue, connect):
