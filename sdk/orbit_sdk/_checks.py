@@ -14,10 +14,12 @@ import math
 def check_token(token: object) -> str:
     """The bearer token as the Authorization header can carry it. Never quoted in the error:
     it is a secret."""
-    if isinstance(token, str) and token and all(0x21 <= ord(ch) <= 0x7E for ch in token):
+    if not isinstance(token, str):
+        raise TypeError(f"token must be a string, got {type(token).__name__}")
+    if token and all(0x21 <= ord(ch) <= 0x7E for ch in token):
         return token
     hint = ""
-    if isinstance(token, str) and token.strip() != token:
+    if token.strip() != token:
         hint = " (this one has whitespace at an end: strip what was read from a file)"
     raise ValueError(f"token must be a non-empty string of printable ASCII without spaces{hint}")
 

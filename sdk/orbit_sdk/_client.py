@@ -278,6 +278,13 @@ def _call(
     params: Mapping[str, Any] | None = None,
 ) -> _Call[T]:
     checked = None if isinstance(key, _Unkeyed) else _check_idempotency_key(key)
+    for name, value in (params or {}).items():
+        # A query parameter of the wrong kind would go out as its str(): 2.5 or True as a
+        # page size, 5 as a queue id.
+        if value is not None and name == "page_size":
+            _whole(value, name)
+        elif value is not None:
+            _text(value, name)
     return _Call(method, path, lambda data, _request_id: parse(data), key=checked, body=body, params=params)
 
 
@@ -394,7 +401,9 @@ class _BaseClient:
         # Checked here, not left to the first request: a header httpx cannot send, or a timeout
         # a socket cannot take, would surface as a TransportError, which says "outcome unknown,
         # send again", or from deep inside the socket module.
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a string, got {type(url).__name__}")
+        if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must be an http:// or https:// URL, got {url!r}")
         token = check_token(token)
         self._timeout = check_seconds(timeout, "timeout", allow_none=True)

@@ -31,6 +31,15 @@ DEFAULT_RENEW_SECONDS = 10.0  # until hello.ok says otherwise
 # Close codes after which reconnecting with the same hello cannot help.
 FATAL_CLOSE_CODES = {4401: "UNAUTHENTICATED", 4403: "PERMISSION_DENIED", 4409: "STATE_CONFLICT"}
 FATAL_HTTP_STATUSES = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND"}
+
+
+def retried_status(status: int) -> bool:
+    """A handshake answer that may differ next time: a server (or proxy) starting, overloaded,
+    timing out or moving the application's cell. Any other (a page, 400, 426) is what the
+    URL's server answers every time."""
+    return status in (408, 429) or 500 <= status <= 599
+
+
 # Close codes after which the worker reconnects, logging the server's error frame sent before.
 CLOSE_MEANINGS = {
     1009: "a frame over the server's message size limit",
@@ -157,7 +166,14 @@ class Link:
                 status = exc.response.status_code
                 if status in FATAL_HTTP_STATUSES:
                     raise APIError(FATAL_HTTP_STATUSES[status], status, f"handshake refused: HTTP {status}") from exc
-                logger.warning("orbit worker %s: handshake refused (HTTP %s); retrying", self._worker_id, status)
+                if not retried_status(status):
+                    unusable = ProtocolError(
+                        f"orbit worker {self._worker_id}: the server answered the WebSocket handshake with "
+                        f"HTTP {status}: the server, or a proxy in front of it, does not accept WebSocket "
+                        "connections at this URL; not retried"
+                    )
+                else:
+                    logger.warning("orbit worker %s: handshake refused (HTTP %s); retrying", self._worker_id, status)
             except (InvalidHeader, InvalidURI) as exc:
                 # Not a lost connection: the same handshake fails the same way every time. Raised
                 # below, outside this block, so that websockets' exception (whose text may quote

@@ -102,10 +102,14 @@ class Worker:
         self.queues = list(queues)
         if not self.queues or not all(isinstance(queue, str) and queue for queue in self.queues):
             raise ValueError("queues must be a non-empty list of queue ids")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or not 1 <= capacity <= 1000:
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError(f"capacity must be an int between 1 and 1000, got {type(capacity).__name__}")
+        if not 1 <= capacity <= 1000:
             raise ValueError("capacity must be an int between 1 and 1000")
         self.capacity = capacity
-        self.concurrency_keys = bool(concurrency_keys)
+        if not isinstance(concurrency_keys, bool):  # "false" would be true
+            raise TypeError(f"concurrency_keys must be a bool, got {type(concurrency_keys).__name__}")
+        self.concurrency_keys = concurrency_keys
         self.worker_id = worker_id if worker_id is not None else default_worker_id()
         if not isinstance(self.worker_id, str):
             raise TypeError(f"worker_id must be a string, got {type(self.worker_id).__name__}")
@@ -127,11 +131,14 @@ class Worker:
                 raise ValueError(f"handler key must be 'name' or ('name', 'version'), got {key!r}")
         if not self._exact and not self._any_version:
             raise ValueError("at least one handler is required")
-        advertised = (
-            []
-            if self._any_version
-            else [{"handler": name, "handler_version": version} for name, version in self._exact]
-        )
+        # A bare name goes out without a version: the server leases any version of it, and
+        # nothing this worker has no handler for.
+        advertised: list[dict[str, str]] = [{"handler": name} for name in self._any_version]
+        advertised += [
+            {"handler": name, "handler_version": version}
+            for name, version in self._exact
+            if name not in self._any_version
+        ]
 
         # Thread-safe control surface.
         self._control = threading.Lock()

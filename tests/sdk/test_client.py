@@ -701,8 +701,6 @@ def test_a_cookie_set_in_front_of_the_server_is_sent_back() -> None:
         ("http://orbit", "", "token must be a non-empty string"),
         ("http://orbit", "orb_x\n", "token must be a non-empty string"),
         ("http://orbit", "tök", "token must be a non-empty string"),
-        ("http://orbit", None, "token must be a non-empty string"),
-        (None, "orb_x", "url must be an http:// or https:// URL"),
         ("orbit:8000", "orb_x", "url must be an http:// or https:// URL"),
     ],
 )
@@ -710,6 +708,39 @@ def test_a_client_that_could_never_send_is_refused_when_made(url, token, message
     # (not as a TransportError at the first call, which would say "outcome unknown, send again")
     with pytest.raises(ValueError, match=message):
         orbit_sdk.Client(url, token)
+
+
+@pytest.mark.parametrize(
+    ("url", "token", "message"),
+    [
+        ("http://orbit", None, "token must be a string, got NoneType"),
+        (None, "orb_x", "url must be a string, got NoneType"),
+        (b"http://orbit", "orb_x", "url must be a string, got bytes"),
+    ],
+)
+def test_a_client_url_or_token_of_the_wrong_kind_is_a_type_error(url, token, message):
+    with pytest.raises(TypeError, match=message):
+        orbit_sdk.Client(url, token)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"queue_id": 5}, "queue_id must be a string, got int"),
+        ({"state": ["WAITING"]}, "state must be a string, got list"),
+        ({"page_size": "2"}, "page_size must be an int, got str"),
+        ({"page_size": 2.5}, "page_size must be an int, got float"),
+        ({"page_size": True}, "page_size must be an int, got bool"),
+        ({"page_token": 7}, "page_token must be a string, got int"),
+    ],
+    ids=repr,
+)
+def test_a_list_filter_of_the_wrong_kind_is_refused_before_sending(arguments, message):
+    sent: list[httpx.Request] = []
+    client = orbit_sdk.Client("http://orbit.test", TOKEN, transport=httpx.MockTransport(sent.append))
+    with pytest.raises(TypeError, match=message):
+        client.list_tasks(**arguments)
+    assert sent == []
 
 
 @pytest.mark.parametrize("client_class", [Client, AsyncClient])

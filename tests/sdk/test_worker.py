@@ -729,7 +729,7 @@ def test_drain_before_run_returns_without_work():
 # --------------------------------------------------------------------------- handlers
 
 
-def test_bare_handler_names_advertise_any_and_unknown_handlers_are_released():
+def test_bare_handler_names_are_advertised_without_a_version_and_unknown_handlers_are_released():
     calls = []
 
     async def scenario():
@@ -739,7 +739,7 @@ def test_bare_handler_names_advertise_any_and_unknown_handlers_are_released():
             server.assign("a2", handler="other")
             async with running(worker):
                 await server.wait_for(lambda: server.attempts["a1"].result and server.attempts["a2"].release_reason)
-            assert server.received("hello")[0]["handlers"] == []
+            assert server.received("hello")[0]["handlers"] == [{"handler": "echo"}]
             assert calls == ["v7"]
             assert server.attempts["a2"].release_reason == "no handler"
             assert server.received("task.start", "a2") == []
@@ -747,8 +747,22 @@ def test_bare_handler_names_advertise_any_and_unknown_handlers_are_released():
     run(scenario)
 
 
+def test_bare_names_and_exact_pairs_are_advertised_together():
+    async def scenario():
+        async with FakeServer() as server:
+            handlers = {"echo": lambda e: None, ("resize", "v2"): lambda e: None, ("echo", "v1"): lambda e: None}
+            async with running(make_worker(server, handlers)):
+                await server.wait_for(lambda: server.received("hello"))
+            assert server.received("hello")[0]["handlers"] == [
+                {"handler": "echo"},
+                {"handler": "resize", "handler_version": "v2"},
+            ]
+
+    run(scenario)
+
+
 def test_a_task_no_handler_serves_is_handed_back_after_a_hold_not_at_once(caplog):
-    # given a worker of bare handler names (it advertises every handler)
+    # given a worker that is assigned tasks it has no handler for (a server that ignores its list)
     async def scenario():
         async with FakeServer() as server:
             worker = make_worker(server, {"echo": lambda e: None})
@@ -961,14 +975,23 @@ def test_a_refused_hello_ends_run_with_an_api_error(spec, status):
     run(scenario)
 
 
-@pytest.mark.parametrize("token", [TOKEN + "\n", " " + TOKEN, TOKEN.replace("_", " ", 1), "", "t\u00f6k", None])
-def test_a_token_the_authorization_header_cannot_carry_is_refused_like_the_clients(token: Any):
+@pytest.mark.parametrize(
+    ("token", "error", "message"),
+    [
+        (token, ValueError, "token must be a non-empty string of printable ASCII")
+        for token in [TOKEN + "\n", " " + TOKEN, TOKEN.replace("_", " ", 1), "", "t\u00f6k"]
+    ]
+    + [(None, TypeError, "token must be a string, got NoneType")],
+)
+def test_a_token_the_authorization_header_cannot_carry_is_refused_like_the_clients(
+    token: Any, error: type[Exception], message: str
+):
     """A token read from a file or a Kubernetes secret (``open(path).read()``) ends with a
     newline. ``Worker(url, token, ...)`` refuses it when made, with the Client's own check and
     error (without quoting the token), rather than failing every connect for ever."""
-    with pytest.raises(ValueError, match="token must be a non-empty string of printable ASCII") as refused:
+    with pytest.raises(error, match=message) as refused:
         orbit_sdk.Worker("http://orbit.test", token, ["q1"], {"echo": lambda e: None})
-    with pytest.raises(ValueError) as client_refused:
+    with pytest.raises(error) as client_refused:
         orbit_sdk.Client("http://orbit.test", token)
     assert str(refused.value) == str(client_refused.value)
     assert SECRET not in str(refused.value)
@@ -1049,6 +1072,69 @@ def test_a_handshake_answer_that_is_not_websocket_ends_the_run_with_a_protocol_e
     assert run(scenario) == 1
 
 
+def answer_handshakes_with(status_line: bytes):
+    """A server that answers every WebSocket handshake with a plain HTTP answer of
+    `status_line`; counts the handshakes (as `answered[0]`)."""
+    answered = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered[0] += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(status_line + b"\r\nContent-Type: text/html\r\nContent-Length: 5\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+
+    return answer, answered
+
+
+def worker_of_port(port: int) -> orbit_sdk.Worker:
+    return orbit_sdk.Worker(
+        f"http://127.0.0.1:{port}",
+        TOKEN,
+        ["q1"],
+        {"echo": lambda e: None},
+        min_reconnect_delay=0.02,
+        max_reconnect_delay=0.05,
+    )
+
+
+@pytest.mark.parametrize(
+    "status_line", [b"HTTP/1.1 200 OK", b"HTTP/1.1 400 Bad Request", b"HTTP/1.1 426 Upgrade Required"]
+)
+def test_a_handshake_answered_by_a_plain_http_page_ends_the_run_with_a_protocol_error(status_line):
+    """Another service at the URL (or a proxy that does not pass WebSocket on) answers
+    every handshake the same way: the run ends after one, rather than retrying for ever."""
+
+    async def scenario() -> int:
+        answer, answered = answer_handshakes_with(status_line)
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        async with server:
+            worker = worker_of_port(server.sockets[0].getsockname()[1])
+            status = status_line.split()[1].decode()
+            with pytest.raises(orbit_sdk.ProtocolError, match=f"HTTP {status}.*does not accept WebSocket") as ended:
+                await asyncio.wait_for(worker.run_async(), 2.0)
+        assert SECRET not in str(ended.value)
+        return answered[0]
+
+    assert run(scenario) == 1
+
+
+@pytest.mark.parametrize("status_line", [b"HTTP/1.1 503 Service Unavailable", b"HTTP/1.1 429 Too Many Requests"])
+def test_a_handshake_answered_unavailable_is_retried(status_line):
+    """A server (or proxy) that is starting, overloaded or moving a cell answers for now."""
+
+    async def scenario() -> int:
+        answer, answered = answer_handshakes_with(status_line)
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        async with server:
+            worker = worker_of_port(server.sockets[0].getsockname()[1])
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(worker.run_async(), 0.5)
+        return answered[0]
+
+    assert run(scenario) >= 3
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -1074,6 +1160,22 @@ def test_timing_options_that_cannot_work_are_refused_naming_the_option(options: 
     from inside the event loop later."""
     name = next(iter(options))
     with pytest.raises((ValueError, TypeError), match=name):
+        orbit_sdk.Worker("http://orbit.test", TOKEN, ["q1"], {"echo": lambda e: None}, **options)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"concurrency_keys": "false"}, "concurrency_keys must be a bool, got str"),
+        ({"concurrency_keys": 0}, "concurrency_keys must be a bool, got int"),
+        ({"capacity": "2"}, "capacity must be an int between 1 and 1000, got str"),
+        ({"capacity": 2.0}, "capacity must be an int between 1 and 1000, got float"),
+    ],
+    ids=repr,
+)
+def test_worker_options_of_the_wrong_kind_are_a_type_error(options: dict[str, Any], message: str):
+    # (a string "false" is true: the worker would take keyed tasks, for good under its worker_id)
+    with pytest.raises(TypeError, match=message):
         orbit_sdk.Worker("http://orbit.test", TOKEN, ["q1"], {"echo": lambda e: None}, **options)
 
 
