@@ -26,7 +26,8 @@ Retry-After, and reads the directory again for the retry."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.apps import apps
@@ -163,7 +164,43 @@ def move_application(
         raise MoveRefused("ORBIT_CELLS is not set: there is one cell, nowhere to move to")
     if target not in cells.names():
         raise MoveRefused(f"--to: unknown cell {target!r}; cells: {', '.join(cells.names())}")
-    placement = placement_of(application)
+    with _only_move_of(placement_of(application)):
+        _move(placement_of(application), target, timeout=timeout, say=say, clock=clock)
+
+
+@contextmanager
+def _only_move_of(placement: CellPlacement) -> Iterator[None]:
+    """Held for a whole move: a second run of it, which would read the same phase and copy
+    again what the first had switched and removed, is refused instead. A named lock of the
+    directory's server, so a run that crashed (its connection gone) leaves none behind."""
+    directory = connections[cells.DIRECTORY]
+    if directory.vendor != "mysql":  # cells are MySQL's; a test's SQLite directory has one process
+        yield
+        return
+    name = f"orbit_move:{placement.application_id}"
+    with directory.cursor() as cursor:
+        cursor.execute("SELECT GET_LOCK(%s, 0)", [name])
+        (held,) = cursor.fetchone()
+    if held != 1:
+        raise MoveRefused(
+            f"a move of {placement.name} is running in another process; run it again once that one has ended"
+        )
+    try:
+        yield
+    finally:
+        with directory.cursor() as cursor:
+            cursor.execute("SELECT RELEASE_LOCK(%s)", [name])
+
+
+def _move(
+    placement: CellPlacement,
+    target: str,
+    *,
+    timeout: float,
+    say: Callable[[str], None],
+    clock: Callable[[], float],
+) -> None:
+    """The move, under _only_move_of: the placement read again once it is held."""
     app_id = placement.application_id
     if placement.move_phase == "":
         if placement.cell == target:

@@ -378,6 +378,33 @@ def test_without_orbit_cells_there_is_no_cell_to_choose(installation: Installati
         shared.close()
 
 
+def test_a_second_move_of_one_application_is_refused_while_the_first_runs(installation: Installation) -> None:
+    # given an application in cell b with accepted tasks
+    installation.bootstrap("twice", "b")
+    keys = [f"twice-{n}" for n in range(5)]
+    for key in keys:
+        assert installation.submit("twice", key).status_code == 201
+    # when the same move is run twice at once
+    first = installation.prestart("orbit_move_application", "twice", "--to", "a", "--timeout", "30")
+    second = installation.prestart("orbit_move_application", "twice", "--to", "a", "--timeout", "30")
+    results = concurrently({"first": lambda: first.run(check=False), "second": lambda: second.run(check=False)})
+    # then one moves it and the other is refused in one line, touching nothing
+    moved = [result for result in results.values() if result.returncode == 0]
+    refused = [result for result in results.values() if result.returncode != 0]
+    assert len(moved) == 1 and "now served from cell a" in moved[0].stdout, results
+    assert len(refused) == 1 and refused[0].returncode == 1, results
+    stderr = refused[0].stderr
+    assert "Traceback" not in stderr and stderr.count("\n") == 1, stderr
+    assert "a move of twice is running in another process; run it again once that one has ended" in stderr
+    # and every accepted task is in cell a, served from there (once the server's cached
+    # placement answers "moved", read again)
+    for key in keys:
+        replay = installation.submit("twice", key)
+        if replay.status_code == 503:
+            replay = installation.submit("twice", key)
+        assert replay.status_code == 200 and replay.json()["data"]["deduplicated"] is True, replay.text
+
+
 def test_a_move_under_load_loses_nothing_and_key_tokens_continue(installation: Installation) -> None:
     credential = installation.bootstrap("mover", "b")
     tokens: list[int] = []
