@@ -228,11 +228,7 @@ def serves(handlers: Iterable[Iterable[str]], task: Task) -> bool:
     """Whether a worker's handler filter (empty: any handler; a pair with
     ANY_VERSION: any version of that handler) admits the task."""
     listed = {tuple(pair) for pair in handlers}
-    return (
-        not listed
-        or (task.handler, task.handler_version) in listed
-        or (task.handler, ANY_VERSION) in listed
-    )
+    return not listed or (task.handler, task.handler_version) in listed or (task.handler, ANY_VERSION) in listed
 
 
 def takes(*, handlers: Iterable[Iterable[str]], concurrency_keys: bool, task: Task) -> bool:

@@ -201,8 +201,8 @@ def _fair_lines(tasks: list[Task], now: datetime, served_in_lease: Sequence[Task
     at = db_value(Task, "available_at", now)
     params: list[Any] = []
     for task in tasks:
-        group = [task.namespace_id, task.concurrency_key, task.queue_id]
-        params += [*group, *group, TaskState.WAITING, at]
+        columns = [task.namespace_id, task.concurrency_key, task.queue_id]
+        params += [*columns, *columns, TaskState.WAITING, at]
     with connection.cursor() as cursor:
         cursor.execute(sql.fair_next_in_line(len(tasks)), params)
         found = cursor.fetchall()
