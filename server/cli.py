@@ -111,7 +111,9 @@ def database_problem(exc: BaseException, *, migrating: bool = False) -> str | No
             found = check_database(database, timeout=STARTUP_DB_SECONDS, migrations=not migrating)
             if found is not None and not found.startswith(UNNAMED_DATABASE_ERROR):
                 return with_advice(found, database, setting)
-        return None
+        # Every database answers now: a connection broke under a statement (a cell frozen
+        # for a while, a failover), or the error is none of the database's.
+        return connection_lost(exc)
     database = database_settings()
     unmakeable = missing_directory(database)
     if unmakeable is not None:
@@ -126,6 +128,22 @@ def database_problem(exc: BaseException, *, migrating: bool = False) -> str | No
     if found is None or found.startswith(UNNAMED_DATABASE_ERROR):
         return None
     return with_advice(found, database)
+
+
+# The MySQL client's codes for a connection that broke under a statement: the
+# server went away, stopped answering, or was frozen past the read timeout.
+CONNECTION_LOST_CODES = frozenset({2006, 2013, 4031})
+
+
+def connection_lost(exc: BaseException) -> str | None:
+    """The one line for a connection that broke mid-command, when the database
+    answers again by the time it is explained."""
+    from django.db import OperationalError
+
+    if isinstance(exc, OperationalError) and exc.args and exc.args[0] in CONNECTION_LOST_CODES:
+        said = exc.args[1] if len(exc.args) > 1 else exc.args[0]
+        return f"lost its database connection ({said}); run it again"
+    return None
 
 
 def with_advice(problem: str, database: dict[str, Any], setting: str = "ORBIT_MYSQL_DSN") -> str:

@@ -91,3 +91,14 @@ def test_a_move_to_a_cell_that_is_down_leaves_the_application_served(installatio
     assert 'ORBIT_CELLS["b"]' in moved.stderr or "cell b" in moved.stderr, moved.stderr
     # Nothing moved, so the application is served where it is (it was stopped, 503, until b came back).
     assert after.status_code == 201, (after.status_code, after.text, moved.stderr)
+
+
+def test_a_connection_lost_mid_command_is_one_line_once_every_cell_answers_again(installation: Installation) -> None:
+    # (a cell frozen long enough for the client to give up, thawed before the error is explained:
+    # every database answers when the command looks for the one at fault)
+    code = (
+        "from django.db import OperationalError; raise OperationalError(2013, 'Lost connection to server during query')"
+    )
+    result = installation.manage("shell", "-c", code, check=False)
+    assert result.returncode == 1
+    assert "lost its database connection (Lost connection to server during query); run it again" in one_line(result)
