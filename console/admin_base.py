@@ -22,7 +22,7 @@ from django.contrib.admin.exceptions import NotRegistered
 from django.contrib.admin.utils import display_for_field
 from django.contrib.admin.views.main import ChangeList
 from django.core.paginator import Paginator
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.db.models import Model, Q, QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
@@ -30,6 +30,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from console.cells import unavailable_page
 from orbit.models import Namespace
 
 # 100 pages of 100 rows; older rows are reached through filters and search.
@@ -409,14 +410,21 @@ class AdminStatementTimeout:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path.startswith("/admin/") or connection.vendor != "mysql":
             return self.get_response(request)
-        # MySQL 8 bounds SELECTs only, in milliseconds.
-        variable, limit = (
-            ("max_statement_time", ADMIN_STATEMENT_SECONDS)
-            if connection.mysql_is_mariadb  # type: ignore[attr-defined]  # the MySQL backend's, vendor checked above
-            else ("max_execution_time", ADMIN_STATEMENT_SECONDS * 1000)
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(f"SET SESSION {variable} = {limit}")
+        try:
+            # MySQL 8 bounds SELECTs only, in milliseconds.
+            variable, limit = (
+                ("max_statement_time", ADMIN_STATEMENT_SECONDS)
+                if connection.mysql_is_mariadb  # type: ignore[attr-defined]  # the MySQL backend's, vendor checked above
+                else ("max_execution_time", ADMIN_STATEMENT_SECONDS * 1000)
+            )
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET SESSION {variable} = {limit}")
+        except DatabaseError as error:
+            # The first statements of every console page: a database (a cell) that does not answer.
+            unavailable = unavailable_page(request, error)
+            if unavailable is None:
+                raise
+            return unavailable
         try:
             return self.get_response(request)
         finally:

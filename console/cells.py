@@ -9,9 +9,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
 
 from orbit import cells
+from orbit.api.errors import translate
+from orbit.errors import Unavailable
 
 SESSION_KEY = "orbit_cell"
 PICK = "cell"
@@ -26,12 +30,22 @@ def _holds(kind: str, row_id: str) -> bool:
 
 
 def _cell_holding(kind: str, row_id: str, first: str) -> str:
-    """The cell that holds the row, `first` looked in first (and kept when none does)."""
+    """The cell that holds the row, `first` looked in first (and kept when none does);
+    a cell that does not answer is passed over."""
     for cell in [first, *(name for name in cells.names() if name != first)]:
         with cells.in_cell(cell):
-            if _holds(kind, row_id):
-                return cell
+            try:
+                if _holds(kind, row_id):
+                    return cell
+            except DatabaseError as error:
+                if not _unreachable(error):
+                    raise
     return first
+
+
+def _unreachable(error: BaseException) -> bool:
+    """The database did not answer (as the API's 503 UNAVAILABLE reads it)."""
+    return isinstance(translate(error), Unavailable)
 
 
 class ConsoleCell:
@@ -65,6 +79,21 @@ class ConsoleCell:
                 request.session[SESSION_KEY] = cell = found
         with cells.in_cell(cell):
             return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        return unavailable_page(request, exception)
+
+
+def unavailable_page(request: HttpRequest, error: BaseException) -> HttpResponse | None:
+    """A console page whose database does not answer says so, 503 (with cells: which
+    cell, and the picker to another), not an internal error: the blast radius of a cell
+    is its own. None for any other error."""
+    if not request.path.startswith("/admin/") or not _unreachable(error):
+        return None
+    cell = cells.entered()
+    response = render(request, "admin/orbit_database_unavailable.html", {"cell": cell}, status=503)
+    response["Retry-After"] = "1"
+    return response
 
 
 def picker(request: HttpRequest) -> dict[str, Any]:

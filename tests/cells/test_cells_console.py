@@ -73,3 +73,25 @@ def test_each_page_shows_one_cell_and_the_picker_switches(installation: Installa
     assert picked(page) == "a"
     assert in_a in page.content()
     screenshot(page, "cells-task-by-id.png")
+
+
+def test_a_frozen_cell_answers_503_and_the_other_cells_pages_still_open(
+    installation: Installation, operator_page: Any
+) -> None:
+    in_a = installation.submit("alpha", f"frozen-console-a-{os.getpid()}").json()["data"]["task"]["id"]
+    page = operator_page
+    page.goto("/admin/?cell=b")
+    assert picked(page) == "b"
+    installation.private.freeze()
+    try:
+        # The frozen cell's pages say so (503), not an internal error.
+        answer = page.goto("/admin/tasks/task/")
+        assert answer is not None and answer.status == 503, answer and answer.status
+        assert "cell b does not answer" in page.content()
+        assert page.locator(".orbit-cells a:text('a')").count() == 1  # the way to another cell
+        # A task of cell a opened by its id is found there, past the frozen cell it is picked in.
+        answer = page.goto(f"/admin/tasks/task/{in_a}/change/")
+        assert answer is not None and answer.status == 200
+        assert picked(page) == "a" and in_a in page.content()
+    finally:
+        installation.private.thaw()
