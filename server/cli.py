@@ -254,7 +254,7 @@ def serve(args: list[str]) -> int:
     django.setup()
     from django.conf import settings
 
-    from server.probes import check_database, describe_installation, installation_databases
+    from server.probes import check_database, describe_installation, installation_databases, one_database_twice
 
     if settings.ORBIT_DEVELOPMENT_SECRET_KEY:
         print(
@@ -267,6 +267,9 @@ def serve(args: list[str]) -> int:
         problem = check_database(database, timeout=STARTUP_DB_SECONDS)
         if problem is not None:
             return fail(with_advice(problem, database, setting))
+    problem = one_database_twice(installation_databases(), timeout=STARTUP_DB_SECONDS)
+    if problem is not None:
+        return fail(problem)
     described = describe_installation()
 
     def announce(addresses: list[tuple[str, int]]) -> None:

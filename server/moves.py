@@ -37,6 +37,7 @@ from orbit import cells
 from orbit.db.pool import REQUEST_DEADLINE_SECONDS
 from orbit.db.rows import lock_by_pk
 from orbit.models import Application, ApplicationState, CellPlacement, Namespace
+from server.probes import installation_databases, one_database_twice
 
 APPS = ("orbit", "queues", "tasks", "workers", "plans")
 DRAINING, COPIED = "draining", "copied"
@@ -164,6 +165,10 @@ def move_application(
         raise MoveRefused("ORBIT_CELLS is not set: there is one cell, nowhere to move to")
     if target not in cells.names():
         raise MoveRefused(f"--to: unknown cell {target!r}; cells: {', '.join(cells.names())}")
+    # Two names of one database: the move would remove the rows it had just copied.
+    aliased = one_database_twice(installation_databases())
+    if aliased is not None:
+        raise MoveRefused(aliased)
     with _only_move_of(placement_of(application)):
         _move(placement_of(application), target, timeout=timeout, say=say, clock=clock)
 

@@ -239,6 +239,33 @@ def check_database(
             pass
 
 
+def one_database_twice(databases: list[tuple[str, dict[str, Any]]], timeout: float = 5.0) -> str | None:
+    """Two settings of the installation that reach one database by different names (a
+    host as localhost and as 127.0.0.1, say), which settings cannot see: each database
+    asked which server and schema it is. None when all differ, or when one does not
+    answer (check_database says so)."""
+    seen: dict[tuple[Any, ...], str] = {}
+    for setting, settings_dict in databases:
+        if _vendor(settings_dict) != "mysql":
+            continue
+        connection = open_connection(settings_dict, timeout)
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT @@hostname, @@port, @@datadir, DATABASE()")
+                identity = tuple(cursor.fetchone())
+        except DatabaseError:
+            return None
+        finally:
+            try:
+                connection.close()
+            except DatabaseError:
+                pass
+        if identity in seen:
+            return f"{setting} is the same database as {seen[identity]} (one server, reached by two names)"
+        seen[identity] = setting
+    return None
+
+
 class Readiness:
     """The /readyz check: one at a time, on one thread and one kept connection."""
 

@@ -21,6 +21,7 @@ from tests.support.cells import (
     DIRECTORY_DB,
     DIRECTORY_TABLES,
     MARKS,
+    SHARED,
     SUFFIX,
     Installation,
     column_values,
@@ -348,6 +349,29 @@ def test_two_cells_on_one_database_are_refused(installation: Installation) -> No
     same = json.dumps({"a": shared_dsn(CELL_A_DB), "b": shared_dsn(CELL_A_DB)})
     result = installation.manage("check", check=False, ORBIT_CELLS=same)
     assert result.returncode != 0 and "ORBIT_CELLS: cell 'b' is the same database as cell 'a'" in result.stderr
+
+
+def test_two_cells_on_one_database_by_different_names_are_refused_by_serve_and_moves(
+    installation: Installation,
+) -> None:
+    # given cell b written as cell a's database on the same server by another of its names
+    other_name = "localhost" if SHARED["HOST"] == "127.0.0.1" else "127.0.0.1"
+    same = json.dumps({"a": shared_dsn(CELL_A_DB), "b": shared_dsn(CELL_A_DB).replace(SHARED["HOST"], other_name, 1)})
+    results = concurrently(
+        {
+            "serve": lambda: installation.manage(
+                "serve", "-b", "127.0.0.1", "-p", "0", check=False, ORBIT_CELLS=same, ORBIT_SECRET_KEY="k" * 50
+            ),
+            "move": lambda: installation.manage(
+                "orbit_move_application", "no-such-app", "--to", "b", check=False, ORBIT_CELLS=same
+            ),
+        }
+    )
+    # then neither runs: a move between them would remove the rows it had just copied
+    for result in results.values():
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+        assert result.stderr.count("\n") == 1, result.stderr
+        assert 'ORBIT_CELLS["b"] is the same database as ORBIT_CELLS["a"]' in result.stderr, result.stderr
 
 
 def test_without_orbit_cells_there_is_no_cell_to_choose(installation: Installation, tmp_path: Path) -> None:
