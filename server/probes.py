@@ -230,13 +230,16 @@ def check_database(
     (`migrations`: pending ones count as a problem)."""
     settings_dict = database_settings() if settings_dict is None else settings_dict
     connection = open_connection(settings_dict, timeout)
-    try:
-        return diagnose(connection, migrations=migrations)
-    finally:
+    # Outside any cell a command has entered: in one, the check of another database
+    # (the directory's, when a cell failed) reached the entered cell's instead.
+    with cells.in_cell(None):
         try:
-            connection.close()
-        except DatabaseError:  # a connection that never opened has nothing to close
-            pass
+            return diagnose(connection, migrations=migrations)
+        finally:
+            try:
+                connection.close()
+            except DatabaseError:  # a connection that never opened has nothing to close
+                pass
 
 
 def one_database_twice(databases: list[tuple[str, dict[str, Any]]], timeout: float = 5.0) -> str | None:

@@ -4,6 +4,7 @@ never a traceback; the move's deadline; a move to a cell that is down."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 from tests.support.cells import MARKS, Installation, shared_dsn
@@ -102,3 +103,19 @@ def test_a_connection_lost_mid_command_is_one_line_once_every_cell_answers_again
     result = installation.manage("shell", "-c", code, check=False)
     assert result.returncode == 1
     assert "lost its database connection (Lost connection to server during query); run it again" in one_line(result)
+
+
+def test_a_cell_that_does_not_answer_is_named_by_its_setting_not_as_the_directory(installation: Installation) -> None:
+    # given a third cell on a port where no server listens
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    cells = {**json.loads(installation.env["ORBIT_CELLS"]), "c": f"mysql://root@127.0.0.1:{dead_port}/orbit_cells_c"}
+    # when an application is placed there
+    result = installation.manage(
+        "orbit_application", "create", "deadcell", "--cell", "c", check=False, ORBIT_CELLS=json.dumps(cells)
+    )
+    # then the one line names that cell's server and setting (it named the directory's)
+    assert result.returncode == 1
+    line = one_line(result)
+    assert f"cannot reach the database server at 127.0.0.1:{dead_port}" in line and 'ORBIT_CELLS["c"]' in line, line
