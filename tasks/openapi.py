@@ -296,6 +296,9 @@ def _retry_rule(auto_schema: Any, schema: Schema) -> Schema:
 # tasks.serializers.is_control: C0, DEL and C1.
 _KEY_CHARACTER = "[^\\u0000-\\u001f\\u007f-\\u009f]"
 _KEY_EDGE = "[^\\u0000-\\u001f\\u007f-\\u009f\\s]"
+_KEY_BODY = f"{_KEY_EDGE}(?:{_KEY_CHARACTER}*{_KEY_EDGE})?"
+# A concurrency key that is given (ConcurrencyKeyField, not empty).
+KEY_PATTERN = f"^{_KEY_BODY}$"
 
 
 class ConcurrencyKeys(OpenApiSerializerFieldExtension):
@@ -304,7 +307,7 @@ class ConcurrencyKeys(OpenApiSerializerFieldExtension):
     def map_serializer_field(self, auto_schema: Any, direction: Any) -> Schema:
         return {
             **base_field_schema(auto_schema, self.target, direction),
-            "pattern": f"^(?:{_KEY_EDGE}(?:{_KEY_CHARACTER}*{_KEY_EDGE})?)?$",
+            "pattern": f"^(?:{_KEY_BODY})?$",
             "description": "empty or omitted: none; no control characters, no whitespace at either end; "
             "compared byte for byte",
         }

@@ -8,9 +8,11 @@ from typing import Any
 
 from orbit.api import openapi_objects as shapes
 from orbit.api.openapi_registry import Schema, register_body_rule, register_component
+from tasks.openapi import KEY_PATTERN
 from tasks.policy_serializers import MAX_CAPACITY, MAX_RATE_BURST, MAX_RATE_PER_SECONDS, MAX_RATE_STARTS
 
-_KEY = {"type": "string", "minLength": 1, "maxLength": 191}
+# ConcurrencyKeyField's rules, never empty: no control characters, no whitespace at either end.
+_KEY = {"type": "string", "minLength": 1, "maxLength": 191, "pattern": KEY_PATTERN}
 
 KEY_POLICY_MATCH = {
     "oneOf": [

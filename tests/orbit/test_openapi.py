@@ -20,7 +20,7 @@ from orbit.errors import InvalidArgument
 from orbit.fields import UINT64_MAX
 from plans.openapi import CRON_PATTERN
 from plans.serializers import ScheduleInput, iana_zone_names
-from tasks.serializers import DependsOnField, TimeField
+from tasks.serializers import ConcurrencyKeyField, DependsOnField, TimeField
 
 ENDPOINTS = {
     "/v1/queues": {"get", "post"},
@@ -268,6 +268,17 @@ def test_reason_and_time_patterns_are_the_fields_rules():
         "2026-W01-1T03:04:05Z",
     ]:
         assert bool(time.search(sample)) == accepts(TimeField(), sample), sample
+
+
+def test_a_key_policys_match_carries_the_concurrency_keys_pattern():
+    # (decisions: every pattern is in the schema, built from the validators' own rules)
+    schema = document()["components"]["schemas"]
+    forms = [form["properties"] for form in schema["KeyPolicyMatch"]["oneOf"]]
+    for form in forms:
+        ((name, field),) = form.items()
+        pattern = re.compile(field["pattern"])
+        for sample in ["customer/", "a b", " a", "a ", "a\nb", "\u00a0x", "x\u0085", "é/\u4e2d", "a\x00b"]:
+            assert bool(pattern.search(sample)) == accepts(ConcurrencyKeyField(), sample), (name, repr(sample))
 
 
 @pytest.mark.parametrize(
