@@ -48,7 +48,9 @@ CANDIDATE_KEY_FREE = (
 )
 
 # One (handler, version) pair a worker serves; a worker that listed its
-# handlers leases only tasks of one of them. Parameters: handler, version.
+# handlers leases only tasks of one of them. An empty version (a hello entry
+# without one) admits every version of the handler. Parameters: handler,
+# version, version.
 CANDIDATE_HANDLER = "(handler = %s AND (handler_version = %s OR %s = ''))"
 
 

@@ -171,10 +171,10 @@ def _lease_pass(
     headroom, rate_reopens_in = _queue_room(queues.values(), states, now)
     if not headroom:
         return [LeaseOutcome([], rate_reopens_in) for _ in requests], False
-    fair = any(states[queue_id].fair_shares for queue_id in headroom)
+    fair_queues = {queue_id for queue_id in headroom if states[queue_id].fair_shares}
+    fair = bool(fair_queues)
     candidates, more = _best_candidates(worker, headroom, want, now, states, fair)
     policies = configuration.key_policies(worker.application_id, worker.namespace_id)
-    fair_queues = {queue_id for queue_id in headroom if states[queue_id].fair_shares}
     permits = _KeyPermits.lock(worker, candidates, policies, now, fair_queues, served)
     # In lease order, once the keys are read: a ready keyed task stands in for
     # the sibling that overtook it (next_in_line), ranked as what it leases.
