@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import logging
 import math
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -1037,65 +1039,52 @@ def test_websockets_debug_log_of_the_handshake_leaves_the_token_out(caplog):
     assert [text for text in logged if SECRET in text] == []
 
 
+@contextlib.asynccontextmanager
+async def answering_handshakes(answer_bytes: bytes) -> AsyncIterator[tuple[orbit_sdk.Worker, list[int]]]:
+    """A server that answers every WebSocket handshake with `answer_bytes` and closes, and a
+    worker of its URL that reconnects quickly; the count of handshakes answered (as `[n]`)."""
+    answered = [0]
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered[0] += 1
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer_bytes)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    async with server:
+        yield (
+            orbit_sdk.Worker(
+                f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
+                TOKEN,
+                ["q1"],
+                {"echo": lambda e: None},
+                min_reconnect_delay=0.02,
+                max_reconnect_delay=0.05,
+            ),
+            answered,
+        )
+
+
 def test_a_handshake_answer_that_is_not_websocket_ends_the_run_with_a_protocol_error():
     """A server, or a proxy in front of it, that answers the handshake with an invalid Upgrade
     header will answer so every time: the run ends with a ProtocolError after one attempt,
     rather than reconnecting for ever as after a lost connection."""
 
     async def scenario() -> int:
-        answered = 0
-
-        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            nonlocal answered
-            answered += 1
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n")
-            await writer.drain()
-            writer.close()
-
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        async with server:
-            worker = orbit_sdk.Worker(
-                f"http://127.0.0.1:{port}",
-                TOKEN,
-                ["q1"],
-                {"echo": lambda e: None},
-                min_reconnect_delay=0.02,
-                max_reconnect_delay=0.05,
-            )
+        head = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n"
+        async with answering_handshakes(head) as (worker, answered):
             with pytest.raises(orbit_sdk.ProtocolError, match="Upgrade header") as ended:
                 await asyncio.wait_for(worker.run_async(), 2.0)
         assert SECRET not in str(ended.value)
-        return answered
+        return answered[0]
 
     assert run(scenario) == 1
 
 
-def answer_handshakes_with(status_line: bytes):
-    """A server that answers every WebSocket handshake with a plain HTTP answer of
-    `status_line`; counts the handshakes (as `answered[0]`)."""
-    answered = [0]
-
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        answered[0] += 1
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(status_line + b"\r\nContent-Type: text/html\r\nContent-Length: 5\r\n\r\nhello")
-        await writer.drain()
-        writer.close()
-
-    return answer, answered
-
-
-def worker_of_port(port: int) -> orbit_sdk.Worker:
-    return orbit_sdk.Worker(
-        f"http://127.0.0.1:{port}",
-        TOKEN,
-        ["q1"],
-        {"echo": lambda e: None},
-        min_reconnect_delay=0.02,
-        max_reconnect_delay=0.05,
-    )
+# A plain HTTP answer's headers and body, after its status line.
+PAGE = b"\r\nContent-Type: text/html\r\nContent-Length: 5\r\n\r\nhello"
 
 
 @pytest.mark.parametrize(
@@ -1106,11 +1095,8 @@ def test_a_handshake_answered_by_a_plain_http_page_ends_the_run_with_a_protocol_
     every handshake the same way: the run ends after one, rather than retrying for ever."""
 
     async def scenario() -> int:
-        answer, answered = answer_handshakes_with(status_line)
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        async with server:
-            worker = worker_of_port(server.sockets[0].getsockname()[1])
-            status = status_line.split()[1].decode()
+        status = status_line.split()[1].decode()
+        async with answering_handshakes(status_line + PAGE) as (worker, answered):
             with pytest.raises(orbit_sdk.ProtocolError, match=f"HTTP {status}.*does not accept WebSocket") as ended:
                 await asyncio.wait_for(worker.run_async(), 2.0)
         assert SECRET not in str(ended.value)
@@ -1124,10 +1110,7 @@ def test_a_handshake_answered_unavailable_is_retried(status_line):
     """A server (or proxy) that is starting, overloaded or moving a cell answers for now."""
 
     async def scenario() -> int:
-        answer, answered = answer_handshakes_with(status_line)
-        server = await asyncio.start_server(answer, "127.0.0.1", 0)
-        async with server:
-            worker = worker_of_port(server.sockets[0].getsockname()[1])
+        async with answering_handshakes(status_line + PAGE) as (worker, answered):
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(worker.run_async(), 0.5)
         return answered[0]
