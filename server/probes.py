@@ -27,8 +27,9 @@ import copy
 import logging
 import math
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import wraps
 from pathlib import Path
@@ -223,23 +224,30 @@ def diagnose(connection: BaseDatabaseWrapper, *, migrations: bool = True) -> str
     return None if found is None else found.detail
 
 
+@contextmanager
+def probe_connection(settings_dict: dict[str, Any], timeout: float) -> Iterator[BaseDatabaseWrapper]:
+    """open_connection for one probe, closed after it. Used outside any cell a command has
+    entered: inside one, the check of another database (the directory's, when a cell
+    failed) reached the entered cell's instead."""
+    connection = open_connection(settings_dict, timeout)
+    with cells.in_cell(None):
+        try:
+            yield connection
+        finally:
+            try:
+                connection.close()
+            except DatabaseError:  # a connection that never opened has nothing to close
+                pass
+
+
 def check_database(
     settings_dict: dict[str, Any] | None = None, timeout: float = 5.0, *, migrations: bool = True
 ) -> str | None:
     """Start-up check of `orbit serve`, on a connection it closes again
     (`migrations`: pending ones count as a problem)."""
     settings_dict = database_settings() if settings_dict is None else settings_dict
-    connection = open_connection(settings_dict, timeout)
-    # Outside any cell a command has entered: in one, the check of another database
-    # (the directory's, when a cell failed) reached the entered cell's instead.
-    with cells.in_cell(None):
-        try:
-            return diagnose(connection, migrations=migrations)
-        finally:
-            try:
-                connection.close()
-            except DatabaseError:  # a connection that never opened has nothing to close
-                pass
+    with probe_connection(settings_dict, timeout) as connection:
+        return diagnose(connection, migrations=migrations)
 
 
 def one_database_twice(databases: list[tuple[str, dict[str, Any]]], timeout: float = 5.0) -> str | None:
@@ -251,18 +259,12 @@ def one_database_twice(databases: list[tuple[str, dict[str, Any]]], timeout: flo
     for setting, settings_dict in databases:
         if _vendor(settings_dict) != "mysql":
             continue
-        connection = open_connection(settings_dict, timeout)
         try:
-            with connection.cursor() as cursor:
+            with probe_connection(settings_dict, timeout) as connection, connection.cursor() as cursor:
                 cursor.execute("SELECT @@hostname, @@port, @@datadir, DATABASE()")
                 identity = tuple(cursor.fetchone())
         except DatabaseError:
             return None
-        finally:
-            try:
-                connection.close()
-            except DatabaseError:
-                pass
         if identity in seen:
             return f"{setting} is the same database as {seen[identity]} (one server, reached by two names)"
         seen[identity] = setting
