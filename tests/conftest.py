@@ -78,6 +78,9 @@ def is_mysql() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The chaos runs (minutes each) first: with scripts/test's two processes,
+    # one runs them while the other takes the rest, instead of both waiting on them at the end.
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/chaos/"))
     spread_over_cells(items)
     if connection.vendor == "mysql":
         return
@@ -85,6 +88,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "mysql_only" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    # A report crosses to pytest-xdist's controller as UTF-8, and a test of lone
+    # surrogates captures them in its output: escaped, they cannot end the run.
+    report = yield
+    report.sections = [(name, text.encode("utf-8", "backslashreplace").decode()) for name, text in report.sections]
+    return report
 
 
 from tests.support.live import orbit_server  # noqa: E402,F401  (session fixture: a real server process)
