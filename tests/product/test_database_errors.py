@@ -68,6 +68,11 @@ def with_database(env: dict[str, str], name: str) -> dict[str, str]:
     return {**env, "ORBIT_MYSQL_DSN": env["ORBIT_MYSQL_DSN"].rsplit("/", 1)[0] + "/" + name}
 
 
+def one_database(env: dict[str, str]) -> dict[str, str]:
+    """The environment of an installation without cells (the suite may run on two)."""
+    return {name: value for name, value in env.items() if name != "ORBIT_CELLS"}
+
+
 @pytest.mark.mysql_only  # SQLite's missing file: tests/product/test_serve.py, and migrate creates it
 def test_a_missing_database_is_one_line_naming_it_and_the_statement_that_creates_it(env, tmp_path):
     missing = with_database(env, "orbit_no_such_database")
@@ -118,7 +123,7 @@ def test_a_database_never_migrated_is_one_line_saying_run_migrate(env, empty_dat
 def test_orbit_cells_reports_a_database_that_does_not_answer_and_exits_1(env):
     """A status report a monitor runs: the report on stdout, and the status says
     whether the installation answers."""
-    result = orbit(with_database(env, "orbit_no_such_database"), "orbit_cells")
+    result = orbit(with_database(one_database(env), "orbit_no_such_database"), "orbit_cells")
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert "unreachable: OperationalError" in result.stdout and "Unknown database" in result.stdout
     assert result.stderr == "CommandError: the database does not answer\n"
@@ -239,7 +244,7 @@ def test_a_dsn_orbit_cannot_use_is_a_configuration_error_naming_the_variable(env
 
 def test_an_sqlite_file_in_a_missing_directory_is_one_line_for_migrate_and_check(env, tmp_path):
     path = tmp_path / "missing" / "orbit.sqlite3"
-    sqlite = {name: value for name, value in env.items() if name != "ORBIT_MYSQL_DSN"}
+    sqlite = {name: value for name, value in one_database(env).items() if name != "ORBIT_MYSQL_DSN"}
     sqlite["ORBIT_SQLITE_PATH"] = str(path)
     for command in ("migrate", "orbit_check"):
         result = orbit(sqlite, command)
