@@ -24,6 +24,7 @@ from orbit.audit import record_management_change
 from orbit.db.rows import keyset_page, select_rows
 from orbit.errors import InvalidArgument, NotFound, OrbitError, QueueFull, StateConflict, require_revision
 from orbit.fields import is_resource_id
+from orbit.models import Application, ApplicationState
 from orbit.principal import Actor, Principal
 from orbit.timefmt import format_time
 from orbit.transactions import outermost
@@ -31,7 +32,7 @@ from plans.models import Plan, PlanState, PlanTrigger, PlanVersion, TriggerOutco
 from plans.schedule import decide, first_point_after, points_from
 from plans.serializers import PlanTaskInput
 from queues.locks import lock_queue_states
-from queues.models import Queue
+from queues.models import Queue, QueueState
 from tasks.actions.dependencies import resolve_depends_on
 from tasks.actions.submit import admit_tasks
 
@@ -313,6 +314,11 @@ def _step_plan(plan_id: str, now: datetime) -> Stepped:
     complete = following is not None and following > now
     decisions = decide(due, version.misfire, now, complete)
     fired = [d for d in decisions if d.fire]
+    if len(fired) > 1:
+        # Each fired point's task row is written before the lock decides it
+        # and deleted if refused: a plan catching up on a full queue would
+        # write and delete up to POINTS_PER_STEP rows every step.
+        fired = fired[: max(1, _room(plan.queue_id, plan.application_id))]
     outcomes: list[Any] = []
     if fired:
         task = PlanTaskInput.validated(version.definition["task"])
@@ -323,7 +329,7 @@ def _step_plan(plan_id: str, now: datetime) -> Stepped:
     cursor = following
     held = False
     for decision in decisions:
-        outcome = created.get(decision.point)
+        outcome = created.get(decision.point, QueueFull() if decision.fire else None)
         if isinstance(outcome, QueueFull):
             # The full point stays the next cursor: no task, no record; the
             # next step decides it again by the same (frozen) policy.
@@ -344,6 +350,23 @@ def _step_plan(plan_id: str, now: datetime) -> Stepped:
     plan.updated_at = now
     plan.save(update_fields=["next_fire_at", "updated_at"])
     return Stepped(len(records), held)
+
+
+def _room(queue_id: str, application_id: str) -> int:
+    """How many more tasks the queue and its application take, read without a
+    lock (the admission decides under it): the points past it wait for the
+    next step, as a refused one does."""
+    queue_limit = Queue.objects.filter(id=queue_id).values_list("max_unfinished_tasks", flat=True).first()
+    queue_unfinished = QueueState.objects.filter(queue_id=queue_id).values_list("unfinished_tasks", flat=True).first()
+    app_limit = Application.objects.filter(id=application_id).values_list("max_unfinished_tasks", flat=True).first()
+    app_unfinished = (
+        ApplicationState.objects.filter(application_id=application_id)
+        .values_list("unfinished_tasks", flat=True)
+        .first()
+    )
+    if None in (queue_limit, queue_unfinished, app_limit, app_unfinished):
+        return 1  # the admission says what is missing
+    return min(cast(int, queue_limit) - cast(int, queue_unfinished), cast(int, app_limit) - cast(int, app_unfinished))
 
 
 def _due_plans(now: datetime) -> Iterator[tuple[str, str]]:

@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from orbit_sdk import Client, CreatePlanRequest, CreateQueueRequest
+from plans import actions as plans_actions
 from plans.actions import fire_due_plans
 from plans.models import Plan, PlanTrigger, PlanVersion
 from tasks.actions import rounds
@@ -114,6 +115,38 @@ def test_a_full_queue_keeps_the_point_as_the_cursor_and_the_frozen_policy_decide
     assert decided[3] == ("SKIPPED", "outside the catch-up window")
     assert decided[4:] == [("CREATED", "")] * 3  # the queue is full again after three
     assert Plan.objects.get(id=plan_id).next_fire_at == minutes(anchor, 8)
+    assert_invariants()
+
+
+@pytest.mark.django_db
+def test_a_plan_catching_up_on_a_full_queue_writes_only_the_rows_it_has_room_for(planner, monkeypatch):
+    # Each fired point's task row is written before the lock decides it, and
+    # deleted if refused: held at a full queue, every step wrote and deleted
+    # all the points it had waiting (up to 500), every half second.
+    queue = make_queue(planner.client, "q", max_unfinished_tasks=3)
+    plan_id, anchor = new_plan(planner, queue["id"], misfire={"policy": "CATCH_UP", "catch_up_window_seconds": 600})
+    admitted: list[int] = []
+    admit = plans_actions.admit_tasks
+
+    def counting(*, items, **rest):
+        admitted.append(len(items))
+        return admit(items=items, **rest)
+
+    monkeypatch.setattr(plans_actions, "admit_tasks", counting)
+    now = minutes(anchor, 20) + timedelta(seconds=1)  # ten points inside the window
+    assert fire_due_plans(now) == 13  # ten skipped, three created
+    assert fire_due_plans(now + timedelta(seconds=1)) == 0
+    assert fire_due_plans(now + timedelta(seconds=2)) == 0
+    assert admitted == [3, 1, 1]
+    assert triggers(plan_id) == [("SKIPPED", "outside the catch-up window")] * 10 + [("CREATED", "")] * 3
+    assert Plan.objects.get(id=plan_id).next_fire_at == minutes(anchor, 14)
+    assert Task.objects.filter(queue_id=queue["id"]).count() == 3
+    # room for two: the next step takes two points, and the one after is held again
+    for n, task_id in enumerate(PlanTrigger.objects.filter(plan_id=plan_id, outcome="CREATED")[:2]):
+        assert_ok(cancel(planner.client, task_id.task_id, f"free-{n}"))
+    assert fire_due_plans(now + timedelta(seconds=3)) == 2
+    assert admitted[-1] == 2
+    assert Plan.objects.get(id=plan_id).next_fire_at == minutes(anchor, 16)
     assert_invariants()
 
 
