@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError
 
-from orbit.models import Application, ApplicationState, Credential, Namespace
+from orbit.models import Application, ApplicationState, AuditEntry, Credential, Event, Namespace
 from queues.models import Queue, QueueState
 from tests.conftest import api_client, post_json
 from tests.support.api import HEX32, assert_ok
@@ -95,6 +95,27 @@ def test_bootstrap_writes_the_credentials_file(db, tmp_path):
     assert credential.scopes == MANAGE_SCOPES
     assert credential.secret_hash == hashlib.sha256(secret.encode()).hexdigest()
     assert secret not in json.dumps(list(Credential.objects.values()), default=str)
+
+
+def test_the_queue_bootstrap_creates_has_its_audit_row_and_event_as_the_apis(db, tmp_path):
+    # SPEC §3: a queue create writes an audit row and an event in its transaction.
+    bootstrap(tmp_path / "first.json")
+    content = read_file(tmp_path / "first.json")
+    credential_id = content["token"].split("_", 2)[1]
+    (entry,) = AuditEntry.objects.filter(target_id=content["queue_id"])
+    assert (entry.action, entry.target_type, entry.credential_id, entry.namespace_id, entry.before) == (
+        "queue.created",
+        "queue",
+        credential_id,
+        content["namespace_id"],
+        None,
+    )
+    assert entry.after == assert_ok(get_queue(api_client(content["token"]), content["queue_id"]))
+    (event,) = Event.objects.filter(subject_id=content["queue_id"])
+    assert (event.type, event.seq, event.data["after"]) == ("queue.created", 1, entry.after)
+    # a second run reuses the queue: nothing more is recorded for it
+    bootstrap(tmp_path / "second.json")
+    assert AuditEntry.objects.filter(target_id=content["queue_id"]).count() == 1
 
 
 def test_bootstrap_token_works_against_the_api(db, tmp_path):

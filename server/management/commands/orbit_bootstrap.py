@@ -7,8 +7,10 @@ from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
 from orbit.models import Application, Namespace
+from orbit.principal import Actor, Principal
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
-from queues.models import Queue, QueueState
+from queues.actions import QueueLimits, queue_create
+from queues.models import Queue
 from queues.serializers import QueueCreateInput
 from server.management.commands._credentials_file import (
     URL_HELP,
@@ -80,19 +82,25 @@ class Command(BaseCommand):
             application = ensure_application(options["application"])
             namespace = ensure_namespace(application, options["environment"], options["namespace"])
             queue = Queue.objects.filter(namespace_id=namespace.id, name=options["queue"]).first()
-            if queue is None:
-                queue = Queue.objects.create(
-                    namespace_id=namespace.id,
-                    application_id=application.id,
-                    name=options["queue"],
-                    max_concurrency=options["max_concurrency"],
-                    rate_per_second=options["rate_per_second"],
-                )
-                QueueState.objects.create(queue_id=queue.id, application_id=application.id)
-            elif queue.retired_at is not None:
+            if queue is not None and queue.retired_at is not None:
                 raise CommandError(f"queue {options['queue']!r} of this namespace is retired; choose another name")
             issued = issue_credential(namespace, scopes=scopes, queue_ids=None, name="bootstrap")
-            return file_content(issued, namespace, queue.id, options["url"]), issued.credential.id
+            if queue is None:
+                # Through the verb, as the API creates one: its audit row (naming the
+                # credential just minted) and its queue.created event.
+                principal = Principal(
+                    credential_id=issued.credential.id,
+                    application_id=application.id,
+                    namespace_id=namespace.id,
+                    scopes=frozenset(scopes),
+                    queue_ids=None,
+                )
+                actor = Actor(principal=principal, request_id="")
+                limits = QueueLimits(options["max_concurrency"], options["rate_per_second"], 0)
+                queue_id = queue_create(actor=actor, name=options["queue"], limits=limits)["id"]
+            else:
+                queue_id = queue.id
+            return file_content(issued, namespace, queue_id, options["url"]), issued.credential.id
 
         content, credential_id = mint_and_write(options["output"], overwrite=options["overwrite"], mint=mint)
         self.stdout.write(f"wrote {options['output']} (credential {credential_id}, queue {content['queue_id']})")
