@@ -28,6 +28,7 @@ LOCK_ORDER: tuple[str, ...] = (
     "orbit_attempt",  # ascending id
     "orbit_task_dependency",  # a dependency's edges, settled under the application's state row
     "orbit_dependency_settlement",  # a wide fan-out's settlement left to the follow-up, deleted by its last chunk
+    "orbit_plan_trigger",  # inserted with its task by a plan's step, deleted with it by orbit_prune
     "orbit_fair_share",  # a fair lease's served times, one upsert after all its passes (ascending queue, key)
     "orbit_queue_minute",  # the console's rollup, added at the end of a round (ascending queue, minute)
     "orbit_event_sequence",  # last: events are written at the end of their transaction

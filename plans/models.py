@@ -87,3 +87,5 @@ class PlanTrigger(models.Model):
         # A plan's triggers are read in the order they were decided, paged by their point
         # (ids are a cell's own: a move gives them new ones).
         constraints = [models.UniqueConstraint(fields=["plan_id", "scheduled_at"], name="uniq_plan_trigger_point")]
+        # orbit_prune removes a plan's finished task with the trigger that names it.
+        indexes = [models.Index(fields=["task_id"], name="idx_plan_trigger_task")]

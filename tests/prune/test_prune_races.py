@@ -1,8 +1,8 @@
-"""A task a plan made is kept by orbit_prune (its CREATED trigger names
-it, docs/decisions.md Retention) also when the plan fires, and its task
-finishes, while the prune runs (a short bound, as `--finished-before 0s`).
-Holds: the bound is taken before the triggers are read, so a task that ends
-during the run is newer than the bound. And a dependent submitted (alone or in
+"""A task a plan made goes with the CREATED trigger that names it
+(docs/decisions.md Retention), never one without the other, also when the
+plan fires, and its task finishes, while the prune runs (a short bound, as
+`--finished-before 0s`): a task that ends during the run is newer than the
+bound. And a dependent submitted (alone or in
 a batch) inside a prune's batch transaction, between its dependents check and
 its DELETE, waits for the application lock and is refused: never admitted
 with its dependency pruned."""
@@ -34,7 +34,7 @@ def prune(*args: str) -> str:
 
 
 @pytest.mark.django_db
-def test_a_plan_task_that_finishes_during_a_prune_is_kept(tenant, monkeypatch):
+def test_a_plan_task_goes_with_its_trigger_also_when_it_finishes_during_a_prune(tenant, monkeypatch):
     issued = make_credential(tenant.namespace, scopes=[*ALL_SCOPES, "plans:manage"])
     planner = Tenant(namespace=tenant.namespace, token=issued.token, client=api_client(issued.token))
     queue = make_queue(planner.client, "q", rate_per_second=100_000)
@@ -51,11 +51,14 @@ def test_a_plan_task_that_finishes_during_a_prune_is_kept(tenant, monkeypatch):
         return task_id
 
     first = fire_and_finish(1)
-    assert "1 tasks made by a plan" in prune("--finished-before", "0s")
-    assert Task.objects.filter(id=first).exists()
+    assert "would remove 1 tasks" in prune("--finished-before", "0s", "--dry-run")
+    assert PlanTrigger.objects.filter(task_id=first).exists()
+    assert "removed 1 tasks" in prune("--finished-before", "0s")
+    assert not Task.objects.filter(id=first).exists()
+    assert not PlanTrigger.objects.filter(task_id=first).exists()
 
-    # The plan fires, and its task ends, after the prune began (between its read of
-    # the triggers and its walk of the task table).
+    # The plan fires, and its task ends, after the prune began (before its walk of
+    # the task table): the task is newer than the bound and stays, with its trigger.
     real_batches = orbit_prune.batches
     made = []
 
@@ -66,9 +69,15 @@ def test_a_plan_task_that_finishes_during_a_prune_is_kept(tenant, monkeypatch):
 
     monkeypatch.setattr(orbit_prune, "batches", batches_then_fire)
     prune("--finished-before", "0s")
-    assert Task.objects.filter(id=made[0]).exists(), (
-        "a plan's task was pruned: its CREATED trigger names a missing task"
-    )
+    assert Task.objects.filter(id=made[0]).exists()
+    assert PlanTrigger.objects.filter(task_id=made[0]).exists()
+    # An unfinished plan task is kept, and the plan's point cursor is untouched.
+    monkeypatch.setattr(orbit_prune, "batches", real_batches)
+    assert fire_due_plans(anchor + timedelta(seconds=60 * 3 + 1)) == 1
+    waiting = PlanTrigger.objects.filter(plan_id=plan_id).order_by("-scheduled_at")[0].task_id
+    assert "removed 1 tasks" in prune("--finished-before", "0s")  # the one that ended during the last run
+    assert list(PlanTrigger.objects.filter(plan_id=plan_id).values_list("task_id", flat=True)) == [waiting]
+    assert Task.objects.get(id=waiting).state == "WAITING"
     assert plan_trigger_violations() == []
     assert find_violations() == []
 

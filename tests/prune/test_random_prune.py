@@ -15,8 +15,8 @@ the end everything left is run to its end and pruned once more.
 
 After every run the database is held against the model of the documented
 rules (README "Checking and inspecting", SPEC §11/§13, docs/decisions.md
-"Retention"): exactly the finished tasks before the bound that no plan made
-and whose dependents all finished are gone, with their attempts and edges;
+"Retention"): exactly the finished tasks before the bound whose dependents
+all finished are gone, with their attempts, edges and plan triggers;
 exactly the old task events of tasks no longer there go, but each
 namespace's newest; the idempotency records past their bound go unless the
 task they name is still there; the summary (and a dry run's) counts what
@@ -560,7 +560,6 @@ class World:
             if info.state in FINAL
             and info.ended_at is not None
             and info.ended_at < bound
-            and not info.plan_made
             and all(d.state in FINAL for d in dependents.get(info.id, []))
         }
 
@@ -637,13 +636,11 @@ class World:
         STATS["prunes"] += 1
         STATS["tasks pruned"] += len(gone)
         STATS["tasks kept past the bound for a dependent"] += sum(
-            1
-            for i in self.alive()
-            if i.state in FINAL and i.ended_at is not None and i.ended_at < bound and not i.plan_made
+            1 for i in self.alive() if i.state in FINAL and i.ended_at is not None and i.ended_at < bound
         )
-        STATS["plan-made tasks kept"] += sum(
-            1 for i in self.alive() if i.plan_made and i.state in FINAL and i.ended_at and i.ended_at < bound
-        )
+        STATS["plan-made tasks pruned"] += sum(1 for t in gone if self.tasks[t].plan_made)
+        # A plan's task goes with the trigger that names it.
+        assert not PlanTrigger.objects.filter(task_id__in=sorted(gone)).exists()
 
     def check_after(self, operator: Any | None) -> None:
         """Reads of pruned references, replays, tokens, invariants."""
@@ -783,8 +780,8 @@ def test_prune_removes_exactly_what_the_rules_say(seed: str, operator: Any) -> N
         world.drain()
         world.clock.advance(1)
         world.prune_and_check(0, None, rng.choice([3, 500]), dry_first=True)
-        # Everything finished, every dependent with it: only what a plan made is left.
-        assert {i.id for i in world.alive()} == {i.id for i in world.alive() if i.plan_made}
+        # Everything finished, every dependent with it: nothing is left, a plan's task neither.
+        assert {i.id for i in world.alive()} == set()
         world.check_after(operator)
     if os.environ.get("ORBIT_RANDOM_PRUNE_STATS"):
         print(f"\n{seed}: {dict(STATS)}")
@@ -890,7 +887,7 @@ def test_prune_racing_submits_and_results(seed: str) -> None:
         STATS["tasks pruned during the race"] += len(gone)
         assert all(world.tasks[t].state in FINAL for t in gone)
         assert all(world.tasks[t].ended_at < max(pruned_bounds) for t in gone)
-        assert not any(world.tasks[t].plan_made for t in gone)
+        assert not PlanTrigger.objects.filter(task_id__in=sorted(gone)).exists()
         assert_invariants()
         orbit_check()
         # Then, quietly: the race's tasks join the model, everything runs to its end, one more prune.

@@ -5,7 +5,9 @@ DURATION, with their attempts, their dependency edges and their task events, the
 records that name a task once it is gone, and the others once older than the
 retention (--idempotency-before, the same DURATION unless given). Never a concurrency-key
 row (a key's row is its token sequence), never an unfinished or NEEDS_REVIEW
-task, never anything newer than the bound.
+task, never anything newer than the bound. A task a plan made goes with the
+CREATED trigger that names it, in the same transaction (the plan's trigger
+history keeps what the retention keeps).
 
 Every table is walked along its primary key in batches (--batch-size ids,
 500 by default): a read of the next ids (outside any transaction), then one
@@ -21,8 +23,6 @@ either still there or gone, never admits a dependent of a task deleted
 under it. What else the prune keeps, and why (docs/decisions.md,
 Console and retention):
 
-- a task a plan made (its CREATED trigger row names it: the trigger history
-  stays whole);
 - a task another task depends on while that one is unfinished (its
   assignment carries this task's state and output, SPEC §13), and one whose
   dependents are not all settled (a DependencySettlement row, or an edge
@@ -52,7 +52,7 @@ from orbit import cells
 from orbit.db.rows import delete_by_pk, lock_by_pk, writes_sent_together
 from orbit.models import ApplicationState, Event, EventSequence, IdempotencyRecord
 from orbit.transactions import outermost
-from plans.models import PlanTrigger, TriggerOutcome
+from plans.models import PlanTrigger
 from tasks.models import FINAL_TASK_STATES, Attempt, DependencySettlement, Task, TaskDependency
 
 DURATION = re.compile(r"^([0-9]{1,9})([smhd])$")
@@ -163,21 +163,12 @@ class Command(BaseCommand):
     # ------------------------------------------------------------------ tasks
 
     def prune_tasks(self, bound: datetime, size: int, tally: Tally) -> None:
-        # Read once: the trigger table has no task_id index, and is one row per plan fire.
-        planned = self.planned = set(
-            PlanTrigger.objects.filter(outcome=TriggerOutcome.CREATED)
-            .exclude(task_id="")
-            .values_list("task_id", flat=True)
-        )
         scanned = 0
         for page in batches(Task, ("state", "finished_at", "application_id"), size):
             scanned += len(page)
             chosen: dict[str, str] = {}
             for task_id, state, finished_at, application_id in page:
                 if state not in FINAL_TASK_STATES or finished_at is None or finished_at >= bound:
-                    continue
-                if task_id in planned:
-                    tally.keep("tasks made by a plan")
                     continue
                 chosen[task_id] = application_id
             if chosen:
@@ -191,7 +182,9 @@ class Command(BaseCommand):
     def remove_tasks(self, chosen: dict[str, str], bound: datetime) -> tuple[int, int, dict[str, int]]:
         """Removes these tasks (id → application id) that are still finished
         before the bound and that no dependent holds, with their attempts,
-        edges and any settlement row; returns the tasks, the attempts and
+        edges, any settlement row and the plan trigger that made it (read in
+        the transaction that read the task finished: a trigger commits with
+        its task); returns the tasks, the attempts and
         the kept counts by reason."""
         ids = sorted(chosen)
 
@@ -218,6 +211,7 @@ class Command(BaseCommand):
                 *TaskDependency.objects.filter(depends_on_id__in=gone, settled=True).values_list("id", flat=True),
             ]
             settlements = DependencySettlement.objects.filter(task_id__in=gone).values_list("task_id", flat=True)
+            triggers = PlanTrigger.objects.filter(task_id__in=gone).values_list("id", flat=True)
             # Read without locks, then removed row by row: nothing else changes
             # these rows under the application's lock (a finished task's state,
             # attempts and edges are final), and a delete by key never waits
@@ -227,6 +221,7 @@ class Command(BaseCommand):
                 delete_by_pk(Attempt, attempts)
                 delete_by_pk(TaskDependency, sorted(set(edges)))
                 delete_by_pk(DependencySettlement, settlements)
+                delete_by_pk(PlanTrigger, triggers)
             return len(gone), len(attempts), kept
 
         return once()
@@ -300,7 +295,7 @@ class Command(BaseCommand):
         if not task_ids:
             return set()
         finished = Task.objects.filter(id__in=task_ids, state__in=FINISHED, finished_at__lt=bound)
-        chosen = set(finished.values_list("id", flat=True)) - getattr(self, "planned", set())
+        chosen = set(finished.values_list("id", flat=True))
         return chosen - set(held_by_dependents(sorted(chosen)))
 
     def remove(self, rows: Any) -> int:
