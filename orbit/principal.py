@@ -66,7 +66,8 @@ class Principal:
             raise NotFound(f"{what} not found")
 
 
-def _principal_of(credential: Credential) -> Principal:
+def principal_of(credential: Credential) -> Principal:
+    """What a credential grants, as the actions see it."""
     return Principal(
         credential_id=credential.id,
         application_id=credential.application_id,
@@ -92,7 +93,7 @@ class Minted:
             credential is not None
             and credential.revoked_at is None
             and credential.secret_hash == self.secret_hash
-            and _principal_of(credential) == self.principal
+            and principal_of(credential) == self.principal
         )
 
 
@@ -171,7 +172,7 @@ def authenticate_token(token: str) -> Principal:
         credential = None
     if credential is None or not hmac.compare_digest(credential.secret_hash, hash_secret(secret)):
         raise Unauthenticated("invalid bearer token")
-    principal = _principal_of(credential)
+    principal = principal_of(credential)
     if len(_MINTED) >= _MINTED_LIMIT:
         _MINTED.clear()
     _MINTED[credential.id] = Minted(credential.secret_hash, principal)

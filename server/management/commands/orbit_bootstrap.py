@@ -7,7 +7,7 @@ from rest_framework.exceptions import ValidationError
 
 from orbit.api.errors import translate
 from orbit.models import Application, Namespace
-from orbit.principal import Actor, Principal
+from orbit.principal import Actor, principal_of
 from orbit.tenancy import ensure_application, ensure_namespace, issue_credential
 from queues.actions import QueueLimits, queue_create
 from queues.models import Queue
@@ -88,14 +88,7 @@ class Command(BaseCommand):
             if queue is None:
                 # Through the verb, as the API creates one: its audit row (naming the
                 # credential just minted) and its queue.created event.
-                principal = Principal(
-                    credential_id=issued.credential.id,
-                    application_id=application.id,
-                    namespace_id=namespace.id,
-                    scopes=frozenset(scopes),
-                    queue_ids=None,
-                )
-                actor = Actor(principal=principal, request_id="")
+                actor = Actor(principal=principal_of(issued.credential), request_id="")
                 limits = QueueLimits(options["max_concurrency"], options["rate_per_second"], 0)
                 queue_id = queue_create(actor=actor, name=options["queue"], limits=limits)["id"]
             else:
