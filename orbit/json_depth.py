@@ -15,6 +15,8 @@ def nested_too_deeply(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether a parsed JSON value nests arrays and objects more than `limit`
     levels deep (a scalar is 0 deep, [] and {} are 1). Level by level, not
     recursively: the value may be as deep as the JSON parser allowed."""
+    if not isinstance(value, dict | list):
+        return False  # most outputs and errors: nothing to walk
     level: list[Any] = [value]
     for _ in range(limit):
         level = [
