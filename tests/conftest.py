@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection
 from rest_framework.test import APIClient
 
+from tests.support.alone import turn_of
 from tests.support.factories import NamespaceFactory, make_credential
 
 # In-process API views run on the test's own connection, inside its transaction
@@ -78,8 +79,8 @@ def is_mysql() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The chaos runs (minutes each) first: with scripts/test's two processes,
-    # one runs them while the other takes the rest, instead of both waiting on them at the end.
+    # The chaos runs (minutes each) first, alone (tests/support/alone.py): then
+    # both processes share the rest, instead of one waiting on them at the end.
     items.sort(key=lambda item: not item.nodeid.startswith("tests/chaos/"))
     spread_over_cells(items)
     if connection.vendor == "mysql":
@@ -88,6 +89,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "mysql_only" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    with turn_of(item):  # a chaos run alone on the machine (tests/support/alone.py)
+        return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
