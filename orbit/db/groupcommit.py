@@ -5,9 +5,12 @@ its queues') counter rows first, so concurrent requests of one kind queue up on
 the same lock anyway. A lane's thread instead takes whatever has gathered while
 its previous transaction ran and applies it as one group: one lock hand-off and
 one commit (one redo fsync) for many requests. A lone request commits at once:
-nothing waits for company, with one exception: the first few of a crowd
+nothing waits for company, with two exceptions. The first few of a crowd
 that just went through in one group (fewer callers than it had, within
-FOLLOW_SECONDS of its end) wait up to GATHER_SECONDS for the rest of it.
+FOLLOW_SECONDS of its end) wait up to GATHER_SECONDS for the rest of it. And
+after a group with a crowd of callers that wait for their answers before
+sending more (submitters: CROWD_CALLERS or more), the next group gathers for
+CROWD_GATHER_SECONDS, so that crowd goes through in fewer, larger groups.
 Workers answer a group's replies one by one; without the wait, the first
 answer goes alone, the crowd splits into two groups, and the split keeps
 itself up cycle after cycle (W2 at 10 keys: four rounds per cycle of ten
@@ -59,6 +62,18 @@ logger = logging.getLogger("orbit.groupcommit")
 FOLLOW_SECONDS = 0.05
 GATHER_SECONDS = 0.002
 FOLLOW_HOP_SECONDS = 0.005
+# A group that follows (within FOLLOW_SECONDS) one with at least
+# CROWD_CALLERS callers answered first (GroupCommit's `answer_first`: callers
+# that send nothing more until they hear back, such as submitters) gathers for
+# CROWD_GATHER_SECONDS from its first entry. Those callers come back a hop
+# after each group's answers; without the wait a group takes the few back
+# already and the rest queue for the next, so groups stay small and each pays
+# its fixed statements and Python. With it, the same callers wait about as
+# long (behind one wait instead of one more group) in fewer, larger groups,
+# for less CPU a request. A lane without such a crowd (a worker's keyed
+# hand-offs, a drain, a lone request) starts its groups as before.
+CROWD_CALLERS = 4
+CROWD_GATHER_SECONDS = 0.008
 
 I = TypeVar("I")  # noqa: E741 - the item type of a group
 R = TypeVar("R")
@@ -142,10 +157,11 @@ class _Lane(Generic[I, R]):
     def _run(self) -> None:
         decided = GROUPS_DECIDED.labels(lane=self.owner.name)
         # The callers of the lane's previous group (one call_together_async
-        # counts once), when it ended, its hand-ons, and how many entries were
-        # waiting when it ended (queued while it decided, or held back: not
-        # the next requests of its hand-ons' callers).
-        last_callers, last_end, hand_ons, waiting = 0, 0.0, 0, 0
+        # counts once) and how many of them it answered first, when it ended,
+        # its hand-ons, and how many entries were waiting when it ended
+        # (queued while it decided, or held back: not the next requests of its
+        # hand-ons' callers).
+        last_callers, last_crowd, last_end, hand_ons, waiting = 0, 0, 0.0, 0, 0
         try:
             while True:
                 entries, self.held = self.held, []
@@ -157,7 +173,9 @@ class _Lane(Generic[I, R]):
                         if self.owner._retire(self):
                             return
                         continue
-                self._gather(entries)
+                began = time.monotonic()
+                crowd = last_crowd >= CROWD_CALLERS and began - last_end < FOLLOW_SECONDS
+                self._gather(entries, until=began + CROWD_GATHER_SECONDS if crowd else None)
                 if time.monotonic() - last_end < FOLLOW_SECONDS:
                     if hand_ons:
                         # The hand-ons' callers answer their assignments a hop
@@ -181,6 +199,7 @@ class _Lane(Generic[I, R]):
                 finally:
                     self.busy_since = None
                 last_callers, last_end = len(entries), time.monotonic()
+                last_crowd = sum(1 for entry in entries if self.owner.answer_first(entry[0].item))
                 waiting = self.inbox.qsize() + len(self.held)
                 _answer(group, outcomes, self.owner.answer_first)
         finally:
@@ -230,12 +249,14 @@ class _Lane(Generic[I, R]):
         self.held = [entries[index] for index in sorted(hold)]
         return [entry for index, entry in enumerate(entries) if index not in hold], hand_ons
 
-    def _gather(self, entries: list[list[_Request[I, R]]]) -> None:
-        """Adds what waits in the inbox, up to max_group items."""
+    def _gather(self, entries: list[list[_Request[I, R]]], until: float | None = None) -> None:
+        """Adds what waits in the inbox and, with `until` (time.monotonic()),
+        what arrives before then, up to max_group items."""
         items = sum(len(entry) for entry in entries)
         while items < self.owner.max_group:
+            left = 0.0 if until is None else until - time.monotonic()
             try:
-                entry = self.inbox.get_nowait()
+                entry = self.inbox.get(timeout=left) if left > 0 else self.inbox.get_nowait()
             except Empty:
                 return
             entries.append(entry)

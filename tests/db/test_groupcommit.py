@@ -335,6 +335,39 @@ def queued_behind_a_group(commit: GroupCommit, gate: threading.Event, names: lis
     return queued
 
 
+def after_callers_answered_first(settings, monkeypatch, seen: list[list[str]], count: int) -> GroupCommit:
+    """A lane whose last group held `count` callers answered first (s…) among
+    six; a crowd's gather lasts 2 s here, so whether one happened is plain."""
+    monkeypatch.setattr(groupcommit, "CROWD_GATHER_SECONDS", 2.0)
+    monkeypatch.setattr(groupcommit, "FOLLOW_SECONDS", 5.0)
+    settings.ORBIT_INLINE_DB = False
+    gate = threading.Event()
+    commit = GroupCommit("crowd", gated(seen, gate), answer_first=lambda item: item.startswith("s"))
+    names = [f"s{n}" for n in range(count)] + [f"w{n}" for n in range(6 - count)]
+    assert [f.result(5) for f in queued_behind_a_group(commit, gate, names)] == [f"done {n}" for n in names]
+    return commit
+
+
+def test_after_a_crowd_of_callers_answered_first_a_group_gathers_for_a_moment(settings, monkeypatch):
+    seen: list[list[str]] = []
+    commit = after_callers_answered_first(settings, monkeypatch, seen, groupcommit.CROWD_CALLERS)
+    ahead = commit.enqueue("lane", "s-back")
+    time.sleep(0.3)  # the crowd's next requests, a hop behind its first
+    behind = commit.enqueue("lane", "s-later")
+    assert ahead.result(5) == "done s-back" and behind.result(5) == "done s-later"
+    assert seen[2:] == [["s-back", "s-later"]]
+
+
+def test_after_fewer_callers_answered_first_a_group_starts_at_once(settings, monkeypatch):
+    seen: list[list[str]] = []
+    commit = after_callers_answered_first(settings, monkeypatch, seen, groupcommit.CROWD_CALLERS - 1)
+    ahead = commit.enqueue("lane", "s-back")
+    time.sleep(0.3)
+    behind = commit.enqueue("lane", "s-later")
+    assert ahead.result(5) == "done s-back" and behind.result(5) == "done s-later"
+    assert seen[2:] == [["s-back"], ["s-later"]]
+
+
 def test_next_requests_beside_a_hand_on_wait_one_group_for_its_own(settings, monkeypatch):
     """Two parts of a crowd a phase apart (a result with its hand-off, the Start
     of another key) are decided in step again: the Start is held back one
