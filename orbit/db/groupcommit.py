@@ -9,8 +9,9 @@ nothing waits for company, with two exceptions. The first few of a crowd
 that just went through in one group (fewer callers than it had, within
 FOLLOW_SECONDS of its end) wait up to GATHER_SECONDS for the rest of it. And
 after a group with a crowd of callers that wait for their answers before
-sending more (submitters: CROWD_CALLERS or more), the next group gathers for
-CROWD_GATHER_SECONDS, so that crowd goes through in fewer, larger groups.
+sending more (submitters: CROWD_CALLERS or more), the next group waits up to
+CROWD_GATHER_SECONDS for as many of them, so that crowd goes through in
+fewer, larger groups.
 Workers answer a group's replies one by one; without the wait, the first
 answer goes alone, the crowd splits into two groups, and the split keeps
 itself up cycle after cycle (W2 at 10 keys: four rounds per cycle of ten
@@ -64,14 +65,15 @@ GATHER_SECONDS = 0.002
 FOLLOW_HOP_SECONDS = 0.005
 # A group that follows (within FOLLOW_SECONDS) one with at least
 # CROWD_CALLERS callers answered first (GroupCommit's `answer_first`: callers
-# that send nothing more until they hear back, such as submitters) gathers for
-# CROWD_GATHER_SECONDS from its first entry. Those callers come back a hop
-# after each group's answers; without the wait a group takes the few back
-# already and the rest queue for the next, so groups stay small and each pays
-# its fixed statements and Python. With it, the same callers wait about as
-# long (behind one wait instead of one more group) in fewer, larger groups,
-# for less CPU a request. A lane without such a crowd (a worker's keyed
-# hand-offs, a drain, a lone request) starts its groups as before.
+# that send nothing more until they hear back, such as submitters) waits up to
+# CROWD_GATHER_SECONDS from its first entry until as many such callers are
+# back. They come back a hop after each group's answers; without the wait a
+# group takes the few back already and the rest queue for the next, so groups
+# stay small and each pays its fixed statements and Python. With it, the same
+# callers wait about as long (behind one short wait instead of one more
+# group) in fewer, larger groups, for less CPU a request. A lane without such
+# a crowd (a worker's keyed hand-offs, a drain, a lone request) starts its
+# groups as before.
 CROWD_CALLERS = 4
 CROWD_GATHER_SECONDS = 0.008
 
@@ -174,8 +176,9 @@ class _Lane(Generic[I, R]):
                             return
                         continue
                 began = time.monotonic()
-                crowd = last_crowd >= CROWD_CALLERS and began - last_end < FOLLOW_SECONDS
-                self._gather(entries, until=began + CROWD_GATHER_SECONDS if crowd else None)
+                if last_crowd >= CROWD_CALLERS and began - last_end < FOLLOW_SECONDS:
+                    self._gather_crowd(entries, last_crowd, until=began + CROWD_GATHER_SECONDS)
+                self._gather(entries)
                 if time.monotonic() - last_end < FOLLOW_SECONDS:
                     if hand_ons:
                         # The hand-ons' callers answer their assignments a hop
@@ -249,14 +252,28 @@ class _Lane(Generic[I, R]):
         self.held = [entries[index] for index in sorted(hold)]
         return [entry for index, entry in enumerate(entries) if index not in hold], hand_ons
 
-    def _gather(self, entries: list[list[_Request[I, R]]], until: float | None = None) -> None:
-        """Adds what waits in the inbox and, with `until` (time.monotonic()),
-        what arrives before then, up to max_group items."""
+    def _gather_crowd(self, entries: list[list[_Request[I, R]]], crowd: int, until: float) -> None:
+        """Adds what arrives in the inbox until `crowd` of the entries are of
+        callers answered first, or until `until` (time.monotonic()), up to
+        max_group items."""
+        first = self.owner.answer_first
+        back = sum(1 for entry in entries if first(entry[0].item))
+        items = sum(len(entry) for entry in entries)
+        while back < crowd and items < self.owner.max_group and (left := until - time.monotonic()) > 0:
+            try:
+                entry = self.inbox.get(timeout=left)
+            except Empty:
+                return
+            entries.append(entry)
+            items += len(entry)
+            back += first(entry[0].item)
+
+    def _gather(self, entries: list[list[_Request[I, R]]]) -> None:
+        """Adds what waits in the inbox, up to max_group items."""
         items = sum(len(entry) for entry in entries)
         while items < self.owner.max_group:
-            left = 0.0 if until is None else until - time.monotonic()
             try:
-                entry = self.inbox.get(timeout=left) if left > 0 else self.inbox.get_nowait()
+                entry = self.inbox.get_nowait()
             except Empty:
                 return
             entries.append(entry)

@@ -358,6 +358,17 @@ def test_after_a_crowd_of_callers_answered_first_a_group_gathers_for_a_moment(se
     assert seen[2:] == [["s-back", "s-later"]]
 
 
+def test_the_gather_ends_once_as_many_callers_answered_first_are_back(settings, monkeypatch):
+    seen: list[list[str]] = []
+    commit = after_callers_answered_first(settings, monkeypatch, seen, groupcommit.CROWD_CALLERS)
+    names = [f"s-back-{n}" for n in range(groupcommit.CROWD_CALLERS)]
+    began = time.monotonic()
+    back = [commit.enqueue("lane", name) for name in names]
+    assert [f.result(5) for f in back] == [f"done {name}" for name in names]
+    assert time.monotonic() - began < 1.5  # not kept for the rest of the 2 s gather
+    assert seen[2:] == [names]
+
+
 def test_after_fewer_callers_answered_first_a_group_starts_at_once(settings, monkeypatch):
     seen: list[list[str]] = []
     commit = after_callers_answered_first(settings, monkeypatch, seen, groupcommit.CROWD_CALLERS - 1)
