@@ -44,7 +44,8 @@ from orbit.fields import UINT64_MAX
 DOCUMENT_SETTINGS = {
     "DESCRIPTION": (
         "Orbit's HTTP API (v1). Every request but this document's carries `Authorization: Bearer "
-        "<token>`; every mutating POST an `Idempotency-Key`. Success is `{request_id, data}`, failure "
+        "<token>`; every mutating POST an `Idempotency-Key` (`tasks:batch` takes one in each item "
+        "instead). Success is `{request_id, data}`, failure "
         "`{request_id, error: {code, message}}`, both with `X-Request-Id`. Workers use the WebSocket "
         f"protocol at `/v1/workers/connect`, described in [{shapes.PROTOCOL_DOC}]"
         f"(https://github.com/orbit/orbit/blob/main/{shapes.PROTOCOL_DOC}) ({shapes.PROTOCOL_DOC} in "
