@@ -82,6 +82,15 @@ ACK_TIMEOUT_SECONDS = 10.0
 # An authenticated connection that has not sent hello this long is closed: an
 # open socket costs the server memory, and a worker says hello at once.
 HELLO_TIMEOUT_SECONDS = 10.0
+# A connection's requests run side by side, up to twice its capacity (a renew
+# and a result in flight for each slot) and this many more; a burst beyond
+# that waits its turn in arrival order, so one connection cannot queue work on
+# the database pool ahead of every other connection's. A request still
+# waiting when its deadline (from its arrival) passes is answered UNAVAILABLE.
+REQUESTS_SIDE_BY_SIDE_MARGIN = 32
+TOO_MANY_IN_FLIGHT = (
+    "this connection's earlier requests held every turn for {seconds:g} s (at most {turns} run at once); retry later"
+)
 
 # The release reason of what a closed connection never acknowledged.
 TAKEN_BACK_ON_CLOSE = "connection closed before the assignment was acknowledged"
@@ -170,6 +179,9 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task | None = None
         self.inflight: set[asyncio.Task] = set()
+        # Turns for the requests that run side by side (set at the hello, which knows the capacity).
+        self.turns = asyncio.Semaphore(REQUESTS_SIDE_BY_SIDE_MARGIN)
+        self.turn_count = REQUESTS_SIDE_BY_SIDE_MARGIN
         # Held by the dispatcher from lease to sent assignments, and by drain:
         # so drain.ok is never followed by an assignment leased before it
         # (drain also waits for the hand-offs in flight, on_result).
@@ -261,11 +273,39 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             # Frames of one connection are independent requests (a worker with
             # capacity N has up to N attempts in flight): run them side by side
             # on the database pool instead of one after another.
-            task = asyncio.create_task(self.handle(message))
+            task = asyncio.create_task(self.handle_in_turn(message, asyncio.get_running_loop().time()))
             self.inflight.add(task)
             task.add_done_callback(self.inflight.discard)
 
-    async def handle(self, message: dict[str, Any]) -> None:
+    async def handle_in_turn(self, message: dict[str, Any], arrived: float) -> None:
+        """Handles a request once one of the connection's turns is free: at
+        once when one is (no timer), else within its deadline from `arrived`
+        (the event loop's clock), the wait included."""
+        turns = self.turns
+        if not turns.locked():
+            await turns.acquire()  # free: returns at once
+            try:
+                await self.handle(message)
+            finally:
+                turns.release()
+            return
+        deadline = arrived + REQUEST_DEADLINE_SECONDS
+        try:
+            async with asyncio.timeout_at(deadline):
+                await turns.acquire()
+        except TimeoutError:
+            busy = Unavailable(TOO_MANY_IN_FLIGHT.format(seconds=REQUEST_DEADLINE_SECONDS, turns=self.turn_count))
+            await self.send_error(message.get("id"), busy)
+            return
+        try:
+            await self.handle(message, deadline=deadline)
+        finally:
+            turns.release()
+
+    async def handle(self, message: dict[str, Any], deadline: float | None = None) -> None:
+        """Answers one request. A `deadline` (the event loop's clock) bounds
+        it whatever its kind: it waited for its turn, and is answered within
+        the request deadline from its arrival."""
         request_id = message.get("id")
         kind = message.get("type")
         handler = self.HANDLERS.get(kind) if isinstance(kind, str) else None
@@ -275,11 +315,13 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             frames.check_request_id(kind, request_id)
             if kind != "hello" and self.worker is None:
                 raise StateConflict("send hello first")
-            if kind in self.BOUND_BY_THEIR_OWN_DEADLINES:
+            if deadline is None and kind in self.BOUND_BY_THEIR_OWN_DEADLINES:
                 reply = await handler(self, message)
             else:
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + REQUEST_DEADLINE_SECONDS
                 try:
-                    async with asyncio.timeout(REQUEST_DEADLINE_SECONDS):
+                    async with asyncio.timeout_at(deadline):
                         reply = await handler(self, message)
                 except TimeoutError:
                     raise Unavailable(DATABASE_TOO_SLOW) from None
@@ -357,6 +399,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             cell=cells.entered(),
         )
         self.capacity = hello["capacity"]
+        self.turn_count = 2 * self.capacity + REQUESTS_SIDE_BY_SIDE_MARGIN
+        self.turns = asyncio.Semaphore(self.turn_count)
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         if self.closing:
             # Decided while the connection closed (its hello deadline, say): no

@@ -77,8 +77,15 @@ def check_request_id(kind: object, request_id: Any) -> None:
         raise InvalidArgument(f"id: must be a string of 1 to {MAX_REQUEST_ID_LENGTH} characters")
 
 
+# The most of an unknown type's text an error echoes: its reply is never as large as the frame it refuses.
+ECHOED_TYPE_CHARS = 64
+
+
 def unknown_type(kind: Any) -> InvalidArgument:
-    return InvalidArgument(f"type: unknown message type {kind!r}")
+    shown = repr(kind)
+    if len(shown) > ECHOED_TYPE_CHARS:
+        shown = shown[:ECHOED_TYPE_CHARS] + "…"
+    return InvalidArgument(f"type: unknown message type {shown}")
 
 
 class HandlerInput(StrictSerializer):
