@@ -56,11 +56,20 @@ writes, and makes a masker through CFFI for every frame a worker sends (a
 module import, two allocations and a finaliser: ~9 µs, against ~3 µs for the
 XOR itself). The arguments are now formatted only if a line is written, and
 a frame up to `SMALL_FRAME_BYTES` is unmasked with one integer XOR; a larger
-one keeps autobahn's SIMD masker."""
+one keeps autobahn's SIMD masker.
+
+Unread answers: Twisted keeps whatever a WebSocket peer has not read yet in
+the connection's send buffer, without bound, and ASGI shows the application
+nothing of it; a worker that keeps sending and never reads grew the server by
+its answers (1.2 GB in an audit). A worker connection with more than
+`UNREAD_BYTES_LIMIT` unread is now dropped: its consumer's disconnect hands
+back what it never acknowledged, as for any closed connection."""
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import time
 from collections.abc import Callable
 from http import HTTPStatus
@@ -73,6 +82,8 @@ from orbit.fields import new_id
 from server import reason_phrases
 
 A = TypeVar("A")
+
+logger = logging.getLogger("orbit.serving")
 
 # The request line and headers of one HTTP request, in all (Twisted's own
 # bound, stated); and the most header lines.
@@ -88,6 +99,11 @@ CLOSE_HANDSHAKE_SECONDS = 10.0
 # Up to this payload, a frame is unmasked with one integer XOR (linear, and
 # cheaper than making autobahn's masker); above it, SIMD pays for its set-up.
 SMALL_FRAME_BYTES = 4096
+# The most of a worker connection's frames the server holds unread before it
+# drops the connection: twice what a worker that reads can leave there (16
+# unacknowledged assignments of at most a 256 KiB payload each, and small
+# answers to its requests).
+UNREAD_BYTES_LIMIT = 8 * 1024 * 1024
 HEADER_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
@@ -442,6 +458,32 @@ def frame_too_big(protocol: Any, size: int, limit: int, reason: str) -> None:
     protocol._fail_connection(protocol.CLOSE_STATUS_CODE_MESSAGE_TOO_BIG, f"frame larger than {limit} bytes")
 
 
+def unread_bytes(transport: Any) -> int:
+    """What Twisted still holds to write to the peer of a TCP transport (0
+    for any other kind, which keeps its buffer elsewhere)."""
+    buffer = getattr(transport, "dataBuffer", b"")
+    return len(buffer) - getattr(transport, "offset", 0) + getattr(transport, "_tempDataLen", 0)
+
+
+def dropped_when_unread(server_send: Callable[..., None]) -> Callable[..., None]:
+    """daphne's WebSocketProtocol.serverSend (`server_send`), then the
+    connection dropped if its peer leaves more than UNREAD_BYTES_LIMIT unread."""
+
+    @functools.wraps(server_send)
+    def send(protocol: Any, content: Any, binary: bool = False) -> None:
+        server_send(protocol, content, binary)
+        transport = protocol.transport
+        if transport is not None and unread_bytes(transport) > UNREAD_BYTES_LIMIT:
+            logger.warning(
+                "dropping WebSocket connection %s: more than %d bytes sent and not read",
+                protocol.client_addr,
+                UNREAD_BYTES_LIMIT,
+            )
+            transport.abortConnection()
+
+    return send
+
+
 def _no_twisted_access_line(factory: Any, request: Any) -> None:
     """Daphne writes the access log; Twisted's own line would be dropped."""
 
@@ -461,6 +503,8 @@ def tune_twisted() -> None:
     if not hasattr(http.HTTPChannel.lineReceived, "__wrapped__"):
         http.HTTPChannel.lineReceived = bounded_headers(http.HTTPChannel.lineReceived)  # type: ignore[method-assign]
     WebSocketProtocol._max_message_size_exceeded = frame_too_big
+    if not hasattr(WebSocketProtocol.serverSend, "__wrapped__"):
+        WebSocketProtocol.serverSend = dropped_when_unread(WebSocketProtocol.serverSend)
     if not hasattr(http.HTTPChannel.connectionMade, "__wrapped__"):
         http.HTTPChannel.connectionMade = head_deadline_on_connect(http.HTTPChannel.connectionMade)  # type: ignore[method-assign]
         http.HTTPChannel.dataReceived = head_deadline_on_data(http.HTTPChannel.dataReceived)  # type: ignore[method-assign]

@@ -19,6 +19,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from orbit.tenancy import revoke_credential
+from server import serving
 from tasks.models import Attempt, AttemptState, Task, TaskState, WorkerIdentity
 from tests.conftest import api_client
 from tests.support.api import make_queue
@@ -279,6 +280,35 @@ def test_acknowledged_assignments_make_room_for_more(tenant, orbit_server, opene
         worker.send("task.assign.ack", attempt_id=frame["attempt_id"])
         got.append(frame)
     assert len(got) == consumers.UNACKED_MAX + 8
+
+
+def test_a_connection_that_sends_and_never_reads_is_dropped_before_its_answers_pile_up(tenant, orbit_server, opened):
+    # given a worker on a bare socket that says hello, then sends refused request after
+    # refused request and reads none of the answers (the audit: 1.2 GB of them held)
+    queue = make_queue(tenant.client, "unread-answers", max_concurrency=4, rate_per_second=1000)
+    sock = raw_connection(orbit_server, tenant.token)
+    hello_frame = {"type": "hello", "id": "h", "worker_id": "w-unread", "queues": [queue["id"]], "capacity": 1}
+    batch = masked_text_frame(json.dumps({"type": "x" * 64, "id": "i" * 128})) * 1000
+    before = rss_mib(orbit_server.process.pid)
+    sent = 0
+    try:
+        sock.sendall(masked_text_frame(json.dumps({**hello_frame, "concurrency_keys": True})))
+        # when it has sent up to a million of them (a third of a gigabyte of answers)
+        with pytest.raises((ConnectionResetError, BrokenPipeError)):
+            while sent < 1_000_000:
+                sock.sendall(batch)
+                sent += 1000
+        grown = rss_mib(orbit_server.process.pid) - before
+    finally:
+        sock.close()
+    # then the server dropped it once its answers held the limit unread (the two
+    # kernels' socket buffers hold some more), and grew by about that much at most
+    print(f"dropped after {sent} frames; server RSS grew {grown:.0f} MiB")
+    assert sent < 200_000
+    assert grown < 3 * serving.UNREAD_BYTES_LIMIT / 2**20, grown
+    # and every other worker is served as before
+    worker = open_worker(orbit_server, tenant.token, opened)
+    assert hello(worker, queue["id"], "w-after-unread")["type"] == "hello.ok"
 
 
 # --- 5. oversized input -----------------------------------------------------------
