@@ -179,9 +179,8 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         self.wake = asyncio.Event()
         self.dispatcher: asyncio.Task | None = None
         self.inflight: set[asyncio.Task] = set()
-        # Turns for the requests that run side by side (set at the hello, which knows the capacity).
-        self.turns = asyncio.Semaphore(REQUESTS_SIDE_BY_SIDE_MARGIN)
-        self.turn_count = REQUESTS_SIDE_BY_SIDE_MARGIN
+        # Turns for the requests that run side by side (made again at the hello, which sets the capacity).
+        self.turns = asyncio.Semaphore(self.turn_count)
         # Held by the dispatcher from lease to sent assignments, and by drain:
         # so drain.ok is never followed by an assignment leased before it
         # (drain also waits for the hand-offs in flight, on_result).
@@ -282,25 +281,27 @@ class WorkerConsumer(AsyncWebsocketConsumer):
         once when one is (no timer), else within its deadline from `arrived`
         (the event loop's clock), the wait included."""
         turns = self.turns
-        if not turns.locked():
-            await turns.acquire()  # free: returns at once
+        deadline = None
+        if turns.locked():
+            deadline = arrived + REQUEST_DEADLINE_SECONDS
             try:
-                await self.handle(message)
-            finally:
-                turns.release()
-            return
-        deadline = arrived + REQUEST_DEADLINE_SECONDS
-        try:
-            async with asyncio.timeout_at(deadline):
-                await turns.acquire()
-        except TimeoutError:
-            busy = Unavailable(TOO_MANY_IN_FLIGHT.format(seconds=REQUEST_DEADLINE_SECONDS, turns=self.turn_count))
-            await self.send_error(message.get("id"), busy)
-            return
+                async with asyncio.timeout_at(deadline):
+                    await turns.acquire()
+            except TimeoutError:
+                busy = Unavailable(TOO_MANY_IN_FLIGHT.format(seconds=REQUEST_DEADLINE_SECONDS, turns=self.turn_count))
+                await self.send_error(message.get("id"), busy)
+                return
+        else:
+            await turns.acquire()  # free: returns at once
         try:
             await self.handle(message, deadline=deadline)
         finally:
             turns.release()
+
+    @property
+    def turn_count(self) -> int:
+        """How many of the connection's requests run side by side (its capacity is 0 before the hello)."""
+        return 2 * self.capacity + REQUESTS_SIDE_BY_SIDE_MARGIN
 
     async def handle(self, message: dict[str, Any], deadline: float | None = None) -> None:
         """Answers one request. A `deadline` (the event loop's clock) bounds
@@ -399,7 +400,6 @@ class WorkerConsumer(AsyncWebsocketConsumer):
             cell=cells.entered(),
         )
         self.capacity = hello["capacity"]
-        self.turn_count = 2 * self.capacity + REQUESTS_SIDE_BY_SIDE_MARGIN
         self.turns = asyncio.Semaphore(self.turn_count)
         held = await run_db(dispatch.held_assignments, worker=self.worker)
         if self.closing:
